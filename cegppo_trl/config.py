@@ -1,0 +1,94 @@
+"""`CEGPPOConfig`: `trl.GRPOConfig` plus the CE-GPPO coefficients, validated at construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+# Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
+CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+# TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
+PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def _check_finite_nonnegative(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
+
+
+@dataclass
+class CEGPPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`CEGPPOTrainer`]: every field of [`~trl.GRPOConfig`], plus the two CE-GPPO coefficients.
+
+    CE-GPPO (Su et al., ACL 2026, [arXiv:2509.20712](https://huggingface.co/papers/2509.20712)) keeps a bounded
+    gradient for the tokens that PPO's clip discards. With `loss_type` one of `"grpo"`, `"bnpo"`, `"dr_grpo"`,
+    `"dapo"` (default, the token-mean of the authors' runs) or `"luspo"`, the clipped surrogate is replaced by the
+    CE-GPPO objective and the aggregation is TRL's. With `"cispo"`, `"sapo"` or `"vespo"` the trainer runs TRL's
+    objective unchanged, so baselines need one flag.
+
+    Parameters that matter for CE-GPPO:
+        gppo_beta1 (`float`, *optional*, defaults to `0.5`):
+            Gradient scale of negative-advantage tokens whose ratio fell below `1 - epsilon` (NA&LP, left clip).
+            Larger values make entropy fall faster (exploitation). The paper's default is `0.5` (1.5B), `0.75` (7B).
+        gppo_beta2 (`float`, *optional*, defaults to `1.0`):
+            Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right
+            clip). Larger values make entropy fall slower (exploration).
+        delta (`float` or `None`, *optional*, defaults to `None`):
+            TRL's field, used as the dual clip `c`: negative-advantage tokens with ratio above `c` get the constant
+            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. Must be `> 1`.
+        num_iterations, steps_per_generation, gradient_accumulation_steps:
+            CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
+            `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
+            or `steps_per_generation=8` with `gradient_accumulation_steps=1` (the authors' 8 optimizer steps per
+            rollout batch), or vLLM importance-sampling correction. The trainer warns otherwise.
+    """
+
+    gppo_beta1: float = field(
+        default=0.5,
+        metadata={
+            "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (NA&LP). "
+            "Larger beta1 makes policy entropy fall faster (exploitation). Paper default 0.5; 0.75 for 7B."
+        },
+    )
+    gppo_beta2: float = field(
+        default=1.0,
+        metadata={
+            "help": "CE-GPPO beta2: gradient scale of positive-advantage tokens clipped above 1 + epsilon_high "
+            "(PA&LP). Larger beta2 makes policy entropy fall slower (exploration). Paper default 1.0."
+        },
+    )
+
+    def __post_init__(self):
+        self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
+        super().__post_init__()
+
+    def _validate_cegppo(self) -> None:
+        _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
+        _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
+        allowed = CEGPPO_LOSS_TYPES + PASSTHROUGH_LOSS_TYPES
+        if self.loss_type not in allowed:
+            raise ValueError(
+                f"`loss_type` must be one of {list(CEGPPO_LOSS_TYPES)} (CE-GPPO objective with TRL's aggregation) or "
+                f"{list(PASSTHROUGH_LOSS_TYPES)} (TRL's objective, unchanged), got {self.loss_type!r}."
+            )
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"`importance_sampling_level` must be one of {list(IMPORTANCE_SAMPLING_LEVELS)}, "
+                f"got {self.importance_sampling_level!r}."
+            )
+        if self.loss_type in CEGPPO_LOSS_TYPES:
+            epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+            for name, value in (("epsilon", self.epsilon), ("epsilon_high", epsilon_high)):
+                if not (math.isfinite(value) and 0 < value < 1):
+                    raise ValueError(
+                        f"`{name}` must be in the open interval (0, 1) for the CE-GPPO clip range, got {value!r}."
+                    )
+        if self.delta is not None and not (math.isfinite(self.delta) and self.delta > 1):
+            raise ValueError(
+                f"`delta` (the dual-clip constant c) must be a finite number > 1, got {self.delta!r}; the authors' "
+                "recipes use 10. Set `delta=None` to disable the dual clip."
+            )

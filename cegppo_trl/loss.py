@@ -1,0 +1,162 @@
+"""The CE-GPPO per-token objective, as a pure function (no trainer state).
+
+Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
+Reinforcement Learning", ACL 2026 (arXiv:2509.20712), Eq. 8.
+
+Per token, with ratio ``r = exp(logp - old_logp)`` and advantage ``A`` (the loss is minimised):
+
+========================  ============================  ==================================
+region                    forward value                 gradient w.r.t. ``logp``
+========================  ============================  ==================================
+``A < 0, r < 1 - eps_l``  ``-beta1 * (1 - eps_l) * A``  ``-beta1 * (1 - eps_l) * A``
+``A > 0, r > 1 + eps_h``  ``-beta2 * (1 + eps_h) * A``  ``-beta2 * (1 + eps_h) * A``
+``A < 0, r > delta``      ``-delta * A``                ``0`` (dual clip)
+everything else           ``-r * A``                    ``-r * A``
+========================  ============================  ==================================
+
+The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN`` once ``r``
+overflows. Here the forward pass computes the value and the per-token gradient weight directly, so nothing is ever
+divided by ``r`` and only one ``(B, T)`` tensor is saved for backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    # (B,) -> (B, 1); (B, 1) and (B, T) pass through and broadcast against (B, T).
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    return advantages
+
+
+@torch.no_grad()
+def cegppo_regions(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Boolean masks of the three special regions of the CE-GPPO objective.
+
+    Args:
+        log_ratio: ``logp - old_logp``, shape ``(B, T)`` (or ``(B, 1)`` for sequence-level ratios).
+        advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        epsilon_low: lower clip range ``eps_l``.
+        epsilon_high: upper clip range ``eps_h``.
+        delta: dual-clip constant ``c`` for negative advantages, or ``None``.
+
+    Returns:
+        ``(left, right, dual)``: NA&LP tokens below ``1 - eps_l`` (gradient scaled by ``beta1``), PA&LP tokens above
+        ``1 + eps_h`` (gradient scaled by ``beta2``), and negative-advantage tokens above ``delta`` (no gradient).
+        Each has the broadcast shape of ``log_ratio`` and ``advantages``.
+    """
+    advantages = _broadcast_advantages(advantages, log_ratio)
+    ratio = torch.exp(log_ratio.float())  # [B, T]
+    left = (advantages < 0) & (ratio < 1 - epsilon_low)
+    right = (advantages > 0) & (ratio > 1 + epsilon_high)
+    if delta is None:
+        dual = torch.zeros_like(left)
+    else:
+        dual = (advantages < 0) & (ratio > delta)
+    return left, right, dual
+
+
+def _value_and_grad_weight(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
+    compute_dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
+    log_ratio = per_token_logps.to(compute_dtype) - old_per_token_logps.to(compute_dtype)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]; may be inf, never selected where that matters
+    adv = _broadcast_advantages(advantages, log_ratio).to(compute_dtype)  # [B, 1] or [B, T]
+    neg, pos = adv < 0, adv > 0
+    # Gradient coefficient of each token: ratio inside the clip range, the preserved bound outside it.
+    coef = torch.where(
+        neg & (ratio < 1 - epsilon_low),
+        beta1 * (1 - epsilon_low),
+        torch.where(pos & (ratio > 1 + epsilon_high), beta2 * (1 + epsilon_high), ratio),
+    )
+    # A == 0 contributes exactly nothing, even where ratio overflowed (inf * 0 would be NaN).
+    coef = torch.where(adv == 0, 0.0, coef)
+    grad_weight = -coef * adv  # [B, T]
+    if delta is None:
+        return grad_weight, grad_weight
+    dual = neg & (ratio > delta)  # dual clip: constant -delta * A, no gradient
+    value = torch.where(dual, -delta * adv, grad_weight)
+    grad_weight = torch.where(dual, 0.0, grad_weight)
+    return value, grad_weight
+
+
+class _CEGPPOLoss(torch.autograd.Function):
+    """Single pass: forward returns the value and saves only d(value)/d(logp); backward is one multiply."""
+
+    @staticmethod
+    def forward(ctx, per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta):
+        value, grad_weight = _value_and_grad_weight(
+            per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+        )
+        ctx.save_for_backward(grad_weight)
+        ctx.logp_dtype = per_token_logps.dtype
+        ctx.logp_shape = per_token_logps.shape
+        return value
+
+    @staticmethod
+    def backward(ctx, grad_value):
+        (grad_weight,) = ctx.saved_tensors
+        grad_logps = grad_value * grad_weight
+        if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
+            grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
+        # Old log-probs and advantages are constants of the surrogate, as in PPO.
+        return grad_logps.to(ctx.logp_dtype), None, None, None, None, None, None, None
+
+
+def cegppo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> torch.Tensor:
+    """Per-token CE-GPPO loss (to be minimised), before masking and aggregation.
+
+    Implements Eq. 8 of CE-GPPO (arXiv:2509.20712) with the authors' dual clip: tokens outside the PPO clip range
+    keep a bounded gradient, ``beta1 * (1 - epsilon_low) * A`` for negative-advantage tokens below the range (larger
+    ``beta1`` -> entropy falls faster) and ``beta2 * (1 + epsilon_high) * A`` for positive-advantage tokens above it
+    (larger ``beta2`` -> entropy falls slower). ``beta1 = beta2 = 0`` gives the PPO-clip gradient, ``beta1 = beta2 =
+    1`` the original GPPO (Klear-Reasoner), whose forward value equals PPO's.
+
+    Only ``per_token_logps`` receives a gradient; ``old_per_token_logps`` and ``advantages`` are constants.
+
+    Args:
+        per_token_logps: log-probabilities under the current policy, shape ``(B, T)`` (``(B, 1)`` for a
+            sequence-level ratio). Any float dtype; the ratio is computed in at least fp32.
+        old_per_token_logps: log-probabilities under the sampling (old) policy, same shape.
+        advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        epsilon_low: lower clip range (``1 - epsilon_low`` is the left bound), in ``(0, 1)``.
+        epsilon_high: upper clip range (``1 + epsilon_high`` is the right bound), ``> 0``.
+        beta1: gradient scale of negative-advantage tokens clipped on the left (NA&LP), ``>= 0``.
+        beta2: gradient scale of positive-advantage tokens clipped on the right (PA&LP), ``>= 0``.
+        delta: dual-clip constant ``c > 1``: negative-advantage tokens with ``r > c`` get the constant ``-c * A``
+            and no gradient. ``None`` disables it.
+
+    Returns:
+        The per-token loss, shape ``broadcast(per_token_logps, advantages)``, dtype at least fp32.
+    """
+    return _CEGPPOLoss.apply(
+        per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+    )

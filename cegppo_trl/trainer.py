@@ -1,0 +1,385 @@
+"""`CEGPPOTrainer`: TRL's `GRPOTrainer` with the CE-GPPO surrogate.
+
+The seam: a full override of `GRPOTrainer._compute_loss` (TRL's own GMPO pattern). TRL 1.16 has no per-token
+surrogate hook, and the alternatives cost more than they save: a gradient-injection term needs TRL's masking and
+normalisation re-derived beside the copy anyway, and per-token advantages that carry the extra gradient corrupt
+TRL's clip metrics and cannot express a sequence-level ratio. The override below is TRL 1.16.0's method line for
+line except where marked `# CE-GPPO`; the objective itself lives only in `cegppo_trl.loss`. Because the copy can
+drift from TRL, `check_trl_compatibility` compares the parent method's source with the hash of the version it was
+copied from and refuses to train on a mismatch (tests/test_trl_drift.py pins the same hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import textwrap
+import warnings
+
+import torch
+from accelerate.logging import get_logger
+from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
+
+from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
+from .loss import cegppo_per_token_loss, cegppo_regions
+
+logger = get_logger(__name__)
+
+# sha256 of `inspect.getsource(trl.GRPOTrainer._compute_loss)` in the TRL release the override was copied from.
+TRL_COMPUTE_LOSS_SHA256 = {
+    "1.16.0": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
+}
+SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
+
+
+def trl_compute_loss_sha256() -> str:
+    """sha256 of the installed TRL's `GRPOTrainer._compute_loss` source."""
+    return hashlib.sha256(inspect.getsource(GRPOTrainer._compute_loss).encode()).hexdigest()
+
+
+def check_trl_compatibility() -> None:
+    """Raise if the installed TRL's `_compute_loss` differs from every version the override was copied from.
+
+    Raises:
+        RuntimeError: naming the installed TRL version and how to proceed.
+    """
+    import trl
+
+    if trl_compute_loss_sha256() in TRL_COMPUTE_LOSS_SHA256.values():
+        return
+    message = (
+        f"cegppo_trl overrides `GRPOTrainer._compute_loss`, which changed in the installed trl {trl.__version__} "
+        f"(tested: {', '.join(TRL_COMPUTE_LOSS_SHA256)}). Training could silently lose a TRL feature. Install a "
+        f"tested TRL (`pip install 'trl~=1.16.0'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train anyway at your own risk."
+    )
+    if os.environ.get(SKIP_DRIFT_CHECK_ENV) == "1":
+        warnings.warn(message, stacklevel=3)
+        return
+    raise RuntimeError(message)
+
+
+class CEGPPOTrainer(GRPOTrainer):
+    """GRPO trainer whose clipped surrogate keeps bounded gradients for clipped tokens (CE-GPPO).
+
+    Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` must be a [`CEGPPOConfig`]. For `loss_type` in
+    `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` the per-token surrogate is `cegppo_per_token_loss`; every other
+    part of the loss (KL to the reference model, entropy mask, off-policy sequence mask, vLLM importance-sampling
+    correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
+    TRL's objective unchanged.
+
+    Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
+    Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
+    """
+
+    _tag_names = ["trl", "grpo", "cegppo"]
+    _name = "CE-GPPO"
+    _paper = {
+        "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
+        "Reinforcement Learning",
+        "id": "2509.20712",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @inproceedings{su2026cegppo,
+                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
+                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
+                booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
+                year         = 2026,
+                eprint       = {arXiv:2509.20712},
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
+        if args is not None and not isinstance(args, CEGPPOConfig):
+            raise TypeError(
+                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Build it with "
+                "`CEGPPOConfig(**your_grpo_config.to_dict())` or pass the CE-GPPO fields directly."
+            )
+        if args is None:
+            model_name = model if isinstance(model, str) else model.config._name_or_path
+            args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
+        check_trl_compatibility()
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        self._warn_if_on_policy()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Configuration checks
+    # ------------------------------------------------------------------------------------------------------------
+    def _warn_if_on_policy(self) -> None:
+        args = self.args
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0 and not (
+            vllm_correction
+        ):
+            logger.warning(
+                "CE-GPPO is identical to GRPO with this configuration: every optimizer step uses fresh rollouts "
+                f"(gradient_accumulation_steps={args.gradient_accumulation_steps} is a multiple of "
+                f"steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}), so the "
+                "probability ratio is exactly 1, no token is clipped and there is no gradient to preserve. To train "
+                "off-policy as the paper does, take several optimizer steps per rollout batch: set "
+                "`num_iterations=2` (or more), or `steps_per_generation` to a multiple of "
+                "`gradient_accumulation_steps` greater than it (the authors use 8 optimizer steps per batch).",
+                main_process_only=True,
+            )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # beta1 / beta2 for the current optimizer step
+    # ------------------------------------------------------------------------------------------------------------
+    def current_gppo_betas(self) -> tuple[float, float]:
+        """(beta1, beta2) used by the loss at the current optimizer step."""
+        return float(self.args.gppo_beta1), float(self.args.gppo_beta2)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss
+    # ------------------------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return super()._compute_loss(model, inputs)  # TRL's cispo / sapo / vespo, unchanged
+
+        # Compute the per-token log probabilities for the model
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)  # we only need to compute the logits for the completion tokens
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+        # Compute the per_token_logps and the entropy at each position in the completion
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            num_images=inputs.get("num_images"),
+            pixel_attention_mask=inputs.get("pixel_attention_mask"),
+            spatial_shapes=inputs.get("spatial_shapes"),
+            num_tiles=inputs.get("num_tiles"),
+            image_sizes=inputs.get("image_sizes"),
+            token_type_ids=inputs.get("token_type_ids"),
+            mm_token_type_ids=inputs.get("mm_token_type_ids"),
+            image_position_ids=inputs.get("image_position_ids"),
+        )
+
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        else:
+            entropy_mask = None
+
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+
+        if self.off_policy_mask_threshold is not None:
+            sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=sampling_per_token_logps,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+
+        log_ratio = per_token_logps - old_per_token_logps
+        if self.importance_sampling_level == "token":
+            log_importance_weights = log_ratio
+        elif self.importance_sampling_level == "sequence":
+            log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+            log_importance_weights = log_importance_weights.unsqueeze(-1)
+        else:
+            raise ValueError(
+                f"Unknown importance sampling level: {self.importance_sampling_level}. Possible values are 'token' "
+                "and 'sequence'."
+            )
+
+        # Compute the KL divergence between the model and the reference model
+        if self.beta != 0.0:
+            ref_per_token_logps = inputs["ref_per_token_logps"]
+            per_token_kl = (
+                torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+            )
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * torch.exp(log_importance_weights)
+
+        # CE-GPPO: the gradient-preserving surrogate replaces `-min(r * A, clip(r) * A)` (and TRL's two-sided
+        # `delta` clamp, which for A < 0 is the authors' dual clip). A sequence-level ratio (GSPO) is passed as a
+        # (B, 1) log-ratio, so clipped sequences keep `beta * bound * A * grad(mean log-ratio)`.
+        beta1, beta2 = self.current_gppo_betas()
+        per_token_loss = cegppo_per_token_loss(
+            log_importance_weights,
+            torch.zeros_like(log_importance_weights),
+            advantages,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta1=beta1,
+            beta2=beta2,
+            delta=self.args.delta,
+        )
+
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * off_policy_mask
+
+        if entropy_mask is not None:
+            per_token_loss = per_token_loss * entropy_mask
+
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+
+        if self.beta != 0.0:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        mode = "train" if self.model.training else "eval"
+        if self.loss_type == "grpo":
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+            policy_loss = loss.detach()
+            loss = loss / normalizer
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+            policy_loss = loss.detach()
+            loss = loss / normalizer
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+            policy_loss = loss.detach()
+            loss = loss / normalizer
+        elif self.loss_type == "dapo":
+            # `num_items_in_batch` spans the generation batch, so rescale it to one accumulation window
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            loss = (per_token_loss * mask).sum() / normalizer
+            policy_loss = loss.detach()
+        elif self.loss_type == "luspo":
+            loss = (per_token_loss * mask).sum(-1).mean()
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            policy_loss = loss.detach()
+            loss = loss / normalizer
+        else:
+            raise ValueError(f"Unknown loss type: {self.loss_type}")
+
+        # Entropy bonus, exactly as in TRL (see `GRPOTrainer._compute_loss` for the rationale of each step).
+        if self._entropy_bonus_enabled:
+            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            entropy_loss = (
+                (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_factor
+            )
+            if self.use_adaptive_entropy:
+                apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+            else:
+                apply_coef = self.entropy_coef
+
+            loss = loss - apply_coef * entropy_loss
+
+            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+
+            if self.use_adaptive_entropy and mode == "train":
+                stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+                if self._entropy_window_stats is None:
+                    self._entropy_window_stats = stats
+                else:
+                    self._entropy_window_stats = self._entropy_window_stats + stats
+                if self.accelerator.sync_gradients:
+                    window_stats = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                    world_entropy = (window_stats[0] / window_stats[1].clamp(min=1.0)).item()
+                    if world_entropy <= self.args.entropy_target:
+                        self.entropy_coef = min(
+                            self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max
+                        )
+                    else:
+                        self.entropy_coef = max(
+                            self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min
+                        )
+                    self._last_world_entropy = world_entropy
+                    self._entropy_window_stats = None
+
+            if mode == "train" and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+
+        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
+        if self.aux_loss_enabled:
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        # Log the metrics
+        def masked_seq_mean(x):
+            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
+                return x.squeeze(1)
+            return (x * mask).sum(-1) / mask.sum(-1)
+
+        def global_masked_mean(x):
+            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
+                local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
+            else:
+                local_sum, local_count = (x * mask).sum(), mask.sum().float()
+            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
+
+        self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+
+        # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved gradient)
+        with torch.no_grad():
+            is_low_clipped, is_high_clipped, is_dual_clipped = cegppo_regions(
+                log_importance_weights,
+                advantages,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                delta=self.args.delta,
+            )
+            is_region_clipped = is_low_clipped | is_high_clipped
+            self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low_clipped.float()))
+            self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high_clipped.float()))
+            self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(is_region_clipped.float()))
+            gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))
+            self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
+            gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
+            self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
+            # CE-GPPO metrics
+            self._log_cegppo_metrics(
+                mode, log_importance_weights, advantages, mask, beta1, beta2,
+                is_low_clipped, is_high_clipped, is_dual_clipped, global_masked_mean,
+            )  # fmt: skip
+
+        return loss
+
+    def _log_cegppo_metrics(
+        self, mode, log_ratio, advantages, mask, beta1, beta2, left, right, dual, global_masked_mean
+    ) -> None:
+        """Append the `cegppo/` metrics, reduced over all processes (TRL's `log()` averages them per step)."""
+        metrics = self._metrics[mode]
+        metrics["cegppo/beta1"].append(beta1)
+        metrics["cegppo/beta2"].append(beta2)
+        metrics["cegppo/preserved/left_frac"].append(global_masked_mean(left.float()))
+        metrics["cegppo/preserved/right_frac"].append(global_masked_mean(right.float()))
+        metrics["cegppo/dual_clip_frac"].append(global_masked_mean(dual.float()))
+        ratio = torch.exp(log_ratio.float())  # [B, T] or [B, 1]
+        valid = torch.ones_like(ratio, dtype=torch.bool) if ratio.shape[1] == 1 else mask.bool()
+        local_min = torch.where(valid, ratio, torch.inf).amin()
+        local_max = torch.where(valid, ratio, -torch.inf).amax()
+        metrics["cegppo/ratio/min"].append(self.accelerator.gather(local_min.reshape(1)).min().item())
+        metrics["cegppo/ratio/mean"].append(global_masked_mean(ratio))
+        metrics["cegppo/ratio/max"].append(self.accelerator.gather(local_max.reshape(1)).max().item())
+        # Share of the policy-gradient weight (sum of |d loss / d logp|) carried by the preserved tokens: how much of
+        # the update PPO's clip would have thrown away.
+        adv = advantages.float().abs()
+        coef = torch.where(left, beta1 * (1 - self.epsilon_low), torch.where(right, beta2 * (1 + self.epsilon_high), 0))
+        weight_all = torch.where(dual, 0.0, torch.where(left | right, coef, ratio)) * adv
+        weight_mask = valid.float() if ratio.shape[1] == 1 else mask.float()
+        totals = self.accelerator.reduce(
+            torch.stack([(coef * adv * weight_mask).sum(), (weight_all * weight_mask).sum()]), reduction="sum"
+        )
+        metrics["cegppo/preserved/grad_share"].append((totals[0] / totals[1].clamp(min=1e-12)).item())
