@@ -1,0 +1,261 @@
+"""CEGPPOTrainer through a real (tiny) model: the training gradient is the CE-GPPO gradient under every aggregation,
+TRL's machinery around the surrogate is untouched, and training runs, changes parameters and logs metrics."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from cegppo_trl import CEGPPOTrainer
+from cegppo_trl.tiny import build_tiny_llama
+from conftest import make_offpolicy_batch
+
+EPS = 0.2
+
+
+def reference_per_token_loss(logp, old, advantages, beta1, beta2, eps_low=EPS, eps_high=EPS, delta=None):
+    """The paper's Eq. 8 written independently of the library: stop-gradient in log space
+    (`bound * A * exp(logp - sg(logp))` has value `bound * A` and gradient `bound * A * grad(logp)`)."""
+    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    r = torch.exp(logp - old)
+    sg_one = torch.exp(logp - logp.detach())
+    left = (A < 0) & (r < 1 - eps_low)
+    right = (A > 0) & (r > 1 + eps_high)
+    loss = torch.where(left, -beta1 * (1 - eps_low) * A * sg_one, torch.where(right, -beta2 * (1 + eps_high) * A * sg_one, -r * A))
+    if delta is not None:
+        loss = torch.where((A < 0) & (r > delta), (-delta * A).expand_as(loss), loss)
+    return loss, left, right
+
+
+def aggregate(per_token_loss, mask, loss_type, max_completion_length):
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1)).mean()
+    if loss_type in ("bnpo", "dapo"):  # one process, no accumulation: both are the batch token-mean
+        return (per_token_loss * mask).sum() / mask.sum()
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    if loss_type == "luspo":
+        return (per_token_loss * mask).sum(-1).mean()
+    raise AssertionError(loss_type)
+
+
+def loss_and_grads(trainer, inputs, compute_loss=None):
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    compute_loss = compute_loss or trainer._compute_loss
+    loss = compute_loss(trainer.model, inputs)
+    return loss.detach(), torch.autograd.grad(loss, params)
+
+
+def assert_grads_close(grads_a, grads_b, **kw):
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, **kw)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+@pytest.mark.parametrize("delta", [None, 1.3])
+def test_training_gradient_equals_cegppo_formula(make_trainer, loss_type, delta):
+    trainer = make_trainer(loss_type=loss_type, gppo_beta1=0.5, gppo_beta2=1.0, delta=delta)
+    inputs = make_offpolicy_batch(trainer)
+    loss, grads = loss_and_grads(trainer, inputs)
+
+    model = trainer.model
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, input_ids.size(1) - 4)
+    per_token, left, right = reference_per_token_loss(
+        logp, inputs["old_per_token_logps"], inputs["advantages"], 0.5, 1.0, delta=delta
+    )
+    mask = inputs["completion_mask"].bool()
+    assert (left & mask).any() and (right & mask).any(), "the batch must hit both preserved regions"
+    expected = aggregate(per_token, inputs["completion_mask"], loss_type, trainer.max_completion_length)
+    expected_grads = torch.autograd.grad(expected, [p for p in model.parameters() if p.requires_grad])
+
+    torch.testing.assert_close(loss, expected.detach())
+    assert_grads_close(grads, expected_grads, rtol=1e-5, atol=1e-7)
+
+
+def test_sequence_level_ratio_gradient_equals_formula(make_trainer):
+    trainer = make_trainer(loss_type="grpo", importance_sampling_level="sequence", epsilon=0.05, gppo_beta1=0.5)
+    inputs = make_offpolicy_batch(trainer, seed=3)
+    loss, grads = loss_and_grads(trainer, inputs)
+
+    model = trainer.model
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, 7)
+    mask = inputs["completion_mask"]
+    seq_log_ratio = ((logp - inputs["old_per_token_logps"]) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)
+    per_seq, left, right = reference_per_token_loss(
+        seq_log_ratio, torch.zeros_like(seq_log_ratio), inputs["advantages"], 0.5, 1.0, 0.05, 0.05
+    )
+    assert left.any() or right.any(), "at least one sequence must be clipped"
+    expected = ((per_seq * mask).sum(-1) / mask.sum(-1)).mean()
+    expected_grads = torch.autograd.grad(expected, [p for p in model.parameters() if p.requires_grad])
+    torch.testing.assert_close(loss, expected.detach())
+    assert_grads_close(grads, expected_grads, rtol=1e-5, atol=1e-7)
+
+
+# TRL features around the surrogate. With beta1 = beta2 = 1 (GPPO) the forward value equals PPO's, and with
+# beta1 = beta2 = 0 the gradient equals PPO's: comparing with GRPOTrainer under both pins every feature's wiring.
+FEATURES = {
+    "plain": {},
+    "kl": {"beta": 0.04},
+    "kl_bias_corrected": {"beta": 0.04, "use_bias_correction_kl": True},
+    "entropy_mask": {"top_entropy_quantile": 0.5},
+    "off_policy_mask": {"off_policy_mask_threshold": 0.05},
+    "entropy_bonus": {"entropy_coef": 0.01},
+    "grpo_aggregation": {"loss_type": "grpo"},
+    "dual_clip": {"delta": 1.5},  # TRL's two-sided clamp is the authors' dual clip when delta > 1 + epsilon_high
+}
+
+
+def _feature_inputs(trainer, features):
+    inputs = make_offpolicy_batch(trainer, seed=1)
+    if features.get("beta"):
+        g = torch.Generator().manual_seed(5)
+        inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + torch.rand(
+            inputs["old_per_token_logps"].shape, generator=g
+        ) * 0.2
+    return inputs
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_trl_features_match_grpo(make_trainer, tokenizer, tmp_path, feature):
+    features = FEATURES[feature]
+    model = None
+    if features.get("beta"):  # the reference model is loaded from the policy's path
+        model = str(tmp_path / "tiny")
+        build_tiny_llama(tokenizer, seed=0).save_pretrained(model)
+        tokenizer.save_pretrained(model)
+    trainer = make_trainer(model=model, gppo_beta1=1.0, gppo_beta2=1.0, **features)
+    inputs = _feature_inputs(trainer, features)
+    grpo_compute_loss = lambda model, inp: GRPOTrainer._compute_loss(trainer, model, inp)  # noqa: E731
+    loss_gppo, _ = loss_and_grads(trainer, inputs)
+    loss_trl, grads_trl = loss_and_grads(trainer, inputs, grpo_compute_loss)
+    torch.testing.assert_close(loss_gppo, loss_trl)  # GPPO (beta = 1) forward == PPO forward
+
+    trainer.args.gppo_beta1 = trainer.args.gppo_beta2 = 0.0
+    _, grads_zero = loss_and_grads(trainer, inputs)
+    assert_grads_close(grads_zero, grads_trl, rtol=1e-5, atol=1e-7)  # beta = 0 gradient == PPO gradient
+
+
+def test_vllm_importance_sampling_correction_is_applied_like_trl(make_trainer):
+    trainer = make_trainer(gppo_beta1=0.0, gppo_beta2=0.0)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the loss path only; no vLLM needed
+    inputs = make_offpolicy_batch(trainer, seed=2)
+    inputs["importance_sampling_ratio"] = torch.rand(inputs["old_per_token_logps"].shape) + 0.5
+    _, grads = loss_and_grads(trainer, inputs)
+    _, grads_trl = loss_and_grads(trainer, inputs, lambda m, i: GRPOTrainer._compute_loss(trainer, m, i))
+    assert_grads_close(grads, grads_trl, rtol=1e-5, atol=1e-7)
+
+
+def test_on_policy_equals_grpo_and_off_policy_differs(make_trainer):
+    trainer = make_trainer()  # paper defaults beta1 = 0.5, beta2 = 1
+    inputs = make_offpolicy_batch(trainer, seed=4)
+    trl_loss = lambda m, i: GRPOTrainer._compute_loss(trainer, m, i)  # noqa: E731
+
+    on_policy = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}  # TRL's r == 1 path
+    loss_on, grads_on = loss_and_grads(trainer, on_policy)
+    loss_on_trl, grads_on_trl = loss_and_grads(trainer, on_policy, trl_loss)
+    torch.testing.assert_close(loss_on, loss_on_trl)
+    assert_grads_close(grads_on, grads_on_trl)
+
+    _, grads_off = loss_and_grads(trainer, inputs)
+    _, grads_off_trl = loss_and_grads(trainer, inputs, trl_loss)
+    max_diff = max((a - b).abs().max().item() for a, b in zip(grads_off, grads_off_trl))
+    assert max_diff > 1e-4, "off-policy, the preserved gradients must change the update"
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
+def test_other_trl_objectives_run_unchanged(make_trainer, loss_type):
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer = make_trainer(loss_type=loss_type, **extra)
+    inputs = make_offpolicy_batch(trainer, seed=6)
+    loss, grads = loss_and_grads(trainer, inputs)
+    loss_trl, grads_trl = loss_and_grads(trainer, inputs, lambda m, i: GRPOTrainer._compute_loss(trainer, m, i))
+    torch.testing.assert_close(loss, loss_trl)
+    assert_grads_close(grads, grads_trl)
+    assert not any(k.startswith("cegppo/") for k in trainer._metrics["train"])
+
+
+CEGPPO_METRICS = [
+    "cegppo/beta1",
+    "cegppo/beta2",
+    "cegppo/preserved/left_frac",
+    "cegppo/preserved/right_frac",
+    "cegppo/preserved/grad_share",
+    "cegppo/dual_clip_frac",
+    "cegppo/ratio/min",
+    "cegppo/ratio/mean",
+    "cegppo/ratio/max",
+]
+
+
+def test_training_steps_change_parameters_and_log_metrics(make_trainer):
+    trainer = make_trainer(num_iterations=2, max_steps=6, gppo_beta1=0.75, delta=10.0)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert len(changed) == len(before), "every parameter should receive an update"
+
+    logs = [h for h in trainer.state.log_history if "cegppo/beta1" in h]
+    assert len(logs) == 6
+    for h in logs:
+        assert set(CEGPPO_METRICS) <= set(h)
+        assert h["cegppo/beta1"] == 0.75 and h["cegppo/beta2"] == 1.0
+        for k in ("left_frac", "right_frac", "grad_share"):
+            assert 0.0 <= h[f"cegppo/preserved/{k}"] <= 1.0
+        assert 0 < h["cegppo/ratio/min"] <= h["cegppo/ratio/mean"] <= h["cegppo/ratio/max"]
+        assert h["cegppo/preserved/left_frac"] == h["clip_ratio/low_mean"]
+    # num_iterations = 2: the first pass over each batch is on-policy (r == 1), the second is not.
+    assert logs[0]["cegppo/ratio/min"] == logs[0]["cegppo/ratio/max"] == 1.0
+    assert logs[0]["cegppo/preserved/grad_share"] == 0.0
+    second_passes = logs[1::2]
+    assert any(h["cegppo/ratio/max"] > 1.0 for h in second_passes)
+    assert any(h["cegppo/preserved/left_frac"] + h["cegppo/preserved/right_frac"] > 0 for h in second_passes)
+
+
+def test_lora_training_updates_only_adapters(make_trainer):
+    from peft import LoraConfig
+
+    trainer = make_trainer(num_iterations=2, max_steps=2)
+    trainer = CEGPPOTrainer(
+        model=trainer.model,
+        reward_funcs=trainer.reward_funcs,
+        args=trainer.args,
+        train_dataset=trainer.train_dataset,
+        processing_class=trainer.processing_class,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    lora_changed = [n for n in before if "lora_B" in n and not torch.equal(before[n], after[n].detach())]
+    base_changed = [n for n in before if "lora_" not in n and not torch.equal(before[n], after[n].detach())]
+    assert lora_changed and not base_changed
+    assert any("cegppo/beta1" in h for h in trainer.state.log_history)
+
+
+def test_on_policy_configuration_warns_once(make_trainer, caplog):
+    with caplog.at_level(logging.WARNING):
+        make_trainer()  # gradient_accumulation_steps = steps_per_generation = num_iterations = 1
+    messages = [r.getMessage() for r in caplog.records if "identical to GRPO" in r.getMessage()]
+    assert len(messages) == 1
+    assert "num_iterations=2" in messages[0] and "steps_per_generation" in messages[0]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        make_trainer(num_iterations=2)
+    assert not [r for r in caplog.records if "identical to GRPO" in r.getMessage()]
+
+
+def test_rejects_plain_grpo_config(make_trainer):
+    from trl import GRPOConfig
+
+    with pytest.raises(TypeError, match="CEGPPOConfig"):
+        make_trainer(config_cls=GRPOConfig)
