@@ -1,0 +1,317 @@
+"""Reward functions for CE-GPPO runs, selectable by name (`--reward_funcs math_verify format`).
+
+Every reward follows TRL's signature `f(completions, **kwargs) -> list[float | None]`: `completions` are strings or
+conversational message lists, dataset columns arrive as keyword lists (the reference answer as `solution`). None of
+them raises on a malformed completion or a missing reference: such a rollout gets the "wrong" score, so a group
+whose reference is unusable has all-equal rewards, zero advantage, and no policy gradient.
+
+Registry (`REWARD_FUNCS`):
+
+| name             | scores                                                     | reference column         |
+|------------------|------------------------------------------------------------|--------------------------|
+| `math_verify`    | +1 correct, -1 otherwise (the CE-GPPO authors' convention) | `solution` (LaTeX/plain) |
+| `math_verify_01` | 1 correct, 0 otherwise                                     | `solution`               |
+| `gsm8k`          | +1 / -1 on the final number                                | `solution` (`#### 42`)   |
+| `gsm8k_01`       | 1 / 0 on the final number                                  | `solution`               |
+| `format`         | 1 if the answer is a well-formed `\\boxed{}` (and any       | none                     |
+|                  | `<think>` block is closed before it), else 0               |                          |
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# math-verify bounds each parse/verify with signal.alarm (seconds). Signals only work in the main thread, and
+# math-verify raises ValueError elsewhere (async reward workers, thread pools), so off the main thread the
+# timeouts are disabled, as TRL's own `accuracy_reward` does.
+MATH_VERIFY_TIMEOUT_S = 5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text helpers
+# ----------------------------------------------------------------------------------------------------------------
+def completion_text(completion: Any) -> str:
+    """The generated text of one completion, whatever form TRL hands it in.
+
+    Args:
+        completion: a string (standard format), a list of messages (conversational format; the last assistant
+            message is used, its content a string or a list of `{"type": "text", "text": ...}` parts), a single
+            message dict, or `None`.
+
+    Returns:
+        The text, `""` when there is none.
+    """
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return _content_text(completion.get("content"))
+    if isinstance(completion, Sequence):
+        messages = [m for m in completion if isinstance(m, dict)]
+        assistant = [m for m in messages if m.get("role", "assistant") == "assistant"]
+        chosen = assistant or messages
+        return _content_text(chosen[-1].get("content")) if chosen else ""
+    return str(completion)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+    return str(content)
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) with balanced braces; `None` if there is none or it is
+    unclosed (a completion truncated inside its answer)."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    for start in reversed(starts):
+        depth = 1
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i]
+    return None
+
+
+def _answer_part(text: str) -> str | None:
+    """The text after the reasoning block; `None` when the think tags are malformed or the block never closes."""
+    opens, closes = text.count("<think>"), text.count("</think>")
+    if opens > 1 or closes > 1 or (opens == 1 and closes == 0):
+        return None
+    if closes == 1:
+        if opens == 1 and text.index("<think>") > text.index("</think>"):
+            return None
+        return text.split("</think>", 1)[1]
+    return text  # no think tags (or the template already opened <think> in the prompt and it was closed above)
+
+
+def _main_thread_timeout() -> int | None:
+    return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Math (math-verify)
+# ----------------------------------------------------------------------------------------------------------------
+class MathVerifyReward:
+    r"""Correctness of a final boxed answer against a reference, checked by `math-verify`.
+
+    The reference (`solution` column) may be a bare answer (`"\frac{1}{2}"`, `"42"`, `"x^2+1"`), which is wrapped as
+    `\boxed{...}` before parsing like the authors' reward does, or a full worked solution containing `\boxed{}`.
+    The completion's last closed `\boxed{}` is parsed with math-verify's LaTeX extraction and compared with
+    `math_verify.verify` (symbolic and numeric equivalence).
+
+    Scores `correct` or `incorrect`. `incorrect` also covers: no boxed answer (unless `require_boxed=False`), an
+    unclosed or unparseable box, an empty completion, a `None`/empty/unparseable reference, and any math-verify error
+    or timeout. Deviation from the authors' reward (plain `math_verify.parse` of the whole response): by default a
+    boxed answer is required, so "the answer is 7" without a box is wrong; `require_boxed=False` restores their
+    fallback to un-boxed expressions.
+
+    Args:
+        correct: score of a correct answer.
+        incorrect: score of everything else (`-1.0` for the authors' convention, `0.0` for a 0/1 reward).
+        require_boxed: score completions without a closed `\boxed{}` as incorrect without parsing them.
+        name: the name TRL logs the reward under (`rewards/<name>/mean`).
+    """
+
+    def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
+        self.correct = correct
+        self.incorrect = incorrect
+        self.require_boxed = require_boxed
+        self.__name__ = name or "math_verify"
+
+    def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
+        solutions = solution if solution is not None else [None] * len(completions)
+        rewards, answers = [], []
+        for completion, gold in zip(completions, solutions, strict=True):
+            ok, answer = self.score_one(completion_text(completion), gold)
+            rewards.append(self.correct if ok else self.incorrect)
+            answers.append(answer)
+        if log_extra is not None:
+            log_extra(f"{self.__name__}_answer", answers)
+        return rewards
+
+    def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
+        """Whether `text` answers `gold`, and the parsed answer (for the completions table)."""
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+        if gold is None or not str(gold).strip() or not text:
+            return False, "[no answer]" if not text else "[no reference]"
+        boxed = last_boxed(text)
+        if self.require_boxed and boxed is None:
+            return False, "[no boxed answer]"
+        timeout = _main_thread_timeout()
+        try:
+            gold = str(gold).strip()
+            gold_parsed = parse(gold if "\\boxed" in gold else f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+            if not gold_parsed:
+                gold_parsed = parse(gold, parsing_timeout=timeout)
+            if not gold_parsed:
+                logger.debug("math_verify: unparseable reference %r", gold)
+                return False, "[unparseable reference]"
+            # Only the last box is parsed: math-verify joins *all* boxes of a text into a set ("\boxed{3} ...
+            # \boxed{5}" -> {3, 5}), which would mark a reasoning trace that boxes an intermediate result wrong. It
+            # also keeps parsing cheap on 16k-token completions.
+            if boxed is not None:
+                pred, extraction = f"\\boxed{{{boxed}}}", [LatexExtractionConfig(boxed_match_priority=0)]
+            else:
+                pred, extraction = text, [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+            answer = parse(pred, extraction_config=extraction, extraction_mode="first_match", parsing_timeout=timeout)
+            if not answer:
+                return False, "[unparseable answer]"
+            return bool(verify(gold_parsed, answer, timeout_seconds=timeout)), str(answer[-1])
+        except Exception as error:  # math-verify raises on pathological LaTeX and on timeouts
+            logger.debug("math_verify: %s on %r", type(error).__name__, text[-200:])
+            return False, f"[{type(error).__name__}]"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GSM8K
+# ----------------------------------------------------------------------------------------------------------------
+# A number: thousands groups "1,234,567" or plain digits, optional decimals, optional sign; or ".5".
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
+_NUMBER_RE = re.compile(_NUMBER)
+_FRAC_RE = re.compile(r"\\d?frac\s*\{\s*(" + _NUMBER + r")\s*\}\s*\{\s*(" + _NUMBER + r")\s*\}")
+
+
+def _to_number(token: str) -> Fraction | None:
+    try:
+        return Fraction(token.replace(",", "").replace("+", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _normalise(text: str) -> str:
+    # Unicode minus signs and TeX's thin-space thousands separator ("1{,}000", "1\,000") are common in outputs.
+    return (
+        text.replace("\u2212", "-").replace("\u2013", "-").replace("{,}", ",").replace("\\,", "").replace("\\!", "")
+    )
+
+
+def parse_number(text: str | None) -> Fraction | None:
+    r"""The last number in `text` as an exact `Fraction` (`"1,234.50"` → 2469/2, `"\frac{3}{4}"` → 3/4); `None` if
+    there is none."""
+    if not text:
+        return None
+    text = _normalise(str(text))
+    fractions = list(_FRAC_RE.finditer(text))
+    numbers = list(_NUMBER_RE.finditer(text))
+    if fractions and (not numbers or fractions[-1].end() >= numbers[-1].end()):
+        num, den = _to_number(fractions[-1].group(1)), _to_number(fractions[-1].group(2))
+        return num / den if num is not None and den else None
+    return _to_number(numbers[-1].group()) if numbers else None
+
+
+def extract_gsm8k_gold(answer: Any) -> Fraction | None:
+    """The reference number of a GSM8K `answer` field (worked solution ending in `#### 72`), or of a bare number."""
+    if answer is None:
+        return None
+    answer = str(answer)
+    return parse_number(answer.rsplit("####", 1)[1] if "####" in answer else answer)
+
+
+def extract_gsm8k_answer(text: str) -> Fraction | None:
+    r"""The model's final number: the last `\boxed{}` if any, else the text after the last `####`, else the last
+    number in the text. Only the text after a closed `</think>` counts; an unclosed or repeated think block gives
+    `None`."""
+    text = _answer_part(_normalise(text or ""))
+    if text is None:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return parse_number(re.sub(r"\\text\s*\{[^{}]*\}", " ", boxed))
+    if "####" in text:
+        return parse_number(text.rsplit("####", 1)[1].split("\n", 1)[0])
+    return parse_number(text)
+
+
+class GSM8KReward:
+    """Exact numeric match of the completion's final number with the GSM8K reference (`#### 72`).
+
+    `incorrect` also covers completions with no number and a missing or number-less reference.
+    """
+
+    def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = "gsm8k"):
+        self.correct = correct
+        self.incorrect = incorrect
+        self.__name__ = name
+
+    def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
+        solutions = solution if solution is not None else [None] * len(completions)
+        rewards, answers = [], []
+        for completion, gold in zip(completions, solutions, strict=True):
+            predicted, reference = extract_gsm8k_answer(completion_text(completion)), extract_gsm8k_gold(gold)
+            ok = predicted is not None and reference is not None and predicted == reference
+            rewards.append(self.correct if ok else self.incorrect)
+            answers.append("[no number]" if predicted is None else str(predicted))
+        if log_extra is not None:
+            log_extra(f"{self.__name__}_answer", answers)
+        return rewards
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Format
+# ----------------------------------------------------------------------------------------------------------------
+def format_reward(completions: list, **kwargs) -> list[float]:
+    r"""1.0 if the completion contains a non-empty, closed `\boxed{...}` answer and any `<think>` block is well formed
+    (at most one, closed, the box after it), else 0.0.
+
+    Reasoning models whose chat template opens `<think>` in the prompt produce completions with only `</think>`;
+    those are accepted.
+    """
+    rewards = []
+    for completion in completions:
+        answer = _answer_part(completion_text(completion))
+        boxed = last_boxed(answer) if answer is not None else None
+        rewards.append(1.0 if boxed is not None and boxed.strip() else 0.0)
+    return rewards
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------------------
+REWARD_FUNCS: dict[str, Callable] = {
+    "math_verify": MathVerifyReward(1.0, -1.0, name="math_verify"),
+    "math_verify_01": MathVerifyReward(1.0, 0.0, name="math_verify_01"),
+    "gsm8k": GSM8KReward(1.0, -1.0, name="gsm8k"),
+    "gsm8k_01": GSM8KReward(1.0, 0.0, name="gsm8k_01"),
+    "format": format_reward,
+}
+
+
+def get_reward_func(name: str) -> Callable:
+    """A reward function by registry name, or by dotted import path (`my_pkg.rewards.my_reward`, resolved from the
+    current directory too, like TRL's `grpo.py`).
+
+    Raises:
+        ValueError: an unknown name that is not an importable `module.attribute` path.
+    """
+    if name in REWARD_FUNCS:
+        return REWARD_FUNCS[name]
+    if "." in name:
+        import importlib
+        import os
+        import sys
+
+        module_path, attr = name.rsplit(".", 1)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            return getattr(importlib.import_module(module_path), attr)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"Could not import reward function {name!r}: {error}") from error
+    raise ValueError(f"Unknown reward function {name!r}. Expected one of {sorted(REWARD_FUNCS)} or a dotted path.")
