@@ -62,6 +62,30 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
+    sft_loss_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "Coefficient of the SFT term on correct rollouts (Klear-Reasoner's 'RL with SFT loss', in every "
+            "official CE-GPPO recipe with 0.1): adds coef x the negative log-likelihood of the completions judged "
+            "correct, aggregated like the policy loss (`loss_type`). 0 disables it."
+        },
+    )
+    sft_reward_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "Which completions the SFT term treats as correct. None (default): those whose total reward is "
+            "positive and equals the maximum reward in their group. A float: those whose total reward is >= it."
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop prompt groups whose rewards all coincide (zero advantage) from the loss and its normaliser, "
+            "as in DAPO and the CE-GPPO recipes. Groups are not refilled with new generations (the authors' "
+            "`max_num_gen_batches=1`). Training only; evaluation keeps every group."
+        },
+    )
+
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         super().__post_init__()
@@ -69,11 +93,22 @@ class CEGPPOConfig(GRPOConfig):
     def _validate_cegppo(self) -> None:
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
         _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
+        _check_finite_nonnegative("sft_loss_coef", self.sft_loss_coef)
+        if self.sft_reward_threshold is not None and not math.isfinite(self.sft_reward_threshold):
+            raise ValueError(
+                f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
+            )
         allowed = CEGPPO_LOSS_TYPES + PASSTHROUGH_LOSS_TYPES
         if self.loss_type not in allowed:
             raise ValueError(
                 f"`loss_type` must be one of {list(CEGPPO_LOSS_TYPES)} (CE-GPPO objective with TRL's aggregation) or "
                 f"{list(PASSTHROUGH_LOSS_TYPES)} (TRL's objective, unchanged), got {self.loss_type!r}."
+            )
+        if self.loss_type in PASSTHROUGH_LOSS_TYPES and (self.sft_loss_coef > 0 or self.dynamic_sampling):
+            raise ValueError(
+                f"`sft_loss_coef` and `dynamic_sampling` apply to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
+                f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `sft_loss_coef=0` and "
+                "`dynamic_sampling=False`, or use a CE-GPPO loss type."
             )
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(

@@ -24,6 +24,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .loss import cegppo_per_token_loss, cegppo_regions
+from .rollouts import correct_completions, informative_groups
 
 logger = get_logger(__name__)
 
@@ -133,8 +134,80 @@ class CEGPPOTrainer(GRPOTrainer):
         return float(self.args.gppo_beta1), float(self.args.gppo_beta2)
 
     # ------------------------------------------------------------------------------------------------------------
+    # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)
+    # ------------------------------------------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # gathered over all processes; read just below
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        args = self.args
+        if self.loss_type not in CEGPPO_LOSS_TYPES or not (args.sft_loss_coef > 0 or args.dynamic_sampling):
+            return output
+        mode = "train" if self.model.training else "eval"
+        rewards_per_func = self._last_rewards_per_func
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable, as in TRL
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        local = output["completion_mask"].size(0)
+        process_slice = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
+        loss_mask = output["completion_mask"]
+        if "tool_mask" in output:
+            loss_mask = loss_mask * output["tool_mask"]
+        metrics = self._metrics[mode]
+
+        keep = None
+        if args.dynamic_sampling and mode == "train":
+            keep = informative_groups(rewards, num_generations)
+            kept_groups = int(keep.view(-1, num_generations)[:, 0].sum())
+            metrics["cegppo/dynamic_sampling/kept_groups"].append(kept_groups)
+            metrics["cegppo/dynamic_sampling/dropped_groups"].append(keep.numel() // num_generations - kept_groups)
+            output["keep_mask"] = keep[process_slice].float()
+            loss_mask = loss_mask * output["keep_mask"].unsqueeze(1)
+            # The token normaliser of `dapo` counts only the kept groups' tokens.
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+
+        if args.sft_loss_coef > 0:
+            correct = correct_completions(rewards, num_generations, args.sft_reward_threshold)
+            if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
+                correct = correct & keep
+            metrics["cegppo/sft_frac"].append(correct.float().mean().item())
+            correct = correct[process_slice].float()
+            output["sft_mask"] = correct
+            output["num_sft_items_in_batch"] = self.accelerator.gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
+        return output
+
+    # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
+    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences, mode):
+        """TRL's aggregation for `self.loss_type`, shared by the policy loss and the SFT term.
+
+        Returns the loss scaled for gradient accumulation and its unscaled, detached value. `num_sequences` is the
+        count of sequences averaged over (TRL: the micro-batch size; fewer when dynamic sampling drops groups).
+        """
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
+        if self.loss_type == "grpo":
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token_loss * mask).sum() / (num_sequences * self.max_completion_length)
+        elif self.loss_type == "dapo":
+            # `num_items_in_batch` spans the generation batch, so rescale it to one accumulation window
+            normalizer = num_items_in_batch.clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            loss = (per_token_loss * mask).sum() / normalizer
+            return loss, loss.detach()
+        elif self.loss_type == "luspo":
+            loss = (per_token_loss * mask).sum(-1).sum() / num_sequences
+        else:
+            raise ValueError(f"Unknown loss type: {self.loss_type}")
+        return loss / accumulation, loss.detach()
+
     def _compute_loss(self, model, inputs):
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return super()._compute_loss(model, inputs)  # TRL's cispo / sapo / vespo, unchanged
@@ -237,35 +310,26 @@ class CEGPPOTrainer(GRPOTrainer):
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
-        if self.loss_type == "grpo":
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-            policy_loss = loss.detach()
-            loss = loss / normalizer
-        elif self.loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-            policy_loss = loss.detach()
-            loss = loss / normalizer
-        elif self.loss_type == "dr_grpo":
-            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-            policy_loss = loss.detach()
-            loss = loss / normalizer
-        elif self.loss_type == "dapo":
-            # `num_items_in_batch` spans the generation batch, so rescale it to one accumulation window
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            loss = (per_token_loss * mask).sum() / normalizer
-            policy_loss = loss.detach()
-        elif self.loss_type == "luspo":
-            loss = (per_token_loss * mask).sum(-1).mean()
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            policy_loss = loss.detach()
-            loss = loss / normalizer
-        else:
-            raise ValueError(f"Unknown loss type: {self.loss_type}")
+        # Dynamic sampling: dropped groups leave the loss, its token normaliser and the sequence count.
+        keep_mask = inputs.get("keep_mask")
+        policy_mask = mask if keep_mask is None else mask * keep_mask.unsqueeze(1)
+        num_sequences = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().clamp(min=1.0)
+        loss, policy_loss = self._aggregate(
+            per_token_loss, policy_mask, inputs["num_items_in_batch"], num_sequences, mode
+        )
+
+        # The authors' SFT term: NLL of correct completions, aggregated by the same rule as the policy loss.
+        if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
+            sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
+            sft_loss, sft_value = self._aggregate(
+                -per_token_logps,
+                mask * sft_sequences.unsqueeze(1),
+                inputs["num_sft_items_in_batch"],
+                sft_sequences.sum().clamp(min=1.0),
+                mode,
+            )
+            loss = loss + self.args.sft_loss_coef * sft_loss
+            self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(sft_value).mean().item())
 
         # Entropy bonus, exactly as in TRL (see `GRPOTrainer._compute_loss` for the rationale of each step).
         if self._entropy_bonus_enabled:
