@@ -26,8 +26,9 @@ Update rule, once per window of ``update_every`` optimizer steps, given the wind
 2. ``d = low - h`` if ``h < low``, ``high - h`` if ``h > high``, else 0 and stop.
 3. ``step = step_size`` (bang-bang), or ``min(step_size, gain * |d|)`` when ``gain`` is set (proportional).
 4. ``offset2 += sign(d) * step`` (modes ``beta2``/``both``); ``offset1 -= sign(d) * step`` (modes ``beta1``/``both``).
-5. Anti-windup: each offset is clamped so ``nominal + offset`` stays inside its bounds, using the latest nominal.
-   Without it a saturated beta would keep accumulating offset and need as many updates to come back.
+5. Anti-windup: before and after the step, each offset is clamped so ``nominal + offset`` stays inside its bounds
+   (latest nominal). Without it a saturated beta would keep accumulating offset and need as many updates to come
+   back; with it the first step in the other direction moves the applied beta off its bound.
 
 So an applied beta moves by at most ``step_size`` per update (for a fixed nominal), never leaves its bounds, and
 stays put inside the band. The offset is integral action: it holds the correction that brought entropy back.
@@ -278,15 +279,21 @@ class EntropyController:
         self._last_direction = direction
         step = cfg.step_size if cfg.gain is None else min(cfg.step_size, cfg.gain * distance)
 
+        # Anti-windup, before and after the step: with nominal + offset inside the bounds, a saturated beta (or a
+        # nominal outside them) leaves the bound on the first step in the other direction.
+        self._clamp_offsets()
         # beta2 (PA&LP) raises entropy, beta1 (NA&LP) lowers it: move them in opposite directions.
         if cfg.mode in ("beta1", "both"):
             self._offset[0] -= direction * step
         if cfg.mode in ("beta2", "both"):
             self._offset[1] += direction * step
-        # Anti-windup: keep nominal + offset inside the bounds so a saturated beta leaves them in one step.
-        self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - self._nominal[0], cfg.beta1_max - self._nominal[0])
-        self._offset[1] = _clamp(self._offset[1], cfg.beta2_min - self._nominal[1], cfg.beta2_max - self._nominal[1])
+        self._clamp_offsets()
         return self.beta1, self.beta2
+
+    def _clamp_offsets(self) -> None:
+        cfg, (n1, n2) = self.config, self._nominal
+        self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - n1, cfg.beta1_max - n1)
+        self._offset[1] = _clamp(self._offset[1], cfg.beta2_min - n2, cfg.beta2_max - n2)
 
     # -- checkpointing --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, float | int]:

@@ -1,0 +1,286 @@
+"""Entropy controller (`cegppo_trl.controller`): direction, bounded steps, deadband, bounds, state, composition."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from cegppo_trl.controller import CONTROLLER_SYNTAX, EntropyController, EntropyControllerConfig, parse_controller
+from cegppo_trl.schedules import parse_schedule
+
+TOL = 1e-12
+
+
+def make(mode="both", beta1=0.5, beta2=1.0, **overrides) -> EntropyController:
+    kwargs = dict(target_low=0.3, target_high=0.6, step_size=0.05, mode=mode, beta1_min=0.0, beta1_max=1.0,
+                  beta2_min=0.5, beta2_max=1.5)
+    kwargs.update(overrides)
+    return EntropyController(EntropyControllerConfig(**kwargs), beta1=beta1, beta2=beta2)
+
+
+def run(controller: EntropyController, entropies) -> list[tuple[float, float]]:
+    return [controller.update(h) for h in entropies]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Direction and step size
+# ---------------------------------------------------------------------------------------------------------------
+def test_entropy_below_band_raises_beta2_and_lowers_beta1_by_at_most_one_step_per_update():
+    controller = make()
+    history = [(0.5, 1.0), *run(controller, [0.2] * 30)]  # collapsing entropy, far below the band
+    for (b1, b2), (n1, n2) in zip(history, history[1:]):
+        assert n1 <= b1 and n2 >= b2  # beta1 falls, beta2 rises
+        assert b1 - n1 <= 0.05 + TOL and n2 - b2 <= 0.05 + TOL
+    # first update moves both by a full step; then both saturate at their bounds and stay there
+    assert history[1] == pytest.approx((0.45, 1.05))
+    assert history[-1] == pytest.approx((0.0, 1.5))
+    assert all(0.0 <= b1 <= 1.0 and 0.5 <= b2 <= 1.5 for b1, b2 in history)
+    assert controller.last_direction == 1
+
+
+def test_entropy_above_band_lowers_beta2_and_raises_beta1():
+    controller = make()
+    history = [(0.5, 1.0), *run(controller, [0.9] * 30)]  # exploding entropy
+    for (b1, b2), (n1, n2) in zip(history, history[1:]):
+        assert n1 >= b1 and n2 <= b2
+        assert n1 - b1 <= 0.05 + TOL and b2 - n2 <= 0.05 + TOL
+    assert history[1] == pytest.approx((0.55, 0.95))
+    assert history[-1] == pytest.approx((1.0, 0.5))
+    assert controller.last_direction == -1
+
+
+@pytest.mark.parametrize("entropy", [0.3, 0.45, 0.6])
+def test_inside_band_including_its_edges_nothing_changes(entropy):
+    controller = make()
+    run(controller, [0.2, 0.2])  # move away from the nominal first: inside the band the offset is kept
+    before = (controller.beta1, controller.beta2)
+    assert run(controller, [entropy] * 10)[-1] == before
+    assert controller.last_direction == 0
+
+
+@pytest.mark.parametrize(
+    "mode, low_result, high_result",
+    [("beta1", (0.45, 1.0), (0.55, 1.0)), ("beta2", (0.5, 1.05), (0.5, 0.95)), ("both", (0.45, 1.05), (0.55, 0.95))],
+)
+def test_mode_selects_which_coefficient_moves(mode, low_result, high_result):
+    assert make(mode).update(0.1) == pytest.approx(low_result)
+    assert make(mode).update(0.9) == pytest.approx(high_result)
+
+
+def test_proportional_gain_scales_small_deviations_and_caps_large_ones():
+    # distance 0.01 below the band with gain 2 -> step 0.02; distance 0.2 -> 0.4, capped at step_size 0.05
+    assert make(gain=2.0).update(0.29) == pytest.approx((0.48, 1.02))
+    assert make(gain=2.0).update(0.1) == pytest.approx((0.45, 1.05))
+    assert make(gain=2.0).update(0.8) == pytest.approx((0.55, 0.95))
+
+
+def test_ema_smooths_the_measured_entropy():
+    # ema 0.5: h = 0.5 (first update, in band) -> 0.5 * 0.5 + 0.5 * 0.0 = 0.25 < 0.3 -> one step up
+    controller = make(ema=0.5)
+    assert controller.update(0.5) == (0.5, 1.0)
+    assert controller.update(0.0) == pytest.approx((0.45, 1.05))
+    assert controller.smoothed_entropy == pytest.approx(0.25) and controller.last_entropy == 0.0
+    # without smoothing a single spike into the band stops the controller; with it, one spike does not
+    controller = make(ema=0.8)
+    run(controller, [0.1, 0.1])
+    assert controller.update(0.5) == pytest.approx((0.35, 1.15))  # h = 0.8 * 0.1 + 0.2 * 0.5 = 0.18
+
+
+def test_bounds_hold_even_when_the_nominal_is_outside_them():
+    controller = make(beta2=2.0)  # nominal beta2 above beta2_max = 1.5
+    assert (controller.beta1, controller.beta2) == (0.5, 1.5)
+    # exploding entropy: beta2 moves down from its bound at once (no accumulated excess to unwind)
+    assert controller.update(0.9) == pytest.approx((0.55, 1.45))
+
+
+def test_anti_windup_leaves_saturation_on_the_first_update_after_the_sign_flips():
+    controller = make()
+    run(controller, [0.0] * 100)  # 100 updates pushing against bounds that are 10 steps away
+    assert (controller.beta1, controller.beta2) == pytest.approx((0.0, 1.5))
+    assert controller.update(1.0) == pytest.approx((0.05, 1.45))
+
+
+def test_zero_width_bounds_freeze_a_coefficient():
+    controller = make(beta1_min=0.5, beta1_max=0.5)
+    assert run(controller, [0.0] * 5)[-1] == pytest.approx((0.5, 1.25))
+
+
+def test_properties_before_and_after_the_first_update():
+    controller = make()
+    assert controller.last_entropy is None and controller.smoothed_entropy is None and controller.num_updates == 0
+    assert controller.target == (0.3, 0.6)
+    assert (controller.beta1, controller.beta2) == (0.5, 1.0) and controller.offsets == (0.0, 0.0)
+    controller.update(0.2)
+    assert controller.last_entropy == 0.2 and controller.num_updates == 1
+    assert controller.offsets == pytest.approx((-0.05, 0.05)) and controller.nominal == (0.5, 1.0)
+
+
+@pytest.mark.parametrize("entropy", [float("nan"), float("inf"), -0.1, "0.5", None])
+def test_invalid_entropy_raises(entropy):
+    with pytest.raises(ValueError, match="entropy"):
+        make().update(entropy)
+
+
+def test_invalid_initial_beta_raises():
+    with pytest.raises(ValueError, match="beta1"):
+        make(beta1=-0.1)
+    with pytest.raises(TypeError):
+        EntropyController({"band": [0.3, 0.6]}, 0.5, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Composition with a schedule
+# ---------------------------------------------------------------------------------------------------------------
+def test_offset_rides_on_the_schedule_paper_switch():
+    # Nominal beta1 follows the paper's switch; entropy below the band for two updates before step 585 gives an
+    # offset of -0.1 on beta1 (clamped to 0 while the nominal is 0) and +0.1 on beta2. After the switch the offset
+    # is still there: beta1 = 0.5 - 0.1, not the controller's own value and not the bare schedule.
+    beta1_schedule, beta2_schedule = parse_schedule("piecewise:0@0,0.5@585"), parse_schedule("1")
+    controller = make(beta1=0.0, beta2=1.0)
+    assert controller.apply(beta1_schedule(0, 1000), beta2_schedule(0, 1000)) == (0.0, 1.0)
+    run(controller, [0.2, 0.2])
+    assert controller.apply(beta1_schedule(584, 1000), beta2_schedule(584, 1000)) == pytest.approx((0.0, 1.1))
+    assert controller.offsets[0] == pytest.approx(0.0)  # anti-windup: nominal 0 cannot go lower
+    controller.update(0.9)  # now above the band: beta1 up a step from its bound, beta2 down
+    assert controller.apply(beta1_schedule(584, 1000), beta2_schedule(584, 1000)) == pytest.approx((0.05, 1.05))
+    assert controller.apply(beta1_schedule(585, 1000), beta2_schedule(585, 1000)) == pytest.approx((0.55, 1.05))
+
+
+def test_apply_with_a_changing_nominal_keeps_the_offset_and_clamps():
+    controller = make()
+    run(controller, [0.9, 0.9])  # offsets (+0.1, -0.1)
+    assert controller.apply(0.2, 1.0) == pytest.approx((0.3, 0.9))
+    assert controller.apply(0.95, 0.55) == pytest.approx((1.0, 0.5))  # clamped to the bounds
+    with pytest.raises(ValueError, match="nominal_beta2"):
+        controller.apply(0.5, float("nan"))
+
+
+def test_update_returns_what_apply_would_return_for_the_latest_nominal():
+    controller = make()
+    controller.apply(0.3, 0.8)
+    new = controller.update(0.1)
+    assert new == controller.apply(0.3, 0.8) == pytest.approx((0.25, 0.85))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# State
+# ---------------------------------------------------------------------------------------------------------------
+def _trace(controller, schedule, steps):
+    out = []
+    for step in steps:
+        out.append(controller.apply(schedule(step, 100), 1.0))
+        out.append(controller.update(0.1 + 0.9 * ((step * 37) % 11) / 10))  # deterministic, crosses the band
+    return out
+
+
+def test_state_dict_round_trip_gives_identical_future_outputs():
+    schedule = parse_schedule("linear:0->0.8@10-60")
+    config = EntropyControllerConfig(0.3, 0.6, step_size=0.03, ema=0.3, gain=0.5)
+    reference = EntropyController(config, 0.0, 1.0)
+    _trace(reference, schedule, range(0, 40))
+    state = json.loads(json.dumps(reference.state_dict()))  # what a checkpoint stores
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in state.values())
+
+    resumed = EntropyController(config, 0.7, 0.7)  # different initial betas: the state must override them
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == reference.state_dict()
+    assert _trace(resumed, schedule, range(40, 100)) == _trace(reference, schedule, range(40, 100))
+
+
+def test_load_state_dict_rejects_missing_or_non_finite_values():
+    controller = make()
+    state = controller.state_dict()
+    with pytest.raises(ValueError, match="missing"):
+        controller.load_state_dict({k: v for k, v in state.items() if k != "offset_beta1"})
+    with pytest.raises(ValueError, match="offset_beta2"):
+        controller.load_state_dict({**state, "offset_beta2": float("nan")})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Config validation and parsing
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(target_low=-0.1), "target_low"),
+        (dict(target_high=0.3), "target_high"),
+        (dict(target_high=float("nan")), "target_high"),
+        (dict(step_size=0), "step_size"),
+        (dict(mode="entropy"), "mode"),
+        (dict(beta1_min=-1), "beta1_min"),
+        (dict(beta2_max=0.1), "beta2_max"),
+        (dict(gain=0), "gain"),
+        (dict(ema=1.0), "ema"),
+        (dict(ema=-0.1), "ema"),
+        (dict(update_every=0), "update_every"),
+        (dict(update_every=2.0), "update_every"),
+    ],
+)
+def test_config_validation_names_the_field(overrides, field):
+    kwargs = {"target_low": 0.3, "target_high": 0.6, **overrides}
+    with pytest.raises(ValueError, match=f"`{field}`"):
+        EntropyControllerConfig(**kwargs)
+
+
+def test_parse_string_spec():
+    config = parse_controller("band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2")
+    assert config == EntropyControllerConfig(0.3, 0.6, 0.05, "both", 0.0, 1.0, 0.5, 2.0)
+    assert parse_controller("band=0.3-0.6") == EntropyControllerConfig(0.3, 0.6)  # defaults
+    spec = " band = 0.3-0.6 , gain = 2 , ema = 0.5 , every = 10 , mode = BETA2 "
+    assert parse_controller(spec) == EntropyControllerConfig(0.3, 0.6, gain=2.0, ema=0.5, update_every=10,
+                                                             mode="beta2")
+
+
+def test_parse_mapping_spec_as_yaml_gives_it():
+    config = parse_controller({"band": [0.3, 0.6], "step": 0.05, "mode": "both", "beta1": [0, 1], "beta2": "0.5-2"})
+    assert config == parse_controller("band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2")
+    # config field names work too
+    assert parse_controller({"target_low": 0.3, "target_high": 0.6, "step_size": "0.05"}) == EntropyControllerConfig(
+        0.3, 0.6
+    )
+
+
+@pytest.mark.parametrize("spec", [None, "", "  ", "none", "OFF"])
+def test_parse_disabled(spec):
+    assert parse_controller(spec) is None
+
+
+def test_to_spec_round_trips():
+    for config in (EntropyControllerConfig(0.3, 0.6), replace(EntropyControllerConfig(0.1, 0.25), gain=1.5, ema=0.9,
+                                                               update_every=8, mode="beta1", beta2_max=2.5)):
+        assert parse_controller(config.to_spec()) == config
+    assert parse_controller(EntropyControllerConfig(0.3, 0.6)).to_spec() == (
+        "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,ema=0,every=1"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ("band=0.6-0.3", "target_high"),
+        ("band=0.3", "LOW-HIGH"),
+        ("band=-0.1-0.3", "LOW-HIGH"),
+        ("step=0.1", "band is required"),
+        ("band=0.3-0.6,mode=x", "mode"),
+        ("band=0.3-0.6,foo=1", "unknown key 'foo'"),
+        ("band=0.3-0.6,ema=1", "ema"),
+        ("band=0.3-0.6,every=2.5", "integer"),
+        ("band=0.3-0.6,beta1=1-0", "beta1_max"),
+        ("band=0.3-0.6,step=nan", "not a finite number"),
+        ("band=0.3-0.6,band=0.1-0.2", "twice"),
+        ("band=0.3-0.6,", "not KEY=VALUE"),
+        ("0.3-0.6", "not KEY=VALUE"),
+        ({"band": [0.3]}, "range"),
+        ({"band": [0.3, 0.6], "step": "big"}, "not a finite number"),
+        ({"target_low": 0.1}, "band is required"),
+        (5, "string or a mapping"),
+    ],
+)
+def test_malformed_controller_spec_names_the_problem_and_lists_accepted_forms(spec, problem):
+    with pytest.raises(ValueError) as info:
+        parse_controller(spec)
+    message = str(info.value)
+    assert problem in message and CONTROLLER_SYNTAX in message
+    assert "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2" in message
