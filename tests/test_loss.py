@@ -1,0 +1,373 @@
+"""Tests for the CE-GPPO per-token objective (`cegppo_trl.loss`).
+
+In the torchtune style: log-probs are chosen so that the ratio is exactly ``e``, ``1/e``, ``e^0.1``..., the expected
+value of each region is derived in a comment, and the gradient w.r.t. the current log-probs is taken with
+`torch.autograd.grad`. Unless a test says otherwise: ``epsilon_low = epsilon_high = 0.2`` (clip range [0.8, 1.2]),
+``beta1 = 0.5``, ``beta2 = 0.75`` (different from each other and from 1, so a swapped or dropped beta shows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
+
+EPS_LOW, EPS_HIGH, BETA1, BETA2 = 0.2, 0.2, 0.5, 0.75
+LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta2=BETA2)
+
+
+def loss_and_grad(logp, old_logp, advantages, grad_out=None, **kwargs):
+    """Per-token loss and its gradient w.r.t. `logp` (of `loss.sum()` unless `grad_out` is given)."""
+    logp = logp.detach().clone().requires_grad_()
+    loss = cegppo_per_token_loss(logp, old_logp, advantages, **{**LOSS_KWARGS, **kwargs})
+    (grad,) = torch.autograd.grad(loss, logp, torch.ones_like(loss) if grad_out is None else grad_out)
+    return loss.detach(), grad
+
+
+def ppo_clip_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, delta=None):
+    """TRL 1.16's clipped surrogate (`GRPOTrainer._compute_loss`, token-level), the baseline CE-GPPO generalises."""
+    coef_1 = torch.exp(logp - old_logp)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def reference_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta=None):
+    """A plain `torch.where` transcription of the reference sheet's table, differentiated by autograd.
+
+    Clipped tokens use the log-space form ``bound * A * exp(logp - sg(logp))``: value ``bound * A``, gradient
+    ``bound * A``.
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    unit = torch.exp(log_ratio - log_ratio.detach())  # value 1, gradient 1
+    left = (advantages < 0) & (ratio < 1 - epsilon_low)
+    right = (advantages > 0) & (ratio > 1 + epsilon_high)
+    loss = torch.where(left, -beta1 * (1 - epsilon_low) * advantages * unit, -ratio * advantages)
+    loss = torch.where(right, -beta2 * (1 + epsilon_high) * advantages * unit, loss)
+    if delta is not None:
+        loss = torch.where((advantages < 0) & (ratio > delta), (-delta * advantages).expand_as(loss), loss)
+    return torch.where(advantages == 0, torch.zeros_like(loss), loss)
+
+
+def random_inputs(batch=16, length=32, dtype=torch.float64, seed=0, spread=0.6):
+    """Log-ratios uniform in [-spread, spread] (every region populated), (B, 1) advantages with one zero."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 4
+    logp = old + (torch.rand(batch, length, generator=g, dtype=torch.float64) * 2 - 1) * spread
+    advantages = torch.randn(batch, 1, generator=g, dtype=torch.float64)
+    advantages[0] = 0.0
+    return logp.to(dtype), old.to(dtype), advantages.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One region at a time, with hand-derived values
+# ---------------------------------------------------------------------------------------------------------------------
+def test_left_clip_negative_advantage_keeps_beta1_scaled_bound_as_value_and_gradient():
+    # ratio = exp(-1) = 1/e ~ 0.368 < 0.8 and A = -2 < 0: NA&LP, left clip.
+    # value = -beta1 * (1 - eps_low) * A = -0.5 * 0.8 * (-2) = 0.8; gradient the same (PPO would give 0).
+    loss, grad = loss_and_grad(torch.tensor([[-1.0]]), torch.tensor([[0.0]]), torch.tensor([-2.0]))
+    assert_close(loss, torch.tensor([[0.8]]))
+    assert_close(grad, torch.tensor([[0.8]]))
+
+
+def test_right_clip_positive_advantage_keeps_beta2_scaled_bound_as_value_and_gradient():
+    # ratio = exp(1) = e ~ 2.718 > 1.2 and A = 2 > 0: PA&LP, right clip.
+    # value = -beta2 * (1 + eps_high) * A = -0.75 * 1.2 * 2 = -1.8; gradient the same (PPO would give 0).
+    loss, grad = loss_and_grad(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([2.0]))
+    assert_close(loss, torch.tensor([[-1.8]]))
+    assert_close(grad, torch.tensor([[-1.8]]))
+
+
+def test_inside_clip_range_is_the_plain_surrogate():
+    # ratio = exp(0.1) ~ 1.105 in [0.8, 1.2]: value = -ratio * A; d/dlogp(-exp(logp - old) * A) = -ratio * A.
+    # A = 2 -> -2 e^0.1 ~ -2.2103; A = -2 -> +2 e^0.1.
+    loss, grad = loss_and_grad(torch.tensor([[0.1], [0.1]]), torch.zeros(2, 1), torch.tensor([2.0, -2.0]))
+    expected = torch.tensor([[-2 * math.exp(0.1)], [2 * math.exp(0.1)]])
+    assert_close(loss, expected)
+    assert_close(grad, expected)
+
+
+def test_positive_advantage_below_range_is_not_clipped():
+    # ratio = 1/e < 0.8 but A = 1 > 0: PPO's min picks ratio * A, so this is the plain surrogate, no beta.
+    # value = gradient = -e^-1 * 1 ~ -0.3679.
+    loss, grad = loss_and_grad(torch.tensor([[-1.0]]), torch.tensor([[0.0]]), torch.tensor([1.0]))
+    assert_close(loss, torch.tensor([[-math.exp(-1)]]))
+    assert_close(grad, torch.tensor([[-math.exp(-1)]]))
+
+
+def test_negative_advantage_above_range_is_not_clipped():
+    # ratio = e > 1.2 but A = -1 < 0 (and no dual clip): plain surrogate, value = gradient = -e * (-1) = e.
+    loss, grad = loss_and_grad(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]))
+    assert_close(loss, torch.tensor([[math.e]]))
+    assert_close(grad, torch.tensor([[math.e]]))
+
+
+def test_zero_advantage_gives_exact_zero_even_when_the_ratio_overflows():
+    # log-ratio 100 -> exp overflows fp32 (max ~ e^88.7): ratio = inf, and -inf * 0 would be NaN. A = 0 contributes
+    # nothing: value 0, gradient 0, for ratios 1/e, e and inf alike.
+    logp = torch.tensor([[-1.0, 1.0, 100.0]])
+    loss, grad = loss_and_grad(logp, torch.zeros(1, 3), torch.tensor([0.0]))
+    assert torch.isinf(torch.exp(logp)).any()  # the overflow really happens
+    assert_close(loss, torch.zeros(1, 3))
+    assert_close(grad, torch.zeros(1, 3))
+
+
+def test_dual_clip_gives_constant_value_and_no_gradient_to_negative_advantages_above_delta():
+    # ratio = e^3 ~ 20.1 > delta = 10 and A = -1: dual clip, value = -delta * A = 10, gradient 0.
+    # ratio = e ~ 2.7 < delta with A = -1: untouched, value = gradient = e.
+    # ratio = e^3 with A = +1: right clip, the dual clip never touches positive advantages: -0.75 * 1.2 = -0.9.
+    logp = torch.tensor([[3.0, 1.0], [3.0, 3.0]])
+    loss, grad = loss_and_grad(logp, torch.zeros(2, 2), torch.tensor([-1.0, 1.0]), delta=10.0)
+    assert_close(loss, torch.tensor([[10.0, math.e], [-0.9, -0.9]]))
+    assert_close(grad, torch.tensor([[0.0, math.e], [-0.9, -0.9]]))
+
+
+def test_delta_below_ratio_caps_negative_advantage_tokens_above_the_clip_range():
+    # ratio = e ~ 2.72, A = -1: without delta the value is e (gradient e); with delta = 2 < e it is -2 * (-1) = 2
+    # and the gradient is 0. Left-clipped tokens (ratio 1/e) are the same with and without delta: 0.5 * 0.8 = 0.4.
+    logp, old, adv = torch.tensor([[1.0, -1.0]]), torch.zeros(1, 2), torch.tensor([-1.0])
+    loss_none, grad_none = loss_and_grad(logp, old, adv)
+    loss_two, grad_two = loss_and_grad(logp, old, adv, delta=2.0)
+    assert_close(loss_none, torch.tensor([[math.e, 0.4]]))
+    assert_close(grad_none, torch.tensor([[math.e, 0.4]]))
+    assert_close(loss_two, torch.tensor([[2.0, 0.4]]))
+    assert_close(grad_two, torch.tensor([[0.0, 0.4]]))
+
+
+def test_all_regions_in_one_batch():
+    # Rows: A = -1, +1, 0. Columns: log-ratio -1 (1/e), 0.1 (inside), 1 (e), 3 (e^3 > delta = 10).
+    logp = torch.tensor([[-1.0, 0.1, 1.0, 3.0]]).expand(3, 4)
+    adv = torch.tensor([-1.0, 1.0, 0.0])
+    loss, grad = loss_and_grad(logp, torch.zeros(3, 4), adv, delta=10.0)
+    e01, e = math.exp(0.1), math.e
+    # A = -1: left clip 0.5 * 0.8 = 0.4 | inside e^0.1 | above range, plain e | dual clip: value 10, gradient 0.
+    # A = +1: plain -1/e | inside -e^0.1 | right clip -0.75 * 1.2 = -0.9 | right clip -0.9.
+    # A =  0: zeros.
+    expected_loss = torch.tensor([[0.4, e01, e, 10.0], [-1 / e, -e01, -0.9, -0.9], [0.0, 0.0, 0.0, 0.0]])
+    expected_grad = torch.tensor([[0.4, e01, e, 0.0], [-1 / e, -e01, -0.9, -0.9], [0.0, 0.0, 0.0, 0.0]])
+    assert_close(loss, expected_loss)
+    assert_close(grad, expected_grad)
+    left, right, dual = cegppo_regions(logp - 0.0, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=10.0)
+    assert left.tolist() == [[True, False, False, False], [False] * 4, [False] * 4]
+    assert right.tolist() == [[False] * 4, [False, False, True, True], [False] * 4]
+    assert dual.tolist() == [[False, False, False, True], [False] * 4, [False] * 4]
+
+
+def test_regions_without_delta_has_empty_dual_mask():
+    left, right, dual = cegppo_regions(
+        torch.tensor([[-1.0, 3.0]]), torch.tensor([-1.0]), epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
+    )
+    assert left.tolist() == [[True, False]] and not right.any() and not dual.any()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Special cases: PPO (beta = 0) and GPPO (beta = 1)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("delta", [None, 3.0])
+def test_zero_betas_give_the_ppo_clip_gradient(delta):
+    # beta1 = beta2 = 0: clipped tokens keep no gradient, exactly like TRL's -min(r * A, clip(r) * A).
+    logp, old, adv = random_inputs(spread=1.5)
+    _, grad = loss_and_grad(logp, old, adv, beta1=0.0, beta2=0.0, delta=delta)
+    logp_ref = logp.clone().requires_grad_()
+    ppo = ppo_clip_loss(logp_ref, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
+    (grad_ppo,) = torch.autograd.grad(ppo.sum(), logp_ref)
+    assert (grad_ppo == 0).any() and (grad_ppo != 0).any()  # both clipped and unclipped tokens present
+    assert_close(grad, grad_ppo)
+
+
+@pytest.mark.parametrize("delta", [None, 3.0])
+def test_unit_betas_are_gppo_whose_value_equals_ppo(delta):
+    # beta1 = beta2 = 1 (Klear-Reasoner's GPPO): the forward value is PPO's, and every token's gradient equals its
+    # value (clipped ones included) except dual-clipped ones, whose gradient is 0.
+    logp, old, adv = random_inputs(spread=1.5)
+    loss, grad = loss_and_grad(logp, old, adv, beta1=1.0, beta2=1.0, delta=delta)
+    ppo = ppo_clip_loss(logp, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
+    assert_close(loss, ppo)
+    _, _, dual = cegppo_regions(logp - old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
+    assert_close(grad, torch.where(dual, 0.0, loss))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Numerics: overflow, exactness, dtypes
+# ---------------------------------------------------------------------------------------------------------------------
+def test_extreme_log_ratios_stay_finite_with_dual_clip_where_the_authors_form_gives_nan():
+    # Log-ratios of +-200: exp overflows fp32 to inf (and underflows to 0). With delta = 10:
+    # A = -1, +200: dual clip, value 10, gradient 0.       A = -1, -200: left clip, 0.5 * 0.8 = 0.4.
+    # A = +1, +200: right clip, -0.75 * 1.2 = -0.9.        A = +1, -200: plain surrogate, -0 * 1 = 0.
+    logp = torch.tensor([[200.0, -200.0], [200.0, -200.0]])
+    adv = torch.tensor([-1.0, 1.0])
+    loss, grad = loss_and_grad(logp, torch.zeros(2, 2), adv, delta=10.0)
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    assert_close(loss, torch.tensor([[10.0, 0.4], [-0.9, 0.0]]))
+    assert_close(grad, torch.tensor([[0.0, 0.4], [-0.9, 0.0]]))
+
+    # The paper's `beta * bound * A / sg(r) * r` on the same clipped tokens: inf / inf and 0 / 0 are NaN.
+    logp_authors = torch.tensor([200.0, -200.0], requires_grad=True)
+    ratio = torch.exp(logp_authors)
+    bound_a = torch.tensor([-BETA2 * (1 + EPS_HIGH) * 1.0, -BETA1 * (1 - EPS_LOW) * -1.0])
+    authors = bound_a / ratio.detach() * ratio
+    (authors_grad,) = torch.autograd.grad(authors.sum(), logp_authors)
+    assert torch.isnan(authors).all() and torch.isnan(authors_grad).all()
+
+
+def test_overflowing_ratio_without_dual_clip_is_an_infinite_loss_not_nan():
+    # A = -1 and log-ratio 200 with delta=None: the plain surrogate -r * A with r = inf is +inf (the true value).
+    loss, grad = loss_and_grad(torch.tensor([[200.0]]), torch.zeros(1, 1), torch.tensor([-1.0]))
+    assert loss.item() == math.inf and grad.item() == math.inf
+
+
+@pytest.mark.parametrize("delta", [None, 2.5])
+def test_float64_matches_reference_implementation_exactly(delta):
+    # All regions (log-ratios in [-1.5, 1.5], advantages of both signs and 0), unit output gradient: the value and
+    # the gradient are the same floating-point operations as the plain `torch.where` + autograd reference.
+    logp, old, adv = random_inputs(spread=1.5)
+    loss, grad = loss_and_grad(logp, old, adv, delta=delta)
+    logp_ref = logp.clone().requires_grad_()
+    ref = reference_loss(logp_ref, old, adv, **LOSS_KWARGS, delta=delta)
+    (grad_ref,) = torch.autograd.grad(ref, logp_ref, torch.ones_like(ref), retain_graph=True)
+    assert_close(loss, ref.detach(), rtol=0, atol=0)
+    assert_close(grad, grad_ref, rtol=0, atol=0)
+    # With a non-trivial output gradient (the mask / normaliser of the aggregation) only the rounding order differs.
+    grad_out = torch.rand(loss.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    _, grad = loss_and_grad(logp, old, adv, grad_out=grad_out, delta=delta)
+    (grad_ref,) = torch.autograd.grad(ref, logp_ref, grad_out)
+    assert_close(grad, grad_ref, rtol=1e-15, atol=0)
+
+
+def test_gradcheck_where_the_surrogate_is_smooth():
+    # Away from the clip boundaries and outside the clipped regions the objective is the differentiable -r * A, so
+    # its gradient must match finite differences (clipped tokens are exempt by design: constant value, kept gradient).
+    logp = torch.tensor([[0.1, -0.1, -1.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 4, dtype=torch.float64)
+    adv = torch.tensor([[0.7, -1.3, 0.9, -0.4]], dtype=torch.float64)  # inside, inside, A>0 low, A<0 high
+    assert torch.autograd.gradcheck(lambda x: cegppo_per_token_loss(x, old, adv, **LOSS_KWARGS), (logp,))
+
+
+def test_bf16_log_probs_give_fp32_loss_from_fp32_ratio_and_bf16_gradient():
+    # -2.0 and -2.03125 are exact in bf16; the log-ratio 0.03125 gives r = e^0.03125 = 1.031743 in fp32, whereas a
+    # bf16 exp would round it to 1.03125. With A = 1: value = gradient = -1.031743 (fp32), gradient returned in bf16.
+    logp = torch.tensor([[-2.0]], dtype=torch.bfloat16)
+    old = torch.tensor([[-2.03125]], dtype=torch.bfloat16)
+    loss, grad = loss_and_grad(logp, old, torch.tensor([1.0]))
+    assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert_close(loss, torch.tensor([[-math.exp(0.03125)]]), rtol=1e-6, atol=0)
+    assert_close(grad, torch.tensor([[-math.exp(0.03125)]], dtype=torch.bfloat16))
+
+
+def test_bf16_matches_fp32_on_the_same_values():
+    logp, old, adv = random_inputs(dtype=torch.bfloat16, spread=1.5)
+    loss_bf16, grad_bf16 = loss_and_grad(logp, old, adv.float(), delta=2.5)
+    loss_fp32, grad_fp32 = loss_and_grad(logp.float(), old.float(), adv.float(), delta=2.5)
+    assert_close(loss_bf16, loss_fp32, rtol=0, atol=0)
+    assert_close(grad_bf16, grad_fp32.to(torch.bfloat16), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Shapes
+# ---------------------------------------------------------------------------------------------------------------------
+def test_advantage_shapes_b_b1_bt_give_the_same_result():
+    logp, old, adv = random_inputs(batch=6, length=5, spread=1.5)
+    results = [loss_and_grad(logp, old, a, delta=2.5) for a in (adv.squeeze(1), adv, adv.expand(6, 5).clone())]
+    for loss, grad in results[1:]:
+        assert_close(loss, results[0][0], rtol=0, atol=0)
+        assert_close(grad, results[0][1], rtol=0, atol=0)
+    assert results[0][0].shape == (6, 5)
+
+
+def test_sequence_level_log_ratio_with_token_advantages_sums_the_gradient_per_sequence():
+    # A (B, 1) log-ratio (GSPO-style sequence ratio) against (B, T) advantages: the loss is (B, T) and the gradient
+    # of the (B, 1) input is the per-token gradient summed over T.
+    g = torch.Generator().manual_seed(0)
+    seq_logp = torch.tensor([[-1.0], [0.1], [1.0], [3.0]], dtype=torch.float64)  # 1/e, inside, e, e^3
+    adv = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    adv[0, 0] = 0.0
+    loss, grad = loss_and_grad(seq_logp, torch.zeros(4, 1, dtype=torch.float64), adv, delta=10.0)
+    token_loss, token_grad = loss_and_grad(seq_logp.expand(4, 6), torch.zeros(4, 6, dtype=torch.float64), adv, delta=10.0)
+    assert loss.shape == (4, 6) and grad.shape == (4, 1)
+    assert_close(loss, token_loss)
+    assert_close(grad, token_grad.sum(-1, keepdim=True))
+
+
+def test_old_log_probs_and_advantages_receive_no_gradient():
+    logp, old, adv = random_inputs(batch=2, length=3)
+    logp.requires_grad_()
+    old.requires_grad_()
+    adv.requires_grad_()
+    loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS)
+    grads = torch.autograd.grad(loss.sum(), (logp, old, adv), allow_unused=True)
+    assert grads[0] is not None and grads[1] is None and grads[2] is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# torch.compile: no graph break (hence no `.item()`, no data-dependent shape, no host sync)
+# ---------------------------------------------------------------------------------------------------------------------
+def _compile_or_skip(fn):
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch.compile unavailable")
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aot_eager", fullgraph=True)
+
+
+def test_compiles_in_one_graph_and_matches_eager():
+    # fullgraph=True raises on any graph break: a `.item()`, a boolean-mask index (data-dependent shape) or any other
+    # host synchronisation inside the loss would fail here (see the next test for the authors' form).
+    # The backward of the compiled graph runs too (AOT autograd traces the custom backward).
+    def masked_mean_loss(logp, old, adv, mask):
+        loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=2.5)
+        return (loss * mask).sum() / mask.sum()
+
+    compiled = _compile_or_skip(masked_mean_loss)
+    logp, old, adv = random_inputs(batch=4, length=8, dtype=torch.float32, spread=1.5)
+    mask = (torch.arange(8) < torch.tensor([[8], [5], [3], [8]])).float()
+    results = []
+    for fn in (compiled, masked_mean_loss):
+        x = logp.clone().requires_grad_()
+        loss = fn(x, old, adv, mask)
+        results.append((loss.detach(), torch.autograd.grad(loss, x)[0]))
+    assert_close(results[0][0], results[1][0])
+    assert_close(results[0][1], results[1][1])
+    assert (results[0][1] != 0).any()
+
+
+def _host_syncing_ops(fn, *args) -> set[str]:
+    """ATen ops in the forward + backward trace of `fn` whose output needs the data on the host: a value read
+    (`.item()`, `_local_scalar_dense`) or a data-dependent shape (`nonzero`, boolean-mask indexing)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fwd_bwd(logp, old, adv):
+        loss = fn(logp, old, adv)
+        return loss, torch.autograd.grad(loss.sum(), logp)[0]
+
+    graph = make_fx(fwd_bwd, tracing_mode="fake")(*args).graph
+    sync_tags = {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}
+    return {
+        str(node.target)
+        for node in graph.nodes
+        if node.op == "call_function" and sync_tags & set(getattr(node.target, "tags", ()))
+    }
+
+
+def test_forward_and_backward_need_no_host_sync():
+    # On a GPU a value read or a data-dependent shape stalls the stream every step. The traced forward + backward
+    # must contain none; the authors' boolean-mask assignment shows what the check catches.
+    logp, old, adv = random_inputs(batch=4, length=8, dtype=torch.float32, spread=1.5)
+    logp.requires_grad_()
+
+    def cegppo(logp, old, adv):
+        return cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=2.5)
+
+    def authors(logp, old, adv):
+        ratio = torch.exp(logp - old)
+        loss = -ratio * adv
+        left = (adv < 0) & (ratio < 1 - EPS_LOW)
+        loss[left] = (-BETA1 * (1 - EPS_LOW) * adv / ratio.detach() * ratio)[left]
+        return loss
+
+    assert _host_syncing_ops(cegppo, logp, old, adv) == set()
+    assert "aten.index.Tensor" in _host_syncing_ops(authors, logp, old, adv)
