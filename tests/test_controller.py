@@ -52,12 +52,61 @@ def test_entropy_above_band_lowers_beta2_and_raises_beta1():
 
 
 @pytest.mark.parametrize("entropy", [0.3, 0.45, 0.6])
-def test_inside_band_including_its_edges_nothing_changes(entropy):
-    controller = make()
+def test_without_damping_nothing_changes_inside_the_band_including_its_edges(entropy):
+    controller = make(damping=0.0)
     run(controller, [0.2, 0.2])  # move away from the nominal first: inside the band the offset is kept
     before = (controller.beta1, controller.beta2)
-    assert run(controller, [entropy] * 10)[-1] == before
+    assert run(controller, [entropy] * 10) == [before] * 10
     assert controller.last_direction == 0
+
+
+def test_with_damping_a_still_entropy_inside_the_band_changes_nothing():
+    controller = make()  # damping=1 by default
+    run(controller, [0.45])
+    assert run(controller, [0.45] * 10) == [(0.5, 1.0)] * 10
+
+
+def test_damping_moves_betas_against_entropy_motion_inside_the_band():
+    # entropy rises 0.35 -> 0.40 -> 0.43 inside the band: with damping 2, beta2 falls by 2 * 0.05 then 2 * 0.03
+    controller = make(damping=2.0, step_size=0.5)
+    run(controller, [0.35])
+    assert controller.update(0.40) == pytest.approx((0.6, 0.9))
+    assert controller.update(0.43) == pytest.approx((0.66, 0.84))
+    assert controller.last_direction == -1
+
+
+def test_damping_brakes_the_push_when_entropy_already_returns_to_the_band():
+    # below the band: a full push (+0.05) minus damping * rise (1 * 0.03) leaves +0.02; a faster rise (0.1) reverses
+    controller = make()
+    run(controller, [0.1])  # first update: full step, (0.45, 1.05)
+    assert controller.update(0.13) == pytest.approx((0.43, 1.07))
+    assert controller.update(0.23) == pytest.approx((0.43 + 0.05, 1.07 - 0.05))  # -0.05 after the clip at step_size
+
+
+def _closed_loop_band_crossings(damping: float) -> tuple[int, float, bool]:
+    # Entropy integrates the betas: per update it changes by 0.01 * (beta2 - beta1 - 0.5) (0 at the nominal (0.5,
+    # 1)), plus a constant collapse pressure of -0.004. Starting below the band, count how often the entropy leaves
+    # the band again after first entering it, and the largest overshoot above it.
+    controller = make(damping=damping, step_size=0.02)
+    h, entered, exits, overshoot, inside = 0.1, False, 0, 0.0, False
+    for _ in range(400):
+        beta1, beta2 = controller.update(h)
+        h = max(0.0, h + 0.01 * (beta2 - beta1 - 0.5) - 0.004)
+        now_inside = 0.3 <= h <= 0.6
+        entered |= now_inside
+        exits += entered and inside and not now_inside
+        overshoot = max(overshoot, h - 0.6)
+        inside = now_inside
+    return exits, overshoot, inside
+
+
+def test_damping_stops_the_oscillation_of_push_only_control():
+    # Push-only control of an integrating quantity overshoots the band again and again; damping settles inside it.
+    exits, overshoot, _ = _closed_loop_band_crossings(damping=0.0)
+    assert exits >= 3 and overshoot > 0.04
+    for damping in (1.0, 3.0):  # the default, and a stronger one
+        exits, overshoot, ends_inside = _closed_loop_band_crossings(damping)
+        assert exits == 0 and overshoot <= 0.0 and ends_inside
 
 
 @pytest.mark.parametrize(
@@ -78,12 +127,12 @@ def test_proportional_gain_scales_small_deviations_and_caps_large_ones():
 
 def test_ema_smooths_the_measured_entropy():
     # ema 0.5: h = 0.5 (first update, in band) -> 0.5 * 0.5 + 0.5 * 0.0 = 0.25 < 0.3 -> one step up
-    controller = make(ema=0.5)
+    controller = make(ema=0.5, damping=0.0)
     assert controller.update(0.5) == (0.5, 1.0)
     assert controller.update(0.0) == pytest.approx((0.45, 1.05))
     assert controller.smoothed_entropy == pytest.approx(0.25) and controller.last_entropy == 0.0
     # without smoothing a single spike into the band stops the controller; with it, one spike does not
-    controller = make(ema=0.8)
+    controller = make(ema=0.8, damping=0.0)
     run(controller, [0.1, 0.1])
     assert controller.update(0.5) == pytest.approx((0.35, 1.15))  # h = 0.8 * 0.1 + 0.2 * 0.5 = 0.18
 
@@ -212,6 +261,7 @@ def test_load_state_dict_rejects_missing_or_non_finite_values():
         (dict(beta1_min=-1), "beta1_min"),
         (dict(beta2_max=0.1), "beta2_max"),
         (dict(gain=0), "gain"),
+        (dict(damping=-0.5), "damping"),
         (dict(ema=1.0), "ema"),
         (dict(ema=-0.1), "ema"),
         (dict(update_every=0), "update_every"),
@@ -228,9 +278,9 @@ def test_parse_string_spec():
     config = parse_controller("band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2")
     assert config == EntropyControllerConfig(0.3, 0.6, 0.05, "both", 0.0, 1.0, 0.5, 2.0)
     assert parse_controller("band=0.3-0.6") == EntropyControllerConfig(0.3, 0.6)  # defaults
-    spec = " band = 0.3-0.6 , gain = 2 , ema = 0.5 , every = 10 , mode = BETA2 "
-    assert parse_controller(spec) == EntropyControllerConfig(0.3, 0.6, gain=2.0, ema=0.5, update_every=10,
-                                                             mode="beta2")
+    spec = " band = 0.3-0.6 , gain = 2 , damping = 0 , ema = 0.5 , every = 10 , mode = BETA2 "
+    assert parse_controller(spec) == EntropyControllerConfig(0.3, 0.6, gain=2.0, damping=0.0, ema=0.5,
+                                                             update_every=10, mode="beta2")
 
 
 def test_parse_mapping_spec_as_yaml_gives_it():
@@ -252,7 +302,7 @@ def test_to_spec_round_trips():
                                                                update_every=8, mode="beta1", beta2_max=2.5)):
         assert parse_controller(config.to_spec()) == config
     assert parse_controller(EntropyControllerConfig(0.3, 0.6)).to_spec() == (
-        "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,ema=0,every=1"
+        "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,damping=1,ema=0,every=1"
     )
 
 
