@@ -196,7 +196,8 @@ def test_completion_text_reads_every_completion_form():
         {"role": "assistant", "content": "final"},
     ]
     assert completion_text(multi_turn) == "final"
-    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "image"}]}]) == "x"
+    parts = [{"type": "text", "text": "x"}, {"type": "image"}]
+    assert completion_text([{"role": "assistant", "content": parts}]) == "x"
 
 
 def test_last_boxed_balances_nested_braces():
@@ -210,7 +211,8 @@ def test_registry_names_and_dotted_paths():
     for name, func in REWARD_FUNCS.items():
         assert get_reward_func(name) is func
     # TRL logs each reward as rewards/<__name__>/mean: the +1/-1 and 0/1 variants must not collide.
-    assert [f.__name__ for f in REWARD_FUNCS.values()] == ["math_verify", "math_verify_01", "gsm8k", "gsm8k_01", "format_reward"]
+    names = [f.__name__ for f in REWARD_FUNCS.values()]
+    assert names == ["math_verify", "math_verify_01", "gsm8k", "gsm8k_01", "format_reward"]
     assert get_reward_func("cegppo_trl.rewards.format_reward") is format_reward
     with pytest.raises(ValueError, match="Unknown reward function"):
         get_reward_func("accuracy")

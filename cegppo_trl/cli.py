@@ -1,0 +1,62 @@
+"""The `cegppo` console command.
+
+    cegppo train --config examples/recipes/gsm8k_qwen2.5_0.5b_lora.yaml [--any_field value ...]
+    cegppo rewards
+
+`train` runs in the current process; for several GPUs put `accelerate launch` in front (`-m cegppo_trl.cli train`),
+exactly as with `examples/cegppo.py`. Both call `cegppo_trl.scripts.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="cegppo",
+        description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
+        epilog="Multi-GPU: accelerate launch --config_file accelerate_configs/multi_gpu.yaml -m cegppo_trl.cli "
+        "train --config RECIPE.yaml. See docs/usage.md.",
+    )
+    parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # `train` parses its own arguments (every CEGPPOConfig / ModelConfig / script field); `cegppo train -h` lists them.
+    commands.add_parser(
+        "train",
+        add_help=False,
+        help="train with CE-GPPO: --config RECIPE.yaml plus any config field as a flag (flags override the YAML)",
+    )
+    commands.add_parser("rewards", help="list the reward functions usable in --reward_funcs")
+    return parser
+
+
+def _list_rewards() -> None:
+    from .rewards import REWARD_FUNCS
+
+    for name, func in REWARD_FUNCS.items():
+        doc = (type(func).__doc__ if not hasattr(func, "__code__") else func.__doc__) or ""
+        print(f"{name:16s} {' '.join(doc.split())[:100]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `cegppo` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
+    if args.command == "train":
+        from .scripts import main as train, parse_args
+
+        train(*parse_args(argv[1:], prog="cegppo train"))
+    elif args.command == "rewards":
+        _list_rewards()
+    else:
+        parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

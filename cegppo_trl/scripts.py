@@ -1,0 +1,263 @@
+"""The training script shared by the `cegppo train` CLI and `examples/cegppo.py` (TRL's `trl/scripts/grpo.py` shape).
+
+`make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`), so every
+field of the three dataclasses is settable from a YAML recipe (`--config recipe.yaml`) and overridable by flags, and
+`--use_peft`, `--lora_r`, `--load_in_4bit`, `--dtype` ... mean exactly what they mean in TRL. `main()` loads the
+dataset, maps its columns onto what the rewards read, and runs `CEGPPOTrainer`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trl import ModelConfig, ScriptArguments, TrlParser
+
+from .config import CEGPPOConfig
+from .rewards import REWARD_FUNCS, get_reward_func
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict
+
+    from .trainer import CEGPPOTrainer
+
+# Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+@dataclass
+class CEGPPOScriptArguments(ScriptArguments):
+    """
+    Script arguments for CE-GPPO training: TRL's dataset arguments plus rewards and column mapping.
+
+    Args:
+        dataset_name (`str`):
+            Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
+            `.json`/`.jsonl`/`.csv`/`.parquet` file.
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
+            Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
+            `gsm8k`, `gsm8k_01`, `format`) or dotted import paths. Weight them with `reward_weights`.
+        prompt_column (`str`, *optional*, defaults to `"prompt"`):
+            Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
+        solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
+            Dataset column holding the reference answer, passed to the rewards as `solution`. A dotted path reads
+            a nested field (`reward_model.ground_truth` for verl-format data). `None` for reference-free rewards.
+        prompt_template (`str` or `None`, *optional*):
+            Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
+            braces are literal, so `\\boxed{}` needs no escaping.
+        system_prompt (`str` or `None`, *optional*):
+            System message prepended to every prompt (turning plain-text prompts into chat prompts).
+        chat_prompts (`bool`, *optional*, defaults to `True`):
+            Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
+            reasoning models). Set `False` for base models trained on raw text.
+        max_train_samples (`int` or `None`, *optional*):
+            Keep only the first N training rows (smoke tests, quick sweeps).
+    """
+
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_verify"],
+        metadata={
+            "help": f"Reward functions by name ({', '.join(REWARD_FUNCS)}) or dotted import path "
+            "(`my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
+        },
+    )
+    prompt_column: str = field(
+        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
+    )
+    solution_column: str | None = field(
+        default="solution",
+        metadata={
+            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
+            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
+        },
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "System message prepended to every prompt."})
+    chat_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
+    )
+
+
+def make_parser(prog: str | None = None) -> TrlParser:
+    """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support."""
+    return TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog)
+
+
+def parse_args(
+    args: list[str] | None = None, prog: str | None = None
+) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
+    """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped."""
+    return make_parser(prog).parse_args_and_config(args)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
+    """Load `dataset_name` as a `DatasetDict`, from the Hub, a local dataset directory, a `save_to_disk` directory or
+    a single data file (whose rows become the `dataset_train_split` split)."""
+    from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+    name = script_args.dataset_name
+    if name is None:
+        raise ValueError("`dataset_name` is required (a Hub id, a local directory, or a .json/.jsonl/.csv file).")
+    if os.path.isdir(name) and any(
+        os.path.exists(os.path.join(name, marker)) for marker in ("dataset_dict.json", "state.json")
+    ):
+        loaded = load_from_disk(name)
+    elif os.path.isfile(name):
+        builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
+        if builder is None:
+            raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
+        loaded = load_dataset(builder, data_files={script_args.dataset_train_split: name})
+    else:
+        loaded = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+    if isinstance(loaded, Dataset):
+        loaded = DatasetDict({script_args.dataset_train_split: loaded})
+    return loaded
+
+
+def _get_path(row: dict[str, Any], path: str) -> Any:
+    value: Any = row  # a datasets row is a Mapping, not always a dict
+    for key in path.split("."):
+        try:
+            value = value[key]
+        except (KeyError, TypeError, IndexError):
+            return None
+    return value
+
+
+def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dataset:
+    """Give the rows the `prompt` (and `solution`) columns TRL and the rewards read, applying the prompt options.
+
+    Other columns stay and reach the reward functions as keyword arguments, as in TRL.
+    """
+    from datasets import IterableDataset
+
+    if script_args.max_train_samples is not None:
+        if isinstance(dataset, IterableDataset):
+            dataset = dataset.take(script_args.max_train_samples)
+        else:
+            dataset = dataset.select(range(min(script_args.max_train_samples, len(dataset))))
+    prompt_col, solution_col = script_args.prompt_column, script_args.solution_column
+    columns = dataset.column_names  # None for some streaming datasets: then the checks are skipped
+    if columns is not None:
+        for option, column in (("prompt_column", prompt_col), ("solution_column", solution_col)):
+            if column is not None and column.split(".")[0] not in columns:
+                raise ValueError(
+                    f"`{option}={column}` is not a column of the dataset {columns}. A dotted path reads a nested "
+                    "field; `solution_column: null` runs reference-free rewards."
+                )
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
+        if solution_col is not None:
+            gold = _get_path(row, solution_col)
+            out["solution"] = None if gold is None else str(gold)
+        return out
+
+    unchanged = (
+        prompt_col == "prompt"
+        and solution_col in (None, "solution")
+        and script_args.prompt_template is None
+        and script_args.system_prompt is None
+        and not (script_args.chat_prompts and _first_prompt_is_text(dataset))
+    )
+    if unchanged:  # skip rewriting every row of a large dataset for nothing
+        return dataset
+    return dataset.map(convert)
+
+
+def _first_prompt_is_text(dataset: Dataset) -> bool:
+    from datasets import Dataset
+
+    # Streaming datasets cannot be peeked cheaply; mapping them is lazy, so assume text.
+    return not isinstance(dataset, Dataset) or isinstance(dataset[0]["prompt"], str)
+
+
+def _format_prompt(prompt: Any, script_args: CEGPPOScriptArguments) -> Any:
+    template, system = script_args.prompt_template, script_args.system_prompt
+    if isinstance(prompt, str):
+        text = template.replace("{prompt}", prompt) if template else prompt
+        if not (script_args.chat_prompts or system):
+            return text
+        messages = [{"role": "user", "content": text}]
+    else:  # conversational: a list of {"role", "content"} messages
+        messages = [dict(m) for m in prompt]
+        if template:
+            last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last_user]["content"] = template.replace("{prompt}", messages[last_user]["content"])
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------------------
+def main(
+    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
+) -> CEGPPOTrainer:
+    """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
+
+    Follows TRL's `grpo.py`: `ModelConfig` supplies `model_init_kwargs` (revision, attention implementation,
+    dtype), the quantization config (`--load_in_4bit` / `--load_in_8bit`) and the LoRA config (`--use_peft`).
+    Model placement is TRL's: `device_map=None` under DDP/DeepSpeed, `"auto"` on one GPU.
+    """
+    import transformers
+    from packaging.version import Version
+    from trl import get_peft_config, get_quantization_config
+
+    from .trainer import CEGPPOTrainer
+
+    if model_args.model_name_or_path is None:
+        raise ValueError("`model_name_or_path` is required (a Hub id or a local directory).")
+    reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
+
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=training_args.trust_remote_code,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    dataset = load_dataset_dict(script_args)
+    train_dataset = prepare_dataset(dataset[script_args.dataset_train_split], script_args)
+    eval_dataset = None
+    if training_args.eval_strategy != "no":
+        if script_args.dataset_test_split not in dataset:
+            raise ValueError(
+                f"eval_strategy={training_args.eval_strategy!r} but the dataset has no split "
+                f"{script_args.dataset_test_split!r} (splits: {list(dataset)})."
+            )
+        eval_dataset = prepare_dataset(dataset[script_args.dataset_test_split], script_args)
+
+    trainer = CEGPPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    if Version(transformers.__version__) >= Version("5.18.0"):
+        trainer.end()  # finish the trackers and destroy the process group
+    return trainer
