@@ -133,7 +133,8 @@ class EntropyControllerConfig:
             raise ValueError(f"`target_low` must be >= 0 (entropy is non-negative), got {self.target_low}.")
         if not self.target_high > self.target_low:
             raise ValueError(
-                f"`target_high` must be > target_low = {self.target_low} (a band, not a point), got {self.target_high}."
+                f"`target_high` must be > target_low = {self.target_low} (a band, not a point), "
+                f"got {self.target_high}."
             )
         if not self.step_size > 0:
             raise ValueError(f"`step_size` must be > 0, got {self.step_size}.")

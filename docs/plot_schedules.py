@@ -89,7 +89,8 @@ def in_band_share(damping: float, seeds=range(4)) -> float:
     config = replace(parse_controller(CONTROLLER_SPEC), damping=damping)
     shares = []
     for seed in seeds:
-        entropy = np.convolve(simulate(EntropyController(config, 0.0, 1.0), seed)["entropy"], np.ones(20) / 20, "valid")
+        trace = simulate(EntropyController(config, 0.0, 1.0), seed)
+        entropy = np.convolve(trace["entropy"], np.ones(20) / 20, "valid")
         shares.append(np.mean((entropy >= config.target_low) & (entropy <= config.target_high)))
     return float(np.mean(shares))
 
