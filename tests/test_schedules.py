@@ -99,6 +99,13 @@ def test_mixed_window_that_is_empty_for_this_run_raises_at_check():
         schedule.check(1000)
 
 
+def test_piecewise_mixing_steps_and_percent_is_checked_against_total_steps():
+    schedule = parse_schedule("piecewise:0,1@600,2@50%")  # 600 < 50% only for runs longer than 1200 steps
+    assert [schedule(s, 2000) for s in (599, 600, 999, 1000)] == [0, 1, 1, 2]
+    with pytest.raises(ValueError, match="not increasing for total_steps=1000"):
+        schedule.check(1000)
+
+
 def test_cosine_is_half_cosine_between_the_endpoints():
     # end + (start - end) * (1 + cos(pi t)) / 2 with start 1, end 0.5: t=0.25 -> 0.5 + 0.25 * (1 + sqrt(2)/2)
     got = values("cosine:1->0.5", [0, 250, 500, 750, 1000])
