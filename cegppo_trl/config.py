@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .controller import parse_controller
+from .schedules import parse_schedule
+
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
@@ -62,6 +65,26 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
+    gppo_beta1_schedule: str | None = field(
+        default=None,
+        metadata={
+            "help": "Schedule of beta1 over optimizer steps, one string; overrides `gppo_beta1` when set. E.g. "
+            "'piecewise:0@0,0.5@585' (the paper's explore-then-exploit switch), 'linear:0->0.5@10%-60%', "
+            "'cosine:1->0.5', 'exp:1->0.1', 'warmup:0->0.5@50'. See docs/schedules.md."
+        },
+    )
+    gppo_beta2_schedule: str | None = field(
+        default=None,
+        metadata={"help": "Schedule of beta2, same syntax as `gppo_beta1_schedule`; overrides `gppo_beta2` when set."},
+    )
+    entropy_controller: str | None = field(
+        default=None,
+        metadata={
+            "help": "Closed-loop entropy control: keep the mean token entropy in a band by moving beta1/beta2 around "
+            "their (scheduled) nominal values. One string, e.g. 'band=0.3-0.6,step=0.05,mode=both,beta1=0-1,"
+            "beta2=0.5-1.5,every=10'. None disables it. See docs/schedules.md."
+        },
+    )
     sft_loss_coef: float = field(
         default=0.0,
         metadata={
@@ -93,6 +116,12 @@ class CEGPPOConfig(GRPOConfig):
     def _validate_cegppo(self) -> None:
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
         _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
+        for name in ("gppo_beta1_schedule", "gppo_beta2_schedule", "entropy_controller"):
+            parser = parse_controller if name == "entropy_controller" else parse_schedule
+            try:
+                parser(getattr(self, name)) if getattr(self, name) is not None else None
+            except ValueError as error:
+                raise ValueError(f"`{name}`: {error}") from None
         _check_finite_nonnegative("sft_loss_coef", self.sft_loss_coef)
         if self.sft_reward_threshold is not None and not math.isfinite(self.sft_reward_threshold):
             raise ValueError(

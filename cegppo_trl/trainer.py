@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import os
 import textwrap
 import warnings
@@ -23,8 +24,10 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
+from .controller import EntropyController, parse_controller
 from .loss import cegppo_per_token_loss, cegppo_regions
 from .rollouts import correct_completions, informative_groups
+from .schedules import parse_schedule
 
 logger = get_logger(__name__)
 
@@ -33,6 +36,7 @@ TRL_COMPUTE_LOSS_SHA256 = {
     "1.16.0": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
 }
 SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
+CEGPPO_STATE_FILE = "cegppo_state.json"  # controller state, saved in every checkpoint
 
 
 def trl_compute_loss_sha256() -> str:
@@ -103,6 +107,19 @@ class CEGPPOTrainer(GRPOTrainer):
         check_trl_compatibility()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
+        # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.
+        self.beta1_schedule = parse_schedule(args.gppo_beta1_schedule or args.gppo_beta1)
+        self.beta2_schedule = parse_schedule(args.gppo_beta2_schedule or args.gppo_beta2)
+        controller_config = parse_controller(args.entropy_controller)
+        self.entropy_controller = (
+            None
+            if controller_config is None
+            else EntropyController(controller_config, self.beta1_schedule(0, 1), self.beta2_schedule(0, 1))
+        )
+        # Global [entropy sum, token count, optimizer steps] of the controller's current window; global (reduced
+        # every optimizer step) so a checkpoint written by the main process resumes every process exactly.
+        self._controller_window = [0.0, 0.0, 0]
+        self._controller_microbatch_stats = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -130,8 +147,60 @@ class CEGPPOTrainer(GRPOTrainer):
     # beta1 / beta2 for the current optimizer step
     # ------------------------------------------------------------------------------------------------------------
     def current_gppo_betas(self) -> tuple[float, float]:
-        """(beta1, beta2) used by the loss at the current optimizer step."""
-        return float(self.args.gppo_beta1), float(self.args.gppo_beta2)
+        """(beta1, beta2) used by the loss at the current optimizer step: the schedules' nominal values, moved by
+        the entropy controller when one is configured. Constant within an optimizer step."""
+        step, total = self.state.global_step, max(self.state.max_steps, 1)
+        beta1, beta2 = self.beta1_schedule(step, total), self.beta2_schedule(step, total)
+        if self.entropy_controller is not None:
+            beta1, beta2 = self.entropy_controller.apply(beta1, beta2)
+        return float(beta1), float(beta2)
+
+    def _update_entropy_controller(self, entropies, mask) -> None:
+        """Feed one training micro-batch's entropy; at each optimizer step reduce it over all processes and, every
+        `update_every` steps, let the controller move beta (effective from the next step, identical everywhere)."""
+        stats = torch.stack([(entropies * mask).sum(), mask.sum()]).detach().float()
+        if self._controller_microbatch_stats is not None:
+            stats = stats + self._controller_microbatch_stats
+        self._controller_microbatch_stats = stats
+        if not self.accelerator.sync_gradients:
+            return
+        total_sum, total_count = self.accelerator.reduce(stats, reduction="sum").tolist()
+        self._controller_microbatch_stats = None
+        window = self._controller_window
+        window[0] += total_sum
+        window[1] += total_count
+        window[2] += 1
+        if window[2] >= self.entropy_controller.config.update_every:
+            self.entropy_controller.update(window[0] / max(window[1], 1.0))
+            self._controller_window = [0.0, 0.0, 0]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
+    # ------------------------------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.entropy_controller is not None and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            state = {"controller": self.entropy_controller.state_dict(), "window": self._controller_window}
+            with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
+                json.dump(state, f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.entropy_controller is None or checkpoint is None:
+            return
+        path = os.path.join(checkpoint, CEGPPO_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"Resuming with `entropy_controller` set, but {path} is missing: the checkpoint was written without "
+                "a controller, so its state cannot be restored. Resume with the settings the run was started with."
+            )
+        with open(path) as f:
+            state = json.load(f)
+        self.entropy_controller.load_state_dict(state["controller"])
+        self._controller_window = list(state["window"])
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)
@@ -394,6 +463,8 @@ class CEGPPOTrainer(GRPOTrainer):
             self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
 
         self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+        if self.entropy_controller is not None and mode == "train":
+            self._update_entropy_controller(entropies, mask)
 
         # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved gradient)
         with torch.no_grad():
@@ -427,6 +498,13 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics = self._metrics[mode]
         metrics["cegppo/beta1"].append(beta1)
         metrics["cegppo/beta2"].append(beta2)
+        if self.entropy_controller is not None:
+            low, high = self.entropy_controller.target
+            metrics["cegppo/controller/target_low"].append(low)
+            metrics["cegppo/controller/target_high"].append(high)
+            measured = self.entropy_controller.last_entropy
+            if measured is not None:
+                metrics["cegppo/controller/entropy"].append(measured)
         metrics["cegppo/preserved/left_frac"].append(global_masked_mean(left.float()))
         metrics["cegppo/preserved/right_frac"].append(global_masked_mean(right.float()))
         metrics["cegppo/dual_clip_frac"].append(global_masked_mean(dual.float()))

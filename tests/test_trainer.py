@@ -10,6 +10,7 @@ import torch
 from trl import GRPOTrainer
 
 from cegppo_trl import CEGPPOTrainer
+from cegppo_trl.schedules import parse_schedule
 from cegppo_trl.tiny import build_tiny_llama
 from conftest import make_offpolicy_batch
 
@@ -139,7 +140,7 @@ def test_trl_features_match_grpo(make_trainer, tokenizer, tmp_path, feature):
     loss_trl, grads_trl = loss_and_grads(trainer, inputs, grpo_compute_loss)
     torch.testing.assert_close(loss_gppo, loss_trl)  # GPPO (beta = 1) forward == PPO forward
 
-    trainer.args.gppo_beta1 = trainer.args.gppo_beta2 = 0.0
+    trainer.beta1_schedule = trainer.beta2_schedule = parse_schedule(0.0)
     _, grads_zero = loss_and_grads(trainer, inputs)
     assert_grads_close(grads_zero, grads_trl, rtol=1e-5, atol=1e-7)  # beta = 0 gradient == PPO gradient
 
