@@ -120,6 +120,7 @@ class CEGPPOTrainer(GRPOTrainer):
         # every optimizer step) so a checkpoint written by the main process resumes every process exactly.
         self._controller_window = [0.0, 0.0, 0]
         self._controller_microbatch_stats = None
+        self._schedules_checked_for = None
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -150,6 +151,10 @@ class CEGPPOTrainer(GRPOTrainer):
         """(beta1, beta2) used by the loss at the current optimizer step: the schedules' nominal values, moved by
         the entropy controller when one is configured. Constant within an optimizer step."""
         step, total = self.state.global_step, max(self.state.max_steps, 1)
+        if total != self._schedules_checked_for:  # once per run length: a window that is empty for it fails now
+            self.beta1_schedule.check(total)
+            self.beta2_schedule.check(total)
+            self._schedules_checked_for = total
         beta1, beta2 = self.beta1_schedule(step, total), self.beta2_schedule(step, total)
         if self.entropy_controller is not None:
             beta1, beta2 = self.entropy_controller.apply(beta1, beta2)
@@ -171,7 +176,8 @@ class CEGPPOTrainer(GRPOTrainer):
         window[1] += total_count
         window[2] += 1
         if window[2] >= self.entropy_controller.config.update_every:
-            self.entropy_controller.update(window[0] / max(window[1], 1.0))
+            if window[1] > 0:  # a window without completion tokens measures nothing; do not read it as collapse
+                self.entropy_controller.update(window[0] / window[1])
             self._controller_window = [0.0, 0.0, 0]
 
     # ------------------------------------------------------------------------------------------------------------
