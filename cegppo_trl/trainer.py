@@ -181,6 +181,59 @@ class CEGPPOTrainer(GRPOTrainer):
             self._controller_window = [0.0, 0.0, 0]
 
     # ------------------------------------------------------------------------------------------------------------
+    # Model card: TRL's card (tags, paper link, citation from `_tag_names` / `_paper`) plus the CE-GPPO settings
+    # ------------------------------------------------------------------------------------------------------------
+    def cegppo_settings(self) -> dict[str, object]:
+        """The settings that define this CE-GPPO run, as shown on the model card."""
+        args = self.args
+        settings: dict[str, object] = {"loss_type": args.loss_type}
+        if self.loss_type in CEGPPO_LOSS_TYPES:
+            settings.update(
+                beta1=str(self.beta1_schedule),
+                beta2=str(self.beta2_schedule),
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                delta=args.delta,
+                importance_sampling_level=args.importance_sampling_level,
+                entropy_controller=None if self.entropy_controller is None else self.entropy_controller.config.to_spec(),
+                sft_loss_coef=args.sft_loss_coef,
+                dynamic_sampling=args.dynamic_sampling,
+            )
+        settings.update(
+            num_generations=args.num_generations,
+            num_iterations=args.num_iterations,
+            steps_per_generation=args.steps_per_generation,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            learning_rate=args.learning_rate,
+            kl_beta=args.beta,
+        )
+        return settings
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        path = os.path.join(self.args.output_dir, "README.md")
+        if not os.path.exists(path):
+            return
+        rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in self.cegppo_settings().items())
+        section = (
+            "\n## CE-GPPO settings\n\n"
+            "Trained with cegppo-trl (`pip install cegppo-trl`): TRL's GRPO trainer with "
+            "gradient-preserving clipping ([CE-GPPO](https://huggingface.co/papers/2509.20712)). beta1 scales the "
+            "gradient of clipped negative-advantage tokens, beta2 that of clipped positive-advantage tokens; "
+            "schedules are written in cegppo-trl's schedule syntax (a bare number is a constant).\n\n"
+            f"| setting | value |\n|---|---|\n{rows}\n"
+        )
+        with open(path) as f:
+            card = f.read()
+        # Before the citations, which TRL's template puts last.
+        marker = "## Citations"
+        card = card.replace(marker, section + "\n" + marker, 1) if marker in card else card + section
+        with open(path, "w") as f:
+            f.write(card)
+
+    # ------------------------------------------------------------------------------------------------------------
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):

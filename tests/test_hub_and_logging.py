@@ -1,0 +1,119 @@
+"""push_to_hub through Trainer's real code path (the Hub client is replaced by a recorder: no network), the model
+card's CE-GPPO content, reloading the saved folder (full model and LoRA adapter), and TensorBoard scalars."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers.trainer
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from cegppo_trl.tiny import build_tiny_llama
+
+
+class RecordingHubApi:
+    """Stands in for `huggingface_hub.HfApi`: records calls and snapshots the folder that would be uploaded."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id))
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, repo_id, folder_path, **kwargs):
+        files = {p.relative_to(folder_path).as_posix(): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()}
+        self.calls.append(("upload_folder", repo_id, files, kwargs))
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    api = RecordingHubApi()
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: api)
+    return api
+
+
+def test_push_to_hub_uploads_model_and_cegppo_card(make_trainer, hub):
+    trainer = make_trainer(
+        num_iterations=2, max_steps=2, gppo_beta1_schedule="piecewise:0@0,0.5@585", delta=10.0,
+        push_to_hub=True, hub_model_id="me/tiny-cegppo",
+    )  # fmt: skip
+    trainer.train()
+    trainer.push_to_hub(dataset_name="toy-arithmetic")
+
+    upload = [c for c in hub.calls if c[0] == "upload_folder"][-1]
+    _, repo_id, files, kwargs = upload
+    assert repo_id == "me/tiny-cegppo"
+    assert {"config.json", "model.safetensors", "README.md", "tokenizer.json"} <= set(files)
+    card = files["README.md"].decode()
+    assert "- cegppo" in card and "- grpo" in card  # tags in the YAML header
+    assert "https://huggingface.co/papers/2509.20712" in card
+    assert "@inproceedings{su2026cegppo" in card
+    assert "## CE-GPPO settings" in card
+    assert "| `beta1` | `piecewise:0@0,0.5@585` |" in card
+    assert "| `beta2` | `constant:1` |" in card
+    assert "| `delta` | `10.0` |" in card
+    assert card.index("## CE-GPPO settings") < card.index("## Citations")
+
+
+def test_saved_model_reloads_for_generation(make_trainer, tmp_path, tokenizer):
+    trainer = make_trainer(num_iterations=2, max_steps=1)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "final")
+    for name, param in trainer.model.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], param)
+    out = model.generate(**tok(["1+1="], return_tensors="pt"), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 8)
+
+
+def test_lora_adapter_saves_and_reloads(make_trainer, tmp_path, tokenizer, prompt_dataset):
+    from peft import AutoPeftModelForCausalLM, LoraConfig
+
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from conftest import base_config_kwargs, count_ones_reward
+
+    base_dir = tmp_path / "base"
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(base_dir)  # the adapter config points at its base
+    trainer = CEGPPOTrainer(
+        model=str(base_dir),
+        reward_funcs=count_ones_reward,
+        args=CEGPPOConfig(**base_config_kwargs(tmp_path / "run", num_iterations=2, max_steps=2)),
+        train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainer.train()
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    reloaded = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter")
+    trained = {k: v for k, v in trainer.model.state_dict().items() if "lora_B" in k}
+    assert trained and any(v.abs().sum() > 0 for v in trained.values())
+    for name, value in trained.items():
+        torch.testing.assert_close(reloaded.state_dict()[name], value)
+    merged = reloaded.merge_and_unload()
+    out = merged.generate(**tokenizer(["1+1="], return_tensors="pt"), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 7)
+
+
+def test_tensorboard_event_file_holds_cegppo_scalars(make_trainer, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path  # transformers 5 writes TensorBoard events under output_dir
+    trainer = make_trainer(num_iterations=2, max_steps=2, report_to="tensorboard")
+    trainer.train()
+    event_files = [os.path.join(r, f) for r, _, fs in os.walk(logdir) for f in fs if "tfevents" in f]
+    assert event_files
+    acc = EventAccumulator(os.path.dirname(event_files[0]))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for name in ("cegppo/beta1", "cegppo/beta2", "cegppo/preserved/left_frac", "cegppo/preserved/right_frac",
+                 "cegppo/ratio/max", "cegppo/preserved/grad_share"):
+        assert f"train/{name}" in tags, sorted(tags)
+    beta1 = [e.value for e in acc.Scalars("train/cegppo/beta1")]
+    assert beta1 == [0.5, 0.5]
