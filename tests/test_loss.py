@@ -159,6 +159,32 @@ def test_all_regions_in_one_batch():
     assert dual.tolist() == [[False, False, False, True], [False] * 4, [False] * 4]
 
 
+def test_asymmetric_clip_range_uses_epsilon_high_on_the_right_and_epsilon_low_on_the_left():
+    # DAPO-style clip-higher: eps_low = 0.2, eps_high = 0.28, so the range is [0.8, 1.28].
+    # A = +1, r = e^0.2 ~ 1.221: above 1.2 but inside 1.28, plain surrogate -e^0.2.
+    # A = +1, r = e^0.3 ~ 1.350 > 1.28: right clip, -0.75 * 1.28 = -0.96.
+    # A = -1, r = e^-0.25 ~ 0.779 < 0.8: left clip, 0.5 * 0.8 = 0.4 (with eps_low = 0.28 it would be inside).
+    logp = torch.tensor([[0.2], [0.3], [-0.25]])
+    loss, grad = loss_and_grad(logp, torch.zeros(3, 1), torch.tensor([1.0, 1.0, -1.0]), epsilon_high=0.28)
+    expected = torch.tensor([[-math.exp(0.2)], [-0.96], [0.4]])
+    assert_close(loss, expected)
+    assert_close(grad, expected)
+
+
+def test_ratio_exactly_on_a_bound_is_not_clipped():
+    # The inequalities are strict. Choose eps_low, eps_high and delta so that 1 - eps_low, 1 + eps_high and delta
+    # are exactly the fp32 ratios exp(-0.5), exp(0.25), exp(2.5): those tokens stay on the plain surrogate -r * A.
+    log_ratio = torch.tensor([[-0.5], [0.25], [2.5]])
+    r = torch.exp(log_ratio)  # fp32, what the loss computes
+    bounds = dict(epsilon_low=1 - r[0, 0].item(), epsilon_high=r[1, 0].item() - 1, delta=r[2, 0].item())
+    adv = torch.tensor([-1.0, 1.0, -1.0])
+    loss, grad = loss_and_grad(log_ratio, torch.zeros(3, 1), adv, **bounds)
+    assert_close(loss, r * 1.0 * torch.tensor([[1.0], [-1.0], [1.0]]), rtol=0, atol=0)
+    assert_close(grad, loss, rtol=0, atol=0)
+    left, right, dual = cegppo_regions(log_ratio, adv, **bounds)
+    assert not (left.any() or right.any() or dual.any())
+
+
 def test_regions_without_delta_has_empty_dual_mask():
     left, right, dual = cegppo_regions(
         torch.tensor([[-1.0, 3.0]]), torch.tensor([-1.0]), epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
@@ -216,10 +242,30 @@ def test_extreme_log_ratios_stay_finite_with_dual_clip_where_the_authors_form_gi
     assert torch.isnan(authors).all() and torch.isnan(authors_grad).all()
 
 
-def test_overflowing_ratio_without_dual_clip_is_an_infinite_loss_not_nan():
-    # A = -1 and log-ratio 200 with delta=None: the plain surrogate -r * A with r = inf is +inf (the true value).
-    loss, grad = loss_and_grad(torch.tensor([[200.0]]), torch.zeros(1, 1), torch.tensor([-1.0]))
-    assert loss.item() == math.inf and grad.item() == math.inf
+def test_overflowing_ratio_without_dual_clip():
+    # delta=None, log-ratio 200 (r = inf in fp32). A = -1: the plain surrogate -r * A = +inf, the true value, not
+    # NaN. A = +1: right clip, value = gradient = -0.75 * 1.2 = -0.9, finite. A = 0: exactly 0.
+    loss, grad = loss_and_grad(torch.full((3, 1), 200.0), torch.zeros(3, 1), torch.tensor([-1.0, 1.0, 0.0]))
+    assert_close(loss, torch.tensor([[math.inf], [-0.9], [0.0]]))
+    assert_close(grad, torch.tensor([[math.inf], [-0.9], [0.0]]))
+
+
+def test_nan_log_probs_propagate_instead_of_being_hidden():
+    # A NaN log-prob is a bug upstream: the loss and the gradient must show it, whatever the clip settings.
+    logp = torch.tensor([[math.nan, 0.0]])
+    for delta in (None, 10.0):
+        loss, grad = loss_and_grad(logp, torch.zeros(1, 2), torch.tensor([-1.0]), delta=delta)
+        assert torch.isnan(loss[0, 0]) and torch.isnan(grad[0, 0])
+        assert_close(loss[0, 1], torch.tensor(1.0))
+
+
+def test_left_clip_bound_above_delta_is_not_capped_by_the_dual_clip():
+    # beta1 = 20: the left-clip constant 20 * 0.8 = 16 exceeds delta = 10. The dual clip only concerns r > delta,
+    # so a left-clipped token (r = 1/e, A = -1) keeps value = gradient = 16.
+    logp, old, adv = torch.tensor([[-1.0]]), torch.zeros(1, 1), torch.tensor([-1.0])
+    loss, grad = loss_and_grad(logp, old, adv, beta1=20.0, delta=10.0)
+    assert_close(loss, torch.tensor([[16.0]]))
+    assert_close(grad, torch.tensor([[16.0]]))
 
 
 @pytest.mark.parametrize("delta", [None, 2.5])
@@ -287,8 +333,9 @@ def test_sequence_level_log_ratio_with_token_advantages_sums_the_gradient_per_se
     seq_logp = torch.tensor([[-1.0], [0.1], [1.0], [3.0]], dtype=torch.float64)  # 1/e, inside, e, e^3
     adv = torch.randn(4, 6, generator=g, dtype=torch.float64)
     adv[0, 0] = 0.0
-    loss, grad = loss_and_grad(seq_logp, torch.zeros(4, 1, dtype=torch.float64), adv, delta=10.0)
-    token_loss, token_grad = loss_and_grad(seq_logp.expand(4, 6), torch.zeros(4, 6, dtype=torch.float64), adv, delta=10.0)
+    zeros = torch.zeros(4, 6, dtype=torch.float64)
+    loss, grad = loss_and_grad(seq_logp, zeros[:, :1], adv, delta=10.0)
+    token_loss, token_grad = loss_and_grad(seq_logp.expand(4, 6), zeros, adv, delta=10.0)
     assert loss.shape == (4, 6) and grad.shape == (4, 1)
     assert_close(loss, token_loss)
     assert_close(grad, token_grad.sum(-1, keepdim=True))
@@ -314,12 +361,13 @@ def _compile_or_skip(fn):
     return torch.compile(fn, backend="aot_eager", fullgraph=True)
 
 
-def test_compiles_in_one_graph_and_matches_eager():
-    # fullgraph=True raises on any graph break: a `.item()`, a boolean-mask index (data-dependent shape) or any other
-    # host synchronisation inside the loss would fail here (see the next test for the authors' form).
-    # The backward of the compiled graph runs too (AOT autograd traces the custom backward).
+@pytest.mark.parametrize("delta", [None, 2.5])
+def test_compiles_in_one_graph_and_matches_eager(delta):
+    # fullgraph=True: the forward and the custom backward trace into one graph (no graph break); AOT autograd runs
+    # the backward of the compiled graph. (Host synchronisation is checked separately below: torch 2.13 captures
+    # `.item()` and boolean indexing without a graph break.)
     def masked_mean_loss(logp, old, adv, mask):
-        loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=2.5)
+        loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=delta)
         return (loss * mask).sum() / mask.sum()
 
     compiled = _compile_or_skip(masked_mean_loss)

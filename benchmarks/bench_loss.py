@@ -1,0 +1,246 @@
+"""Loss-kernel benchmark: forward + backward of `cegppo_per_token_loss` against two baselines.
+
+Baselines, all given the same inputs (current log-probs, old log-probs, advantages) and returning d(loss)/d(logp):
+
+- ``authors``: the authors' formulation as the reference sheet describes it, written here from that description:
+  ``beta * bound * A / sg(r) * r`` for the clipped branches, selected by boolean-mask assignment (``x[mask] = ...``),
+  then the dual clip ``min(loss, -c * A)`` for negative advantages.
+- ``trl_clip``: TRL 1.16's own clipped surrogate (``GRPOTrainer._compute_loss``, loss types grpo/bnpo/dr_grpo/dapo),
+  ``-min(r * A, clamp(r, 1 - eps_l, 1 + eps_h) * A)`` with ``r`` capped at ``delta``.
+
+Timing is paired: every repetition times each implementation once, in alternating order, and the reported number
+for each size is the median over repetitions of the per-repetition ratio ``time(cegppo) / time(baseline)``. Lone
+absolute times on a shared machine mean little; ratios measured side by side do.
+
+Run: ``python benchmarks/bench_loss.py`` (full grid) or ``python benchmarks/bench_loss.py --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import itertools
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
+
+# The paper's clip range and 1.5B coefficients; the recipes' dual clip.
+EPSILON_LOW, EPSILON_HIGH, BETA1, BETA2, DELTA = 0.2, 0.2, 0.5, 1.0, 10.0
+FULL_SIZES = [(8, 512), (32, 2048), (64, 4096), (128, 8192), (256, 8192)]
+QUICK_SIZES = [(8, 512), (64, 4096)]
+TARGET_MIN_NUMEL = 64 * 4096  # the issue's targets apply from B x T = 64 x 4096 up
+TARGETS = {"authors": 0.20, "trl_clip": 0.75}
+
+
+def authors_form(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta):
+    """The authors' formulation per the reference sheet: ``bound / sg(r) * r`` with boolean-mask assignment."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    pg_losses = -advantages * ratio  # [B, T]
+    left = (advantages < 0) & (ratio < 1 - epsilon_low)
+    right = (advantages > 0) & (ratio > 1 + epsilon_high)
+    left_losses = -advantages * beta1 * (1 - epsilon_low) / ratio.detach() * ratio
+    right_losses = -advantages * beta2 * (1 + epsilon_high) / ratio.detach() * ratio
+    pg_losses[left] = left_losses[left]  # boolean indexing: a host sync (nonzero) and a gather/scatter each
+    pg_losses[right] = right_losses[right]
+    if delta is not None:  # dual clip for negative advantages
+        pg_losses = torch.where(advantages < 0, torch.min(pg_losses, -delta * advantages), pg_losses)
+    return pg_losses
+
+
+def trl_clip(logp, old_logp, advantages, *, epsilon_low, epsilon_high, delta, **_):
+    """TRL 1.16's clipped surrogate (token-level importance sampling), as in `GRPOTrainer._compute_loss`."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    coef_1 = torch.exp(logp - old_logp)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+IMPLEMENTATIONS: dict[str, Callable] = {
+    "cegppo": cegppo_per_token_loss,
+    "authors": authors_form,
+    "trl_clip": trl_clip,
+}
+
+
+def make_inputs(batch: int, length: int, dtype: torch.dtype, spread: float, seed: int = 0):
+    """Log-ratios ~ N(0, spread); (B, 1) advantages of both signs and some exact zeros (as TRL passes them)."""
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=gen) * 5  # log-probs in (-5, 0]
+    logp = (old + spread * torch.randn(batch, length, generator=gen)).to(dtype).requires_grad_()
+    advantages = torch.randn(batch, 1, generator=gen).round(decimals=1)  # a few exact zeros
+    grad_out = torch.rand(batch, length, generator=gen)  # stands in for mask / normaliser, fp32 like the loss
+    return logp, old.to(dtype), advantages, grad_out
+
+
+def fwd_bwd(fn: Callable, logp, old, advantages, grad_out, kwargs) -> torch.Tensor:
+    loss = fn(logp, old, advantages, **kwargs)
+    (grad,) = torch.autograd.grad(loss, logp, grad_out.to(loss.dtype))
+    return grad
+
+
+def saved_bytes(fn: Callable, logp, old, advantages, kwargs) -> int:
+    """Bytes of tensors autograd keeps for backward between the forward and the backward pass."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(logp, old, advantages, **kwargs)
+    return total
+
+
+def paired_times(calls: dict[str, Callable[[], object]], reps: int, min_block_s: float) -> dict[str, list[float]]:
+    """Seconds per call of each implementation, one block per implementation per repetition, order alternating."""
+    for call in calls.values():  # warm-up (allocator, lazy init)
+        call()
+        call()
+    start = time.perf_counter()
+    for call in calls.values():
+        call()
+    number = max(1, int(min_block_s / max((time.perf_counter() - start) / len(calls), 1e-9)))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for rep in range(reps):
+            for name in names if rep % 2 == 0 else reversed(names):
+                call = calls[name]
+                t0 = time.perf_counter()
+                for _ in range(number):
+                    call()
+                times[name].append((time.perf_counter() - t0) / number)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return times
+
+
+def check_same_objective(logp, old, advantages, grad_out, kwargs) -> None:
+    """Sanity check: the authors' form is the same objective, so it has the same gradient (to rounding).
+
+    It is evaluated on fp32 copies: in bf16 it rounds r itself to bf16, which moves tokens across the clip bounds.
+    """
+    grad = fwd_bwd(cegppo_per_token_loss, logp, old, advantages, grad_out, kwargs).float()
+    logp32 = logp.detach().float().requires_grad_()
+    grad_authors = fwd_bwd(authors_form, logp32, old.float(), advantages, grad_out, kwargs)
+    tol = dict(rtol=1e-5, atol=1e-6) if logp.dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(grad, grad_authors, **tol)
+
+
+def clipped_fraction(logp, old, advantages, delta) -> float:
+    left, right, dual = cegppo_regions(
+        logp.detach() - old, advantages, epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, delta=delta
+    )
+    return (left | right | dual).float().mean().item()
+
+
+def run(sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None):
+    kwargs = dict(epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta1=BETA1, beta2=BETA2, delta=delta)
+    rows = []
+    for spread, dtype, (batch, length) in itertools.product(spreads, dtypes, sizes):
+        logp, old, advantages, grad_out = make_inputs(batch, length, dtype, spread)
+        check_same_objective(logp, old, advantages, grad_out, kwargs)
+        calls = {
+            name: (lambda fn=fn: fwd_bwd(fn, logp, old, advantages, grad_out, kwargs))
+            for name, fn in IMPLEMENTATIONS.items()
+        }
+        times = paired_times(calls, reps, min_block_s)
+        ratios = {
+            base: statistics.median(c / b for c, b in zip(times["cegppo"], times[base]))
+            for base in ("authors", "trl_clip")
+        }
+        saved = {name: saved_bytes(fn, logp, old, advantages, kwargs) for name, fn in IMPLEMENTATIONS.items()}
+        row = dict(
+            spread=spread,
+            clipped=clipped_fraction(logp, old, advantages, delta),
+            dtype=str(dtype).removeprefix("torch."),
+            size=f"{batch}x{length}",
+            numel=batch * length,
+            ms_cegppo=1e3 * statistics.median(times["cegppo"]),
+            vs_authors=ratios["authors"],
+            vs_trl=ratios["trl_clip"],
+            saved_cegppo=saved["cegppo"] / (batch * length),
+            saved_authors=saved["authors"] / (batch * length),
+            saved_trl=saved["trl_clip"] / (batch * length),
+        )
+        rows.append(row)
+        print(_format_row(row), flush=True)
+        del logp, old, advantages, grad_out, calls
+        gc.collect()
+    return rows
+
+
+HEADER = (
+    "| log-ratio std (clipped) | dtype | B x T | cegppo ms (median) | cegppo / authors | cegppo / TRL clip "
+    "| saved B/token: cegppo / authors / TRL |\n|---|---|---|---|---|---|---|"
+)
+
+
+def _mark(ratio: float, base: str, numel: int) -> str:
+    if numel < TARGET_MIN_NUMEL:
+        return f"{ratio:.2f}x"
+    return f"{ratio:.2f}x {'ok' if ratio <= TARGETS[base] else 'MISS'}"
+
+
+def _format_row(row) -> str:
+    cells = [
+        f"{row['spread']} ({100 * row['clipped']:.1f}%)",
+        row["dtype"],
+        row["size"],
+        f"{row['ms_cegppo']:.2f}",
+        _mark(row["vs_authors"], "authors", row["numel"]),
+        _mark(row["vs_trl"], "trl_clip", row["numel"]),
+        f"{row['saved_cegppo']:.0f} / {row['saved_authors']:.0f} / {row['saved_trl']:.0f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} and fewer repetitions")
+    parser.add_argument("--reps", type=int, default=None, help="paired repetitions per size (default 15, quick 7)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="both")
+    parser.add_argument(
+        "--spread",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3],
+        help="std of the log-ratio: 0.1 ~ typical off-policy drift (a few %% of tokens clipped), 0.3 ~ stress (~25%%)",
+    )
+    parser.add_argument("--no-delta", action="store_true", help="disable the dual clip (delta=None) in all three")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    reps = args.reps or (7 if args.quick else 15)
+    dtypes = [torch.float32, torch.bfloat16] if args.dtype == "both" else [getattr(torch, args.dtype)]
+    delta = None if args.no_delta else DELTA
+    print(
+        f"# bench_loss: {datetime.date.today()} | {platform.processor() or platform.machine()} | "
+        f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | "
+        f"eps={EPSILON_LOW}/{EPSILON_HIGH} beta1={BETA1} beta2={BETA2} delta={delta} | forward+backward, "
+        f"advantages (B, 1); ratios are medians of paired per-repetition ratios; targets at B*T >= 64x4096: "
+        f"<= {TARGETS['authors']}x authors, <= {TARGETS['trl_clip']}x TRL clip"
+    )
+    print(HEADER)
+    run(sizes, dtypes, args.spread, reps, min_block_s=0.02, delta=delta)
+
+
+if __name__ == "__main__":
+    main()
