@@ -31,17 +31,20 @@ from .schedules import parse_schedule
 
 logger = get_logger(__name__)
 
-# sha256 of `inspect.getsource(trl.GRPOTrainer._compute_loss)` in the TRL release the override was copied from.
+# sha256 of the source of `GRPOTrainer.compute_loss` + `GRPOTrainer._compute_loss` in the TRL release the override
+# was copied from: `_compute_loss` is the copied method, `compute_loss` the dispatch that must keep reaching it (a
+# fused-loss branch there would silently train plain GRPO).
 TRL_COMPUTE_LOSS_SHA256 = {
-    "1.16.0": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
+    "1.16.0": "4bd33316bd88db5b545d01d1570cacde3879f2fb9b02fa21941439a13bc16f19",
 }
 SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
 CEGPPO_STATE_FILE = "cegppo_state.json"  # controller state, saved in every checkpoint
 
 
 def trl_compute_loss_sha256() -> str:
-    """sha256 of the installed TRL's `GRPOTrainer._compute_loss` source."""
-    return hashlib.sha256(inspect.getsource(GRPOTrainer._compute_loss).encode()).hexdigest()
+    """sha256 of the installed TRL's `GRPOTrainer.compute_loss` and `GRPOTrainer._compute_loss` sources."""
+    source = inspect.getsource(GRPOTrainer.compute_loss) + inspect.getsource(GRPOTrainer._compute_loss)
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def check_trl_compatibility() -> None:

@@ -28,3 +28,13 @@ def test_drift_override_warns(monkeypatch):
     monkeypatch.setenv(trainer_module.SKIP_DRIFT_CHECK_ENV, "1")
     with pytest.warns(UserWarning, match="changed in the installed trl"):
         trainer_module.check_trl_compatibility()
+
+
+def test_training_goes_through_the_overridden_loss(make_trainer, monkeypatch):
+    # Guards against any dispatch path (e.g. a fused loss) that would train without the CE-GPPO surrogate.
+    trainer = make_trainer(num_iterations=2, max_steps=2)
+    calls = []
+    original = type(trainer)._compute_loss
+    monkeypatch.setattr(type(trainer), "_compute_loss", lambda self, m, i: calls.append(1) or original(self, m, i))
+    trainer.train()
+    assert len(calls) == 2
