@@ -87,6 +87,18 @@ class CEGPPOScriptArguments(ScriptArguments):
         default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
     )
 
+    def __post_init__(self):
+        # A flag cannot spell None: `--solution_column none` means "no reference column".
+        if isinstance(self.solution_column, str) and self.solution_column.lower() in ("", "none", "null"):
+            self.solution_column = None
+        if isinstance(self.reward_funcs, str):
+            self.reward_funcs = [self.reward_funcs]
+        for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
+            if name not in REWARD_FUNCS and "." not in name:
+                raise ValueError(
+                    f"Unknown reward function {name!r}. Expected one of {sorted(REWARD_FUNCS)} or a dotted path."
+                )
+
 
 def make_parser(prog: str | None = None) -> TrlParser:
     """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support."""

@@ -42,6 +42,7 @@ def test_recipe_directory_has_the_paper_gsm8k_and_baseline_recipes():
         "baseline_grpo_r1_distill_1.5b.yaml",
         "baseline_gspo_r1_distill_1.5b.yaml",
         "cegppo_r1_distill_1.5b.yaml",
+        "cegppo_r1_distill_1.5b_switch.yaml",
         "cegppo_r1_distill_7b.yaml",
         "gsm8k_qwen2.5_0.5b_lora.yaml",
         "gsm8k_qwen2.5_1.5b_lora.yaml",
@@ -92,6 +93,19 @@ def test_7b_recipe_differs_from_1_5b_only_in_model_beta1_and_memory():
     diff = _differing_keys(raw(PAPER_1_5B), raw(RECIPES / "cegppo_r1_distill_7b.yaml"))
     assert diff == {"model_name_or_path", "gppo_beta1", "vllm_gpu_memory_utilization", "output_dir"}
     assert raw(RECIPES / "cegppo_r1_distill_7b.yaml")["gppo_beta1"] == 0.75
+
+
+def test_switch_recipe_moves_beta1_from_0_to_half_at_the_papers_step_585_of_1000(tmp_path):
+    from cegppo_trl.schedules import parse_schedule
+
+    switch = RECIPES / "cegppo_r1_distill_1.5b_switch.yaml"
+    assert _differing_keys(raw(PAPER_1_5B), raw(switch)) == {"gppo_beta1_schedule", "output_dir"}
+    _, args, _ = load_recipe(switch, tmp_path=tmp_path)
+    schedule = parse_schedule(args.gppo_beta1_schedule)
+    steps_per_rollout_batch = args.steps_per_generation // args.gradient_accumulation_steps  # 8
+    assert args.max_steps == 1000 * steps_per_rollout_batch
+    switch_step = 585 * steps_per_rollout_batch
+    assert schedule(switch_step - 1, args.max_steps) == 0.0 and schedule(switch_step, args.max_steps) == 0.5
 
 
 def _differing_keys(a: dict, b: dict) -> set[str]:
@@ -152,6 +166,16 @@ def test_flags_override_the_yaml(tmp_path):
     )
     assert args.gppo_beta1 == 0.75 and args.gppo_beta2 == 1.0
     assert model_args.use_peft is True and model_args.lora_r == 8
+
+
+def test_unknown_reward_name_fails_at_parse_time(tmp_path):
+    with pytest.raises(ValueError, match="Unknown reward function 'acuracy'"):
+        load_recipe(PAPER_1_5B, "--reward_funcs", "acuracy", tmp_path=tmp_path)
+
+
+def test_solution_column_none_from_a_flag_means_no_reference(tmp_path):
+    script_args, _, _ = load_recipe(GSM8K_0_5B, "--solution_column", "none", tmp_path=tmp_path)
+    assert script_args.solution_column is None
 
 
 def test_unknown_yaml_key_is_an_error(tmp_path):
