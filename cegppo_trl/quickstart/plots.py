@@ -1,0 +1,131 @@
+"""PNG plots of a quickstart run from its log history (matplotlib, headless `Agg` backend)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["PLOT_FILES", "plot_run"]
+
+PLOT_FILES = ("reward_accuracy.png", "entropy.png", "betas.png", "preserved_tokens.png")
+
+
+def _points(history: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for entry in history:
+        value = entry.get(key)
+        if value is not None and "step" in entry and isinstance(value, (int, float)) and math.isfinite(value):
+            steps.append(int(entry["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (shorter at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = "", smooth: int = 10) -> list[Path]:
+    """Write the four quickstart plots to `output_dir` and return their paths.
+
+    - `reward_accuracy.png`: mean training reward per step (raw and moving average) and greedy held-out accuracy.
+    - `entropy.png`: mean policy entropy of the sampled tokens per step.
+    - `betas.png`: CE-GPPO's β1 (left clip, A<0) and β2 (right clip, A>0) used at each step.
+    - `preserved_tokens.png`: share of completion tokens clipped on the left (r < 1-ε, A<0) and on the right
+      (r > 1+ε, A>0), whose gradient CE-GPPO preserves, and their share of the gradient weight.
+
+    Args:
+        history: a `RunResult.history` (TRL log history with `heldout/accuracy` entries).
+        output_dir: destination folder (created if needed).
+        title: prefix of every plot title.
+        smooth: moving-average window in steps.
+
+    Returns:
+        The paths written, in the order of `PLOT_FILES`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"{title}\n" if title else ""
+    paths = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        path = output_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    def raw_and_smoothed(ax, key: str, label: str, color: str) -> None:
+        steps, values = _points(history, key)
+        if not steps:
+            return
+        ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
+        ax.plot(steps, _smooth(values, smooth), color=color, linewidth=2, label=f"{label} ({smooth}-step mean)")
+
+    # Reward and held-out accuracy
+    fig, ax = plt.subplots(figsize=(7, 4))
+    raw_and_smoothed(ax, "reward", "training reward", "tab:blue")
+    steps, accuracy = _points(history, "heldout/accuracy")
+    if steps:
+        ax.plot(steps, accuracy, "o-", color="tab:red", linewidth=2, markersize=4, label="held-out accuracy (greedy)")
+        ax.annotate(f"{accuracy[0]:.0%}", (steps[0], accuracy[0]), textcoords="offset points", xytext=(4, 6))
+        ax.annotate(f"{accuracy[-1]:.0%}", (steps[-1], accuracy[-1]), textcoords="offset points", xytext=(-14, 8))
+    ax.set(xlabel="optimizer step", ylabel="reward / accuracy", title=f"{prefix}reward and held-out accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    save(fig, PLOT_FILES[0])
+
+    # Entropy
+    fig, ax = plt.subplots(figsize=(7, 4))
+    raw_and_smoothed(ax, "entropy", "policy entropy", "tab:purple")
+    ax.set(xlabel="optimizer step", ylabel="entropy (nats / token)", title=f"{prefix}policy entropy")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    save(fig, PLOT_FILES[1])
+
+    # beta1 / beta2
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label, color, style in (
+        ("cegppo/beta1", "β1 (left clip, A<0: exploitation)", "tab:orange", "-"),
+        ("cegppo/beta2", "β2 (right clip, A>0: exploration)", "tab:green", "--"),
+    ):
+        steps, values = _points(history, key)
+        if steps:
+            ax.plot(steps, values, style, color=color, linewidth=2, label=label)
+    ax.set(xlabel="optimizer step", ylabel="β", title=f"{prefix}CE-GPPO coefficients β1, β2")
+    ax.set_ylim(-0.05, max([1.1] + [v * 1.1 for k in ("cegppo/beta1", "cegppo/beta2") for v in _points(history, k)[1]]))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    save(fig, PLOT_FILES[2])
+
+    # Preserved-gradient tokens
+    fig, ax = plt.subplots(figsize=(7, 4))
+    raw_and_smoothed(ax, "cegppo/preserved/left_frac", "left: r < 1-ε, A<0 (scaled by β1)", "tab:orange")
+    raw_and_smoothed(ax, "cegppo/preserved/right_frac", "right: r > 1+ε, A>0 (scaled by β2)", "tab:green")
+    steps, share = _points(history, "cegppo/preserved/grad_share")
+    if steps:
+        ax.plot(steps, _smooth(share, smooth), ":", color="black", linewidth=1.5, label="their share of the gradient weight")
+    ax.set(
+        xlabel="optimizer step",
+        ylabel="share of completion tokens",
+        title=f"{prefix}clipped tokens whose gradient CE-GPPO preserves",
+    )
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    save(fig, PLOT_FILES[3])
+    return paths

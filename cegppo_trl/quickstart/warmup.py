@@ -1,0 +1,203 @@
+"""The quickstart's default policy: a seeded tiny Llama, warmed up with supervised learning on part of the task.
+
+An RL run on a distilled model starts from a policy that solves some prompts but far from all. The default model
+copies that: a randomly initialised character-level Llama (`cegppo_trl.tiny`) is trained with plain teacher
+forcing on a subset of the addition problems, and the warm-up stops as soon as its greedy accuracy on a dev set
+(train-split problems outside the warm-up subset, never the held-out split) reaches `target_accuracy`. Nothing is
+committed: the model is rebuilt at first run from its settings and cached under a hash of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from ..tiny import build_char_tokenizer, build_tiny_llama
+from .task import Task, addition_task, evaluate_accuracy
+
+__all__ = ["WarmupSettings", "default_cache_dir", "build_default_model", "supervised_warmup"]
+
+# Bump when the warm-up procedure changes, so stale cached models are not reused.
+WARMUP_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """Everything that determines the default model (its cache key is a hash of these fields).
+
+    Attributes:
+        num_digits: digits per operand of the addition task.
+        num_heldout: held-out split size (the split must match the RL run's).
+        task_seed: seed of the train / held-out split.
+        hidden_size: Llama hidden size.
+        num_layers: Llama layers.
+        num_heads: attention heads.
+        intermediate_size: MLP width.
+        warmup_problems: size of the supervised subset ("part of the task").
+        dev_problems: train-split problems outside the subset, used only to decide when to stop.
+        target_accuracy: stop once greedy dev accuracy reaches this.
+        max_steps: hard cap on warm-up steps.
+        eval_every: steps between dev evaluations.
+        batch_size: sequences per warm-up step.
+        learning_rate: AdamW learning rate (constant).
+        seed: model initialisation and batch-sampling seed.
+    """
+
+    num_digits: int = 2
+    num_heldout: int = 200
+    task_seed: int = 0
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 256
+    warmup_problems: int = 2000
+    dev_problems: int = 200
+    target_accuracy: float = 0.3
+    max_steps: int = 1500
+    eval_every: int = 25
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+    def cache_key(self) -> str:
+        """A short hash of the settings and the warm-up format version."""
+        payload = json.dumps({"version": WARMUP_FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """`$CEGPPO_TRL_CACHE`, else `$XDG_CACHE_HOME/cegppo_trl`, else `~/.cache/cegppo_trl`."""
+    if os.environ.get("CEGPPO_TRL_CACHE"):
+        return Path(os.environ["CEGPPO_TRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cegppo_trl"
+
+
+def _teacher_forcing_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`prompt + answer + EOS`, left-padded; labels only on the answer and EOS (the prompt is given)."""
+    sequences, labels = [], []
+    for row in rows:
+        prompt = tokenizer(row["prompt"])["input_ids"]
+        target = tokenizer(row["answer"])["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append(prompt + target)
+        labels.append([-100] * len(prompt) + target)
+    width = max(len(s) for s in sequences)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences])  # [B, T]
+    label_ids = torch.tensor([[-100] * (width - len(x)) + x for x in labels])  # [B, T]
+    attention_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences])  # [B, T]
+    return input_ids, attention_mask, label_ids
+
+
+def supervised_warmup(
+    model, tokenizer, task: Task, settings: WarmupSettings, *, log=print
+) -> dict:
+    """Teacher-forced training on a seeded subset of `task.train` until the dev accuracy reaches the target.
+
+    Args:
+        model: the causal LM to train in place.
+        tokenizer: its tokenizer.
+        task: the addition task (its train split provides the subset and the dev set).
+        settings: subset sizes, stopping rule, optimiser settings and seed.
+        log: where progress lines go (`None` for silence).
+
+    Returns:
+        `{"steps": ..., "dev_accuracy": ..., "seconds": ...}`.
+    """
+    rng = random.Random(settings.seed)
+    order = list(range(len(task.train)))
+    rng.shuffle(order)
+    subset = [task.train[i] for i in order[: settings.warmup_problems]]
+    dev_rows = [task.train[i] for i in order[settings.warmup_problems : settings.warmup_problems + settings.dev_problems]]
+    dev = Dataset.from_list(dev_rows)
+
+    torch.manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(settings.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.0)
+    model.train()
+    start = time.perf_counter()
+    step, dev_accuracy = 0, evaluate_accuracy(model, tokenizer, task, dataset=dev)
+    while dev_accuracy < settings.target_accuracy and step < settings.max_steps:
+        for _ in range(settings.eval_every):
+            index = torch.randint(len(subset), (settings.batch_size,), generator=generator)
+            input_ids, attention_mask, labels = _teacher_forcing_batch(tokenizer, [subset[i] for i in index])
+            loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+        dev_accuracy = evaluate_accuracy(model, tokenizer, task, dataset=dev)
+        if log is not None:
+            log(f"  warm-up step {step:4d}  loss {loss.item():.3f}  dev accuracy {dev_accuracy:.1%}")
+    model.eval()
+    return {"steps": step, "dev_accuracy": dev_accuracy, "seconds": time.perf_counter() - start}
+
+
+def build_default_model(
+    settings: WarmupSettings | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    rebuild: bool = False,
+    log=print,
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict]:
+    """The quickstart's default policy: load it from the cache, or build it deterministically and cache it.
+
+    Args:
+        settings: model and warm-up settings (defaults: `WarmupSettings()`).
+        cache_dir: cache root (default `default_cache_dir()`); the model lives in `<root>/quickstart/<hash>/`.
+        rebuild: ignore a cached copy and rebuild.
+        log: where progress lines go (`None` for silence).
+
+    Returns:
+        `(model, tokenizer, info)`: a `LlamaForCausalLM` in eval mode, its character tokenizer, and the warm-up
+        record (`steps`, `dev_accuracy`, `seconds`, `cached`, `path`, `settings`).
+    """
+    settings = settings or WarmupSettings()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / "quickstart" / settings.cache_key()
+    record_file = path / "warmup.json"
+    if record_file.exists() and not rebuild:
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        info = json.loads(record_file.read_text())
+        if log is not None:
+            log(f"Loaded the warmed-up default model from {path}")
+        return model.eval(), tokenizer, {**info, "cached": True, "path": str(path)}
+
+    if log is not None:
+        log(f"Building the default model (seeded tiny Llama + supervised warm-up), cached in {path}")
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(
+        tokenizer,
+        hidden_size=settings.hidden_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        intermediate_size=settings.intermediate_size,
+        max_position_embeddings=64,
+        seed=settings.seed,
+    )
+    task = addition_task(settings.num_digits, settings.num_heldout, settings.task_seed)
+    info = supervised_warmup(model, tokenizer, task, settings, log=log)
+    info["settings"] = dataclasses.asdict(settings)
+    info["num_parameters"] = sum(p.numel() for p in model.parameters())
+    # Write to a temporary folder and rename, so an interrupted run never leaves a half-written cache entry.
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warmup.json").write_text(json.dumps(info, indent=2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return model, tokenizer, {**info, "cached": False, "path": str(path)}
