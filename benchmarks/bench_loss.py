@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import itertools
 import platform
@@ -73,14 +74,14 @@ IMPLEMENTATIONS: dict[str, Callable] = {
 }
 
 
-def make_inputs(batch: int, length: int, dtype: torch.dtype, spread: float, seed: int = 0):
+def make_inputs(batch: int, length: int, dtype: torch.dtype, spread: float, seed: int = 0, device="cpu"):
     """Log-ratios ~ N(0, spread); (B, 1) advantages of both signs and some exact zeros (as TRL passes them)."""
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(batch, length, generator=gen) * 5  # log-probs in (-5, 0]
-    logp = (old + spread * torch.randn(batch, length, generator=gen)).to(dtype).requires_grad_()
-    advantages = torch.randn(batch, 1, generator=gen).round(decimals=1)  # a few exact zeros
-    grad_out = torch.rand(batch, length, generator=gen)  # stands in for mask / normaliser, fp32 like the loss
-    return logp, old.to(dtype), advantages, grad_out
+    logp = (old + spread * torch.randn(batch, length, generator=gen)).to(device, dtype).requires_grad_()
+    advantages = torch.randn(batch, 1, generator=gen).round(decimals=1).to(device)  # a few exact zeros
+    grad_out = torch.rand(batch, length, generator=gen).to(device)  # stands in for mask / normaliser (fp32)
+    return logp, old.to(device, dtype), advantages, grad_out
 
 
 def fwd_bwd(fn: Callable, logp, old, advantages, grad_out, kwargs) -> torch.Tensor:
@@ -103,14 +104,21 @@ def saved_bytes(fn: Callable, logp, old, advantages, kwargs) -> int:
     return total
 
 
-def paired_times(calls: dict[str, Callable[[], object]], reps: int, min_block_s: float) -> dict[str, list[float]]:
-    """Seconds per call of each implementation, one block per implementation per repetition, order alternating."""
+def paired_times(
+    calls: dict[str, Callable[[], object]], reps: int, min_block_s: float, sync: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
+    """Seconds per call of each implementation, one block per implementation per repetition, order alternating.
+
+    `sync` (e.g. `torch.cuda.synchronize`) runs before and after each timed block, so queued device work counts.
+    """
     for call in calls.values():  # warm-up (allocator, lazy init)
         call()
         call()
+    sync()
     start = time.perf_counter()
     for call in calls.values():
         call()
+    sync()
     number = max(1, int(min_block_s / max((time.perf_counter() - start) / len(calls), 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
@@ -120,9 +128,11 @@ def paired_times(calls: dict[str, Callable[[], object]], reps: int, min_block_s:
         for rep in range(reps):
             for name in names if rep % 2 == 0 else reversed(names):
                 call = calls[name]
+                sync()
                 t0 = time.perf_counter()
                 for _ in range(number):
                     call()
+                sync()
                 times[name].append((time.perf_counter() - t0) / number)
     finally:
         if gc_was_enabled:
@@ -149,17 +159,18 @@ def clipped_fraction(logp, old, advantages, delta) -> float:
     return (left | right | dual).float().mean().item()
 
 
-def run(sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None):
+def run(sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None, device="cpu"):
     kwargs = dict(epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta1=BETA1, beta2=BETA2, delta=delta)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     rows = []
     for spread, dtype, (batch, length) in itertools.product(spreads, dtypes, sizes):
-        logp, old, advantages, grad_out = make_inputs(batch, length, dtype, spread)
+        logp, old, advantages, grad_out = make_inputs(batch, length, dtype, spread, device=device)
         check_same_objective(logp, old, advantages, grad_out, kwargs)
         calls = {
-            name: (lambda fn=fn: fwd_bwd(fn, logp, old, advantages, grad_out, kwargs))
+            name: functools.partial(fwd_bwd, fn, logp, old, advantages, grad_out, kwargs)
             for name, fn in IMPLEMENTATIONS.items()
         }
-        times = paired_times(calls, reps, min_block_s)
+        times = paired_times(calls, reps, min_block_s, sync)
         ratios = {
             base: statistics.median(c / b for c, b in zip(times["cegppo"], times[base]))
             for base in ("authors", "trl_clip")
