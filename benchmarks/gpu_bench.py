@@ -149,6 +149,8 @@ def main(argv=None):
         parser.error("no CUDA device: run on a GPU machine, or use `--device cpu --smoke` to check the script")
     quiet()
     on_cuda = torch.device(args.device).type == "cuda"
+    if not on_cuda:
+        torch.set_num_threads(1)  # a shared CPU: see bench_loss.py
     if args.smoke:
         args.completion_length, args.num_generations, args.prompts_per_step = 16, 2, 2
         args.steps, args.reps, args.loss_reps = 4, 1, 3
