@@ -32,7 +32,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = "", smooth: int = 10) -> list[Path]:
+def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = "", smooth: int = 20) -> list[Path]:
     """Write the four quickstart plots to `output_dir` and return their paths.
 
     - `reward_accuracy.png`: mean training reward per step (raw and moving average) and greedy held-out accuracy.
@@ -45,7 +45,8 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
         history: a `RunResult.history` (TRL log history with `heldout/accuracy` entries).
         output_dir: destination folder (created if needed).
         title: prefix of every plot title.
-        smooth: moving-average window in steps.
+        smooth: moving-average window in steps (a multiple of the optimizer steps per rollout batch, so the
+            within-batch cycle of the clip fractions, zero on each batch's first, on-policy step, averages out).
 
     Returns:
         The paths written, in the order of `PLOT_FILES`.
@@ -71,7 +72,7 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
         steps, values = _points(history, key)
         if not steps:
             return
-        ax.plot(steps, values, color=color, alpha=0.25, linewidth=1)
+        ax.plot(steps, values, color=color, alpha=0.15, linewidth=0.8)
         ax.plot(steps, _smooth(values, smooth), color=color, linewidth=2, label=f"{label} ({smooth}-step mean)")
 
     # Reward and held-out accuracy
@@ -107,7 +108,9 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
         if steps:
             ax.plot(steps, values, style, color=color, linewidth=2, label=label)
     ax.set(xlabel="optimizer step", ylabel="β", title=f"{prefix}CE-GPPO coefficients β1, β2")
-    ax.set_ylim(-0.05, max([1.1] + [v * 1.1 for k in ("cegppo/beta1", "cegppo/beta2") for v in _points(history, k)[1]]))
+    ax.set_ylim(
+        -0.05, max([1.1] + [v * 1.1 for k in ("cegppo/beta1", "cegppo/beta2") for v in _points(history, k)[1]])
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     save(fig, PLOT_FILES[2])
@@ -118,7 +121,14 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
     raw_and_smoothed(ax, "cegppo/preserved/right_frac", "right: r > 1+ε, A>0 (scaled by β2)", "tab:green")
     steps, share = _points(history, "cegppo/preserved/grad_share")
     if steps:
-        ax.plot(steps, _smooth(share, smooth), ":", color="black", linewidth=1.5, label="their share of the gradient weight")
+        ax.plot(
+            steps,
+            _smooth(share, smooth),
+            ":",
+            color="black",
+            linewidth=1.5,
+            label="their share of the gradient weight",
+        )
     ax.set(
         xlabel="optimizer step",
         ylabel="share of completion tokens",

@@ -28,15 +28,15 @@ from .task import Task, addition_task, evaluate_accuracy, hub_dataset_task
 
 __all__ = [
     "BASELINES",
-    "baseline_overrides",
-    "TINY_MODEL_TRAINING",
     "HUB_MODEL_TRAINING",
+    "TINY_MODEL_TRAINING",
     "HeldoutAccuracyCallback",
     "RunResult",
-    "run_training",
-    "summarize",
+    "baseline_overrides",
     "format_summary",
     "main",
+    "run_training",
+    "summarize",
 ]
 
 HELDOUT_KEY = "heldout/accuracy"
@@ -50,11 +50,17 @@ BASELINES = ("cegppo", "grpo", "dapo", "cispo", "gspo")
 def baseline_overrides(name: str) -> dict:
     """`CEGPPOConfig` fields that select a method: CE-GPPO with the paper's defaults, or one of its baselines.
 
-    Every method sets the same keys, so applying one dict after another switches methods cleanly. The clip
-    ranges are the paper's (§4 baselines): GRPO ε 0.2/0.2; DAPO clip-higher ε 0.2/0.28; CISPO, TRL's
-    `loss_type="cispo"` with the importance-weight cap ε_max = 5 recommended in TRL's `epsilon_high` help; GSPO,
-    sequence-level ratio with ε 3e-4/4e-4 and sequence-mean aggregation. Baselines set β1 = β2 = 0, which makes
-    the CE-GPPO surrogate's gradient exactly PPO-clip's.
+    The one mapping from a method name to config fields (the same as the baseline recipes in docs/usage.md). Every
+    method sets the same keys, so applying one dict after another switches methods cleanly; none of them adds the
+    authors' SFT term or dynamic sampling, which the paper does not describe. The clip ranges are the paper's:
+
+    - `cegppo`: (β1, β2) = (0.5, 1), the paper's recommended default; ε = 0.2 on both sides; token-mean.
+    - `grpo`: β1 = β2 = 0, which makes the CE-GPPO surrogate's gradient exactly PPO-clip's; ε 0.2 / 0.2.
+    - `dapo`: clip-higher, β1 = β2 = 0, ε 0.2 / 0.28.
+    - `cispo`: TRL's `loss_type="cispo"`, `-sg(min(r, epsilon_high)) A log π`, run unchanged. TRL's `epsilon_high`
+      caps the ratio itself, so the paper's CISPO ε = 0.2 is `epsilon_high=1.2` (TRL's help recommends 5.0 after
+      ScaleRL; override it to compare).
+    - `gspo`: sequence-level ratio, ε 3e-4 / 4e-4, `loss_type="grpo"` (GSPO's sequence mean), β1 = β2 = 0.
 
     Args:
         name: one of `BASELINES` (`"cegppo"`, `"grpo"`, `"dapo"`, `"cispo"`, `"gspo"`).
@@ -65,13 +71,18 @@ def baseline_overrides(name: str) -> dict:
     Raises:
         ValueError: for an unknown name.
     """
-    common = {"loss_type": "dapo", "importance_sampling_level": "token", "delta": None}
+    common = {
+        "loss_type": "dapo",
+        "importance_sampling_level": "token",
+        "delta": None,
+        "sft_loss_coef": 0.0,
+        "dynamic_sampling": False,
+    }
     table = {
-        # The paper's recommended default (β1, β2) = (0.5, 1), ε = 0.2 on both sides, token-mean aggregation.
         "cegppo": {"gppo_beta1": 0.5, "gppo_beta2": 1.0, "epsilon": 0.2, "epsilon_high": 0.2},
         "grpo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "epsilon": 0.2, "epsilon_high": 0.2},
         "dapo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "epsilon": 0.2, "epsilon_high": 0.28},
-        "cispo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 5.0},
+        "cispo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 1.2},
         "gspo": {
             "gppo_beta1": 0.0,
             "gppo_beta2": 0.0,
@@ -161,7 +172,7 @@ class _ProgressBar(TrainerCallback):
         for key, short in (("reward", "reward"), ("entropy", "entropy"), ("cegppo/preserved/grad_share", "kept")):
             if key in logs:
                 self.postfix[short] = f"{logs[key]:.3f}"
-        self.bar.set_postfix(self.postfix, refresh=True)
+        self.bar.set_postfix(self.postfix, refresh=False)  # tqdm redraws at most every 0.1 s
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.bar is not None:
@@ -366,50 +377,59 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m cegppo_trl.quickstart",
         description="Train a small model with CE-GPPO on a verifiable task, measure held-out accuracy before and "
         "after, and plot reward, accuracy, entropy, beta1/beta2 and the preserved-gradient tokens. With no options: "
-        "a built-in tiny Llama (built and cached at first run) on 2-digit addition, on CPU, in a few minutes.",
+        "a built-in tiny Llama (built and cached at first run) on 2-digit addition, on CPU, in about a minute or two.",
     )
-    p.add_argument("--output-dir", default="quickstart_output", help="folder for plots, metrics.json, summary.json")
-    p.add_argument("--seed", type=int, default=0, help="seed of the RL run (sampling, shuffling)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: 600; 4 with --fast)")
-    p.add_argument("--fast", action="store_true", help="a seconds-long smoke run: tiny warm-up, 4 steps, 32 eval prompts")
-    p.add_argument(
+
+    def add(flag: str, **kwargs) -> None:  # `--output-dir` and `--output_dir` both work (TRL's CLI uses `_`)
+        flags = [flag] + ([flag.replace("-", "_").replace("__", "--", 1)] if "-" in flag[2:] else [])
+        p.add_argument(*flags, **kwargs)
+
+    add("--output-dir", default="outputs/quickstart", help="folder for the plots, metrics.json and summary.json")
+    add("--seed", type=int, default=0, help="seed of the RL run: sampling, shuffling (default 0)")
+    add("--steps", type=int, default=None, help="optimizer steps (default: 600; 4 with --fast)")
+    add(
+        "--fast",
+        action="store_true",
+        help="a seconds-long smoke run: smaller model, 2 s warm-up, 4 steps, 32 held-out prompts",
+    )
+    add(
         "--baseline",
         choices=[b for b in BASELINES if b != "cegppo"],
         default=None,
-        help="run a baseline instead of CE-GPPO on the same task and model",
+        help="run this baseline instead of CE-GPPO on the same task and model (see `baseline_overrides`)",
     )
-    p.add_argument("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
-    p.add_argument("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
-    p.add_argument("--learning-rate", type=float, default=None, help="default: 2e-3 (tiny model), 1e-6 (--model)")
-    p.add_argument("--eval-every", type=int, default=None, help="steps between held-out evaluations (default: 20)")
-    p.add_argument(
+    add("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
+    add("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
+    add("--learning-rate", type=float, default=None, help="default: 1.5e-4 (built-in model), 1e-6 (--model)")
+    add("--eval-every", type=int, default=None, help="steps between held-out evaluations (default: 20)")
+    add(
         "--model",
         default=None,
         help="a Hub model id or local folder loaded with AutoModelForCausalLM (default: the built-in tiny Llama)",
     )
-    p.add_argument(
+    add(
         "--dataset",
         default=None,
         help="a Hub dataset id or a local .json/.jsonl/.csv/.parquet file with GSM8K-style columns: a question "
         "column and an answer column whose final number (after '####', else the last number) is the reference "
         "(default: built-in 2-digit addition)",
     )
-    p.add_argument("--dataset-config", default=None, help="dataset configuration, e.g. 'main' for openai/gsm8k")
-    p.add_argument("--dataset-split", default="train", help="split to read (held-out prompts are carved out of it)")
-    p.add_argument("--question-column", default="question")
-    p.add_argument("--answer-column", default="answer")
-    p.add_argument("--max-completion-length", type=int, default=None, help="default: 4 (addition), 256 (--dataset)")
-    p.add_argument("--num-heldout", type=int, default=None, help="held-out prompts (default 200; 32 with --fast)")
-    p.add_argument("--cache-dir", default=None, help="where the default model is cached (default ~/.cache/cegppo_trl)")
-    p.add_argument("--rebuild-model", action="store_true", help="rebuild the default model even if cached")
-    p.add_argument(
+    add("--dataset-config", default=None, help="dataset configuration, e.g. 'main' for openai/gsm8k")
+    add("--dataset-split", default="train", help="split to read; the held-out prompts are carved out of it")
+    add("--question-column", default="question", help="prompt column of --dataset (default: question)")
+    add("--answer-column", default="answer", help="reference-answer column of --dataset (default: answer)")
+    add("--max-completion-length", type=int, default=None, help="default: 4 (addition), 256 (--dataset)")
+    add("--num-heldout", type=int, default=None, help="held-out prompts (default 200; 32 with --fast)")
+    add("--cache-dir", default=None, help="where the built-in model is cached (default: ~/.cache/cegppo_trl)")
+    add("--rebuild-model", action="store_true", help="rebuild the built-in model even if it is cached")
+    add(
         "--threads",
         type=int,
         default=None,
         help="torch CPU threads (default: 1 for the built-in model, whose ops are too small to gain from more and "
         "slow down badly when another job shares the cores; torch's default otherwise)",
     )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
@@ -439,43 +459,58 @@ def _load_hub_model(name: str):
     return model, tokenizer
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None, *, started_at: float | None = None) -> dict:
     """Run the quickstart from the command line (see `python -m cegppo_trl.quickstart --help`).
 
     Args:
         argv: arguments (default: `sys.argv[1:]`).
+        started_at: `time.time()` when the process started, so the reported wall time includes the imports
+            (default: when `main` is called).
 
     Returns:
         The summary dict that is also written to `<output-dir>/summary.json`.
     """
-    from .plots import plot_run
-    from .warmup import WarmupSettings, build_default_model
-
     args = _parser().parse_args(argv)
-    wall_start = time.perf_counter()
+    started_at = time.time() if started_at is None else started_at
     _quiet_libraries()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    threads = args.threads or (1 if args.model is None and not torch.cuda.is_available() else None)
+    previous_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run_quickstart(args, output_dir, started_at)
+    finally:
+        torch.set_num_threads(previous_threads)  # main() may be called in-process (tests, notebooks)
+
+
+def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: float) -> dict:
+    from .plots import plot_run
+    from .warmup import WarmupSettings, build_default_model
+
     method = args.baseline or "cegppo"
     num_heldout = args.num_heldout or (32 if args.fast else 200)
     max_steps = args.steps or (4 if args.fast else 600)
     eval_every = args.eval_every if args.eval_every is not None else (2 if args.fast else 20)
-    threads = args.threads or (1 if args.model is None and not torch.cuda.is_available() else None)
-    if threads:
-        torch.set_num_threads(threads)
 
     # Model
     warmup_info: dict = {}
     if args.model is None:
         settings = WarmupSettings(num_heldout=num_heldout)
-        if args.fast:  # a few warm-up steps: enough to exercise every stage, not to learn the task
+        if args.fast:  # a smaller model and about 2 s of warm-up: exercises every stage, solves few prompts
             settings = WarmupSettings(
-                num_heldout=num_heldout, hidden_size=16, intermediate_size=32, max_steps=4, eval_every=2,
-                warmup_problems=128, dev_problems=16,
+                num_heldout=num_heldout, hidden_size=32, intermediate_size=64, learning_rate=3e-3,
+                target_accuracy=0.05, max_steps=150, eval_every=25, dev_problems=64,
             )  # fmt: skip
-        model, tokenizer, warmup_info = build_default_model(settings, cache_dir=args.cache_dir, rebuild=args.rebuild_model)
+            # 16 prompts x 8 samples per rollout batch, 2 optimizer steps on it: still off-policy
+            training = {"per_device_train_batch_size": 64, "steps_per_generation": 2, "warmup_steps": 0}
+        else:
+            training = {}
+        model, tokenizer, warmup_info = build_default_model(
+            settings, cache_dir=args.cache_dir, rebuild=args.rebuild_model
+        )
         model_name = f"built-in tiny Llama ({warmup_info['num_parameters']:,} parameters)"
-        training = {}
     else:
         model, tokenizer = _load_hub_model(args.model)
         model_name = args.model
@@ -500,8 +535,6 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
     if args.max_completion_length is not None:
         task.max_completion_length = args.max_completion_length
-    if args.fast and args.model is None:
-        training.update(per_device_train_batch_size=16, num_generations=4, steps_per_generation=2)
 
     # Method
     overrides = {**training, **baseline_overrides(method)}
@@ -529,28 +562,27 @@ def main(argv: Sequence[str] | None = None) -> dict:
     plots = plot_run(result.history, output_dir, title=f"{label} on {task.name}")
 
     summary = summarize(result)
-    wall_seconds = time.perf_counter() - wall_start
+    wall_seconds = time.time() - started_at
     summary.update(
         method=method,
         model=model_name,
         task=task.name,
         seed=args.seed,
-        warmup_seconds=warmup_info.get("seconds") if warmup_info and not warmup_info.get("cached") else 0.0,
-        warmup_steps=warmup_info.get("steps"),
+        warmup={k: warmup_info[k] for k in ("steps", "dev_accuracy", "seconds", "cached", "path")}
+        if warmup_info
+        else None,
         wall_seconds=wall_seconds,
         plots=[str(p) for p in plots],
     )
     (output_dir / "metrics.json").write_text(json.dumps(result.history, indent=1))
     (output_dir / "summary.json").write_text(json.dumps({**summary, "config": result.config}, indent=2, default=str))
-    extra = {
-        "model warm-up": (
-            "cached" if warmup_info.get("cached") else f"{warmup_info['seconds']:.0f} s ({warmup_info['steps']} steps)"
-        )
-        if warmup_info
-        else "n/a (--model)",
-        "total wall time": f"{wall_seconds:.0f} s",
-        "outputs": str(output_dir),
-    }
+    if not warmup_info:
+        warmup_row = "n/a (--model)"
+    elif warmup_info["cached"]:
+        warmup_row = "cached (built earlier)"
+    else:
+        warmup_row = f"{warmup_info['seconds']:.0f} s ({warmup_info['steps']} supervised steps)"
+    extra = {"model warm-up": warmup_row, "total wall time": f"{wall_seconds:.0f} s", "outputs": str(output_dir)}
     print()
     print(format_summary(summary, title=f"{label} on {task.name}, seed {args.seed}", extra=extra))
     return summary

@@ -2,33 +2,32 @@
 
 A task is a train split (RL prompts), a held-out split (greedy accuracy before, during and after training), a
 TRL reward function and the exact-match check that the accuracy counts. Both splits have the columns `prompt`
-(a string, or a list of chat messages for chat models) and `answer` (the reference answer, a string); TRL passes
-`answer` to the reward function as a keyword argument.
+(a string, or a list of chat messages for chat models) and `solution` (the reference answer, a string: the column
+name `cegppo_trl.rewards` uses); TRL passes `solution` to the reward function as a keyword argument.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from datasets import Dataset
 
+from ..rewards import completion_text, extract_gsm8k_answer, extract_gsm8k_gold, get_reward_func
+
 __all__ = [
     "Task",
-    "addition_problems",
-    "addition_task",
     "addition_is_correct",
+    "addition_problems",
     "addition_reward",
-    "extract_final_number",
-    "numeric_is_correct",
-    "numeric_reward",
-    "hub_dataset_task",
+    "addition_task",
     "encode_prompts",
-    "generate_greedy",
     "evaluate_accuracy",
+    "generate_greedy",
+    "hub_dataset_task",
+    "numeric_is_correct",
 ]
 
 
@@ -38,10 +37,10 @@ class Task:
 
     Attributes:
         name: short name shown in summaries.
-        train: RL prompts, columns `prompt` and `answer`.
+        train: RL prompts, columns `prompt` and `solution`.
         heldout: held-out prompts for the greedy accuracy, same columns, disjoint from `train`.
-        reward_fn: TRL reward function `(completions, answer, **kwargs) -> list[float]`.
-        is_correct: `(completion, answer) -> bool`, the held-out accuracy's criterion.
+        reward_fn: TRL reward function `(completions, solution, **kwargs) -> list[float]`.
+        is_correct: `(completion, solution) -> bool`, the held-out accuracy's criterion.
         max_completion_length: completion budget in tokens for sampling and evaluation.
     """
 
@@ -68,34 +67,36 @@ def addition_problems(num_digits: int = 2, num_heldout: int = 200, seed: int = 0
         seed: shuffling seed; the split is a pure function of the three arguments.
 
     Returns:
-        `(train, heldout)`, lists of `{"prompt": "37+58=", "answer": "95"}`.
+        `(train, heldout)`, lists of `{"prompt": "37+58=", "solution": "95"}`.
     """
     if num_digits < 1:
         raise ValueError(f"`num_digits` must be >= 1, got {num_digits}.")
     low, high = 10 ** (num_digits - 1), 10**num_digits
-    problems = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(low, high) for b in range(low, high)]
+    problems = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in range(low, high) for b in range(low, high)]
     if not 0 < num_heldout < len(problems):
         raise ValueError(f"`num_heldout` must be in (0, {len(problems)}), got {num_heldout}.")
     random.Random(seed).shuffle(problems)
     return problems[num_heldout:], problems[:num_heldout]
 
 
-def addition_is_correct(completion: str, answer: str) -> bool:
-    """Exact match: the completion is the answer's digits and nothing else (surrounding whitespace ignored)."""
-    return completion.strip() == answer
+def addition_is_correct(completion: str, solution: str) -> bool:
+    """Exact match: the completion is the sum's digits and nothing else (surrounding whitespace ignored)."""
+    return completion.strip() == str(solution).strip()
 
 
-def addition_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
+def addition_reward(completions: Sequence, solution: Sequence[str], **kwargs) -> list[float]:
     """TRL reward for the addition task: 1.0 for the exact sum, 0.0 otherwise (wrong, malformed or truncated).
 
+    A completion that runs out of tokens before EOS has extra characters or none, so it scores 0 like a wrong sum.
+
     Args:
-        completions: generated completions, strings (or chat messages, whose last `content` is used).
-        answer: reference sums, one per completion (TRL passes the dataset column).
+        completions: generated completions, strings or chat-message lists (TRL's two formats).
+        solution: reference sums, one per completion (TRL passes the dataset column).
 
     Returns:
         One reward per completion.
     """
-    return [float(addition_is_correct(_completion_text(c), a)) for c, a in zip(completions, answer, strict=True)]
+    return [float(addition_is_correct(completion_text(c), s)) for c, s in zip(completions, solution, strict=True)]
 
 
 def addition_task(num_digits: int = 2, num_heldout: int = 200, seed: int = 0) -> Task:
@@ -123,40 +124,13 @@ def addition_task(num_digits: int = 2, num_heldout: int = 200, seed: int = 0) ->
 # ----------------------------------------------------------------------------------------------------------------
 # Hub datasets with numeric answers (GSM8K-style)
 # ----------------------------------------------------------------------------------------------------------------
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+def numeric_is_correct(completion: str, solution: str) -> bool:
+    """The completion's final number (`\\boxed{}`, else after `####`, else the last number) equals the reference's.
 
-
-def extract_final_number(text: str) -> str | None:
-    """The final numeric answer of a GSM8K-style text: the number after the last `####`, else the last number.
-
-    Thousands separators are removed and trailing `.0`s are normalised (`"1,000.00"` -> `"1000"`).
-
-    Args:
-        text: a completion or a reference answer.
-
-    Returns:
-        The number as a canonical string, or `None` if the text has no number.
+    Uses the same extraction as the `gsm8k` rewards of `cegppo_trl.rewards`.
     """
-    if "####" in text:
-        text = text.rsplit("####", 1)[1]
-    numbers = _NUMBER.findall(text)
-    if not numbers:
-        return None
-    number = numbers[-1].replace(",", "")
-    if "." in number:
-        number = number.rstrip("0").rstrip(".")
-    return "0" if number in ("-0", "") else number
-
-
-def numeric_is_correct(completion: str, answer: str) -> bool:
-    """True when the completion's final number equals the reference's final number."""
-    predicted = extract_final_number(completion)
-    return predicted is not None and predicted == extract_final_number(answer)
-
-
-def numeric_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
-    """TRL reward for numeric-answer datasets: 1.0 when the final number matches the reference, else 0.0."""
-    return [float(numeric_is_correct(_completion_text(c), a)) for c, a in zip(completions, answer, strict=True)]
+    predicted = extract_gsm8k_answer(completion)
+    return predicted is not None and predicted == extract_gsm8k_gold(solution)
 
 
 def hub_dataset_task(
@@ -177,7 +151,8 @@ def hub_dataset_task(
 
     The expected layout is GSM8K's (`load_dataset("openai/gsm8k", "main")`): a `question` column and an `answer`
     column whose final number (after `####`, else the last number in it) is the reference. A local `.json`,
-    `.jsonl`, `.csv` or `.parquet` file with the same columns works offline.
+    `.jsonl`, `.csv` or `.parquet` file with the same columns works offline. The reward is
+    `cegppo_trl.rewards`' `gsm8k_01`: 1 when the completion's final number matches, else 0.
 
     Args:
         name: Hub dataset id or local data file.
@@ -193,7 +168,7 @@ def hub_dataset_task(
         seed: shuffling seed.
 
     Returns:
-        A `Task` with `numeric_reward`.
+        A `Task` with the `gsm8k_01` reward and `numeric_is_correct`.
     """
     from datasets import load_dataset
 
@@ -213,7 +188,7 @@ def hub_dataset_task(
     def to_example(row: dict) -> dict:
         text = str(row[question_column]) + instruction
         prompt = [{"role": "user", "content": text}] if chat else text
-        return {"prompt": prompt, "answer": str(row[answer_column])}
+        return {"prompt": prompt, "solution": str(row[answer_column])}
 
     rows = rows.shuffle(seed=seed)
     examples = [to_example(row) for row in rows]
@@ -225,7 +200,7 @@ def hub_dataset_task(
         name=name,
         train=Dataset.from_list(train),
         heldout=Dataset.from_list(heldout),
-        reward_fn=numeric_reward,
+        reward_fn=get_reward_func("gsm8k_01"),
         is_correct=numeric_is_correct,
         max_completion_length=max_completion_length,
     )
@@ -234,12 +209,6 @@ def hub_dataset_task(
 # ----------------------------------------------------------------------------------------------------------------
 # Greedy evaluation
 # ----------------------------------------------------------------------------------------------------------------
-def _completion_text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    return str(completion[-1]["content"])  # conversational: the assistant turn
-
-
 def encode_prompts(tokenizer, prompts: Sequence) -> list[list[int]]:
     """Token ids of each prompt, exactly as TRL's `GRPOTrainer` tokenizes them for generation.
 
@@ -259,9 +228,7 @@ def encode_prompts(tokenizer, prompts: Sequence) -> list[list[int]]:
 
 
 @torch.no_grad()
-def generate_greedy(
-    model, tokenizer, prompts: Sequence, *, max_new_tokens: int, batch_size: int = 256
-) -> list[str]:
+def generate_greedy(model, tokenizer, prompts: Sequence, *, max_new_tokens: int, batch_size: int = 256) -> list[str]:
     """Greedy completions of `prompts` (left-padded batches), decoded without special tokens.
 
     Args:
@@ -303,9 +270,7 @@ def generate_greedy(
     return completions
 
 
-def evaluate_accuracy(
-    model, tokenizer, task: Task, *, dataset: Dataset | None = None, batch_size: int = 256
-) -> float:
+def evaluate_accuracy(model, tokenizer, task: Task, *, dataset: Dataset | None = None, batch_size: int = 256) -> float:
     """Greedy exact-match accuracy on the task's held-out prompts (deterministic: no sampling).
 
     Args:
@@ -322,5 +287,5 @@ def evaluate_accuracy(
     completions = generate_greedy(
         model, tokenizer, rows["prompt"], max_new_tokens=task.max_completion_length, batch_size=batch_size
     )
-    correct = [task.is_correct(c, a) for c, a in zip(completions, rows["answer"], strict=True)]
+    correct = [task.is_correct(c, s) for c, s in zip(completions, rows["solution"], strict=True)]
     return sum(correct) / max(1, len(correct))

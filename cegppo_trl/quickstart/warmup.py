@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from ..tiny import build_char_tokenizer, build_tiny_llama
 from .task import Task, addition_task, evaluate_accuracy
 
-__all__ = ["WarmupSettings", "default_cache_dir", "build_default_model", "supervised_warmup"]
+__all__ = ["WarmupSettings", "build_default_model", "default_cache_dir", "supervised_warmup"]
 
 # Bump when the warm-up procedure changes, so stale cached models are not reused.
 WARMUP_FORMAT_VERSION = 1
@@ -83,11 +83,11 @@ def default_cache_dir() -> Path:
 
 
 def _teacher_forcing_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`prompt + answer + EOS`, left-padded; labels only on the answer and EOS (the prompt is given)."""
+    """`prompt + solution + EOS`, left-padded; labels only on the solution and EOS (the prompt is given)."""
     sequences, labels = [], []
     for row in rows:
         prompt = tokenizer(row["prompt"])["input_ids"]
-        target = tokenizer(row["answer"])["input_ids"] + [tokenizer.eos_token_id]
+        target = tokenizer(row["solution"])["input_ids"] + [tokenizer.eos_token_id]
         sequences.append(prompt + target)
         labels.append([-100] * len(prompt) + target)
     width = max(len(s) for s in sequences)
@@ -98,9 +98,7 @@ def _teacher_forcing_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, t
     return input_ids, attention_mask, label_ids
 
 
-def supervised_warmup(
-    model, tokenizer, task: Task, settings: WarmupSettings, *, log=print
-) -> dict:
+def supervised_warmup(model, tokenizer, task: Task, settings: WarmupSettings, *, log=print) -> dict:
     """Teacher-forced training on a seeded subset of `task.train` until the dev accuracy reaches the target.
 
     Args:
@@ -117,7 +115,9 @@ def supervised_warmup(
     order = list(range(len(task.train)))
     rng.shuffle(order)
     subset = [task.train[i] for i in order[: settings.warmup_problems]]
-    dev_rows = [task.train[i] for i in order[settings.warmup_problems : settings.warmup_problems + settings.dev_problems]]
+    dev_rows = [
+        task.train[i] for i in order[settings.warmup_problems : settings.warmup_problems + settings.dev_problems]
+    ]
     dev = Dataset.from_list(dev_rows)
 
     torch.manual_seed(settings.seed)

@@ -1,0 +1,196 @@
+"""The quickstart (`python -m cegppo_trl.quickstart`): its task and reward, the default model's cache, the method
+mapping, and `--fast` end-to-end runs in-process (built-in model, a local `--model` folder, a local `--dataset`)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.quickstart import (
+    BASELINES,
+    PLOT_FILES,
+    WarmupSettings,
+    addition_problems,
+    addition_reward,
+    baseline_overrides,
+    build_default_model,
+    generate_greedy,
+    main,
+    numeric_is_correct,
+)
+from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These models are tiny: with two threads each small op waits on the other thread, which is slower, and much
+    slower when another job shares the cores (see the reference sheet). The quickstart CLI does the same."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Task and reward
+# ----------------------------------------------------------------------------------------------------------------
+def test_addition_reward_is_one_only_for_the_exact_sum():
+    completions = ["95", " 95\n", "96", "095", "9 5", "95+1", "", "959"]
+    assert addition_reward(completions, solution=["95"] * len(completions)) == [1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_addition_reward_reads_conversational_completions():
+    completions = [[{"role": "assistant", "content": "122"}], [{"role": "assistant", "content": "121"}]]
+    assert addition_reward(completions, solution=["122", "122"]) == [1.0, 0.0]
+
+
+def test_addition_split_is_deterministic_disjoint_and_complete():
+    train, heldout = addition_problems(num_digits=2, num_heldout=200, seed=0)
+    again_train, again_heldout = addition_problems(num_digits=2, num_heldout=200, seed=0)
+    assert (train, heldout) == (again_train, again_heldout)
+    assert len(heldout) == 200 and len(train) + len(heldout) == 90 * 90
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in heldout}
+    a, b = heldout[0]["prompt"].rstrip("=").split("+")
+    assert heldout[0]["solution"] == str(int(a) + int(b))
+
+
+@pytest.mark.parametrize(
+    ("completion", "solution", "correct"),
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "3 + 4 = <<3+4=7>>7\n#### 7", True),
+        ("The total is 1,000 dollars.", "#### 1000", True),
+        ("The answer is \\boxed{12}.", "#### 12", True),
+        ("#### 8", "#### 7", False),
+        ("I do not know.", "#### 7", False),  # malformed: no number at all
+    ],
+)
+def test_numeric_is_correct_compares_final_numbers(completion, solution, correct):
+    assert numeric_is_correct(completion, solution) is correct
+
+
+def test_batched_greedy_decoding_matches_one_prompt_at_a_time():
+    # Prompts of different lengths are left-padded in a batch; padding must not change any completion.
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, seed=3)
+    prompts = ["7+5=", "12+34=", "123+456=", "1+1="]
+    batched = generate_greedy(model, tokenizer, prompts, max_new_tokens=5)
+    single = [generate_greedy(model, tokenizer, [p], max_new_tokens=5)[0] for p in prompts]
+    assert batched == single
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Methods
+# ----------------------------------------------------------------------------------------------------------------
+def test_baseline_overrides_set_the_same_keys_and_build_valid_configs(tmp_path):
+    keys = {name: set(baseline_overrides(name)) for name in BASELINES}
+    assert all(k == keys["cegppo"] for k in keys.values())
+    for name in BASELINES:
+        config = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **baseline_overrides(name))
+        assert config.loss_type == baseline_overrides(name)["loss_type"]
+    cegppo = baseline_overrides("cegppo")
+    assert (cegppo["gppo_beta1"], cegppo["gppo_beta2"]) == (0.5, 1.0)  # the paper's default
+    assert baseline_overrides("grpo")["gppo_beta1"] == baseline_overrides("grpo")["gppo_beta2"] == 0.0
+    assert baseline_overrides("dapo")["epsilon_high"] == 0.28
+    assert baseline_overrides("cispo")["loss_type"] == "cispo"
+    assert baseline_overrides("gspo")["importance_sampling_level"] == "sequence"
+    with pytest.raises(ValueError, match="Unknown method"):
+        baseline_overrides("ppo")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Default model
+# ----------------------------------------------------------------------------------------------------------------
+TINY_WARMUP = WarmupSettings(
+    hidden_size=16, intermediate_size=32, max_steps=10, eval_every=5, warmup_problems=64, dev_problems=16
+)
+
+
+def test_default_model_is_rebuilt_bit_for_bit_and_then_loaded_from_the_cache(tmp_path):
+    model, _, info = build_default_model(TINY_WARMUP, cache_dir=tmp_path, log=None)
+    assert not info["cached"] and info["steps"] == 10
+    cached, _, cached_info = build_default_model(TINY_WARMUP, cache_dir=tmp_path, log=None)
+    assert cached_info["cached"] and cached_info["path"] == info["path"]
+    rebuilt, _, _ = build_default_model(TINY_WARMUP, cache_dir=tmp_path, rebuild=True, log=None)
+    for (name, p), q, r in zip(
+        model.state_dict().items(), cached.state_dict().values(), rebuilt.state_dict().values()
+    ):
+        assert torch.equal(p, q) and torch.equal(p, r), name
+
+
+def test_cache_key_changes_with_any_setting():
+    assert WarmupSettings().cache_key() != WarmupSettings(seed=1).cache_key()
+    assert WarmupSettings().cache_key() == WarmupSettings().cache_key()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End to end (--fast)
+# ----------------------------------------------------------------------------------------------------------------
+def _finite_numbers(history):
+    return [v for entry in history for v in entry.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
+    out = tmp_path / "out"
+    summary = main(["--fast", "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
+
+    for name in PLOT_FILES:
+        assert (out / name).stat().st_size > 1000, name
+    history = json.loads((out / "metrics.json").read_text())
+    assert json.loads((out / "summary.json").read_text())["method"] == "cegppo"
+    assert all(math.isfinite(v) for v in _finite_numbers(history))
+    steps = [h for h in history if "loss" in h]
+    assert len(steps) == summary["steps"] == 4
+    for key in (
+        "cegppo/beta1",
+        "cegppo/beta2",
+        "cegppo/preserved/left_frac",
+        "cegppo/preserved/right_frac",
+        "cegppo/preserved/grad_share",
+        "entropy",
+    ):
+        assert all(key in h for h in steps), key
+    assert {h["cegppo/beta1"] for h in steps} == {0.5} and {h["cegppo/beta2"] for h in steps} == {1.0}
+    accuracies = [h["heldout/accuracy"] for h in history if "heldout/accuracy" in h]
+    assert len(accuracies) >= 3 and all(0.0 <= a <= 1.0 for a in accuracies)
+    assert accuracies[0] == summary["accuracy_before"] and accuracies[-1] == summary["accuracy_after"]
+    # Off-policy by construction: the second optimizer step on each rollout batch sees a ratio away from 1.
+    assert any(h["cegppo/ratio/min"] < 1.0 or h["cegppo/ratio/max"] > 1.0 for h in steps)
+
+
+def test_fast_quickstart_runs_a_baseline(tmp_path):
+    summary = main(
+        ["--fast", "--baseline", "grpo", "--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"),
+         "--no-progress", "--steps", "2"]
+    )  # fmt: skip
+    history = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert summary["method"] == "grpo"
+    assert {h["cegppo/beta1"] for h in history if "loss" in h} == {0.0}
+
+
+def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path):
+    # The code paths of `--model <Hub id>` and `--dataset <Hub id>`, offline: a saved model and a JSONL file.
+    tokenizer = build_char_tokenizer()
+    model_dir = tmp_path / "model"
+    build_tiny_llama(tokenizer, hidden_size=16, intermediate_size=32).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    rows = [
+        {"question": f"Tom has {i} pens and buys {i + 1}.", "answer": f"{i}+{i + 1}\n#### {2 * i + 1}"}
+        for i in range(24)
+    ]
+    data = tmp_path / "gsm8k_like.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+
+    summary = main(["--fast", "--model", str(model_dir), "--output-dir", str(tmp_path / "a"), "--no-progress"])
+    assert summary["task"].startswith("addition") and summary["warmup"] is None
+    summary = main(
+        ["--fast", "--model", str(model_dir), "--dataset", str(data), "--num-heldout", "4",
+         "--output-dir", str(tmp_path / "b"), "--no-progress"]
+    )  # fmt: skip
+    assert summary["task"] == str(data) and 0.0 <= summary["accuracy_after"] <= 1.0
+    assert all((tmp_path / "b" / name).exists() for name in PLOT_FILES)
