@@ -24,7 +24,9 @@ import gc
 import itertools
 import platform
 import statistics
+import subprocess
 import time
+import types
 from collections.abc import Callable
 
 import torch
@@ -74,14 +76,19 @@ IMPLEMENTATIONS: dict[str, Callable] = {
 }
 
 
-def make_inputs(batch: int, length: int, dtype: torch.dtype, spread: float, seed: int = 0, device="cpu"):
-    """Log-ratios ~ N(0, spread); (B, 1) advantages of both signs and some exact zeros (as TRL passes them)."""
+def make_inputs(
+    batch: int, length: int, dtype: torch.dtype, spread: float, seed: int = 0, device="cpu", advantages="b1"
+):
+    """Log-ratios ~ N(0, spread); advantages of both signs with some exact zeros.
+
+    `advantages`: ``"b1"`` (B, 1), one per sequence as TRL passes them, or ``"bt"`` (B, T), one per token.
+    """
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(batch, length, generator=gen) * 5  # log-probs in (-5, 0]
     logp = (old + spread * torch.randn(batch, length, generator=gen)).to(device, dtype).requires_grad_()
-    advantages = torch.randn(batch, 1, generator=gen).round(decimals=1).to(device)  # a few exact zeros
+    adv = torch.randn(batch, length if advantages == "bt" else 1, generator=gen).round(decimals=1)  # some zeros
     grad_out = torch.rand(batch, length, generator=gen).to(device)  # stands in for mask / normaliser (fp32)
-    return logp, old.to(device, dtype), advantages, grad_out
+    return logp, old.to(device, dtype), adv.to(device), grad_out
 
 
 def fwd_bwd(fn: Callable, logp, old, advantages, grad_out, kwargs) -> torch.Tensor:
@@ -159,47 +166,52 @@ def clipped_fraction(logp, old, advantages, delta) -> float:
     return (left | right | dual).float().mean().item()
 
 
-def run(sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None, device="cpu"):
+def run(
+    sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None, device="cpu", advantages="b1"
+):
     kwargs = dict(epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta1=BETA1, beta2=BETA2, delta=delta)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     rows = []
     for spread, dtype, (batch, length) in itertools.product(spreads, dtypes, sizes):
-        logp, old, advantages, grad_out = make_inputs(batch, length, dtype, spread, device=device)
-        check_same_objective(logp, old, advantages, grad_out, kwargs)
+        logp, old, adv, grad_out = make_inputs(batch, length, dtype, spread, device=device, advantages=advantages)
+        check_same_objective(logp, old, adv, grad_out, kwargs)
         calls = {
-            name: functools.partial(fwd_bwd, fn, logp, old, advantages, grad_out, kwargs)
+            name: functools.partial(fwd_bwd, fn, logp, old, adv, grad_out, kwargs)
             for name, fn in IMPLEMENTATIONS.items()
         }
         times = paired_times(calls, reps, min_block_s, sync)
         ratios = {
             base: statistics.median(c / b for c, b in zip(times["cegppo"], times[base]))
-            for base in ("authors", "trl_clip")
+            for base in times
+            if base != "cegppo"
         }
-        saved = {name: saved_bytes(fn, logp, old, advantages, kwargs) for name, fn in IMPLEMENTATIONS.items()}
+        saved = {name: saved_bytes(fn, logp, old, adv, kwargs) for name, fn in IMPLEMENTATIONS.items()}
         row = dict(
             spread=spread,
-            clipped=clipped_fraction(logp, old, advantages, delta),
+            clipped=clipped_fraction(logp, old, adv, delta),
             dtype=str(dtype).removeprefix("torch."),
             size=f"{batch}x{length}",
             numel=batch * length,
             ms_cegppo=1e3 * statistics.median(times["cegppo"]),
             vs_authors=ratios["authors"],
             vs_trl=ratios["trl_clip"],
+            vs_previous=ratios.get("previous"),
             saved_cegppo=saved["cegppo"] / (batch * length),
             saved_authors=saved["authors"] / (batch * length),
             saved_trl=saved["trl_clip"] / (batch * length),
         )
         rows.append(row)
         print(_format_row(row), flush=True)
-        del logp, old, advantages, grad_out, calls
+        del logp, old, adv, grad_out, calls
         gc.collect()
     return rows
 
 
-HEADER = (
-    "| log-ratio std (clipped) | dtype | B x T | cegppo ms (median) | cegppo / authors | cegppo / TRL clip "
-    "| saved B/token: cegppo / authors / TRL |\n|---|---|---|---|---|---|---|"
-)
+def header(previous: bool = False) -> str:
+    columns = ["log-ratio std (clipped)", "dtype", "B x T", "cegppo ms (median)", "cegppo / authors"]
+    columns += ["cegppo / TRL clip", "saved B/token: cegppo / authors / TRL"]
+    columns += ["cegppo / previous"] if previous else []
+    return "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
 
 
 def _mark(ratio: float, base: str, numel: int) -> str:
@@ -218,7 +230,19 @@ def _format_row(row) -> str:
         _mark(row["vs_trl"], "trl_clip", row["numel"]),
         f"{row['saved_cegppo']:.0f} / {row['saved_authors']:.0f} / {row['saved_trl']:.0f}",
     ]
+    if row["vs_previous"] is not None:
+        cells.append(f"{row['vs_previous']:.2f}x")
     return "| " + " | ".join(cells) + " |"
+
+
+def load_previous(rev: str) -> Callable:
+    """`cegppo_per_token_loss` from `cegppo_trl/loss.py` at git revision `rev` (needs a git checkout)."""
+    source = subprocess.run(
+        ["git", "show", f"{rev}:cegppo_trl/loss.py"], capture_output=True, text=True, check=True
+    ).stdout
+    module = types.ModuleType(f"cegppo_loss_{rev}")
+    exec(compile(source, f"{rev}:cegppo_trl/loss.py", "exec"), module.__dict__)
+    return module.cegppo_per_token_loss
 
 
 def main(argv=None):
@@ -234,6 +258,15 @@ def main(argv=None):
         default=[0.1, 0.3],
         help="std of the log-ratio: 0.1 ~ typical off-policy drift (a few %% of tokens clipped), 0.3 ~ stress (~25%%)",
     )
+    parser.add_argument(
+        "--advantages", choices=["b1", "bt"], default="b1", help="(B, 1) per-sequence (default) or (B, T) per-token"
+    )
+    parser.add_argument(
+        "--previous",
+        metavar="REV",
+        default=None,
+        help="also time `cegppo_trl/loss.py` as of git revision REV (e.g. ae37ebf, the first version)",
+    )
     parser.add_argument("--no-delta", action="store_true", help="disable the dual clip (delta=None) in all three")
     args = parser.parse_args(argv)
 
@@ -246,11 +279,14 @@ def main(argv=None):
         f"# bench_loss: {datetime.date.today()} | {platform.processor() or platform.machine()} | "
         f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | "
         f"eps={EPSILON_LOW}/{EPSILON_HIGH} beta1={BETA1} beta2={BETA2} delta={delta} | forward+backward, "
-        f"advantages (B, 1); ratios are medians of paired per-repetition ratios; targets at B*T >= 64x4096: "
+        f"advantages {'(B, 1)' if args.advantages == 'b1' else '(B, T)'}; "
+        f"ratios are medians of paired per-repetition ratios; targets at B*T >= 64x4096: "
         f"<= {TARGETS['authors']}x authors, <= {TARGETS['trl_clip']}x TRL clip"
     )
-    print(HEADER)
-    run(sizes, dtypes, args.spread, reps, min_block_s=0.02, delta=delta)
+    if args.previous:
+        IMPLEMENTATIONS["previous"] = load_previous(args.previous)
+    print(header(previous=bool(args.previous)))
+    run(sizes, dtypes, args.spread, reps, min_block_s=0.02, delta=delta, advantages=args.advantages)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ def main(argv=None):
 
     if not args.skip_loss:
         print("\n## Loss kernel (forward + backward, paired, CUDA-synchronised)")
-        print(bench_loss.HEADER)
+        print(bench_loss.header())
         results["loss_kernel"] = bench_loss.run(
             SMOKE_LOSS_SIZES if args.smoke else LOSS_SIZES,
             [torch.float32, torch.bfloat16],

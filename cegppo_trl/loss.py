@@ -87,7 +87,10 @@ def _value_and_grad_weight(
     if torch.promote_types(old_per_token_logps.dtype, dtype) != dtype:
         old_per_token_logps = old_per_token_logps.to(dtype)
     ratio = torch.empty(shape, dtype=dtype, device=per_token_logps.device)  # [B, T]
-    ratio.copy_(per_token_logps).sub_(old_per_token_logps).exp_()  # inf once the log-ratio passes ~88.7 (fp32)
+    if torch.broadcast_shapes(per_token_logps.shape, old_per_token_logps.shape) == shape:
+        ratio.copy_(per_token_logps).sub_(old_per_token_logps).exp_()  # inf once the log-ratio passes ~88.7 (fp32)
+    else:  # a (B, 1) sequence ratio against (B, T) advantages: one exp per sequence
+        ratio.copy_(torch.exp(per_token_logps.to(dtype) - old_per_token_logps))
 
     # Constants per advantage sign, shaped like the advantages ([B, 1]: negligible). Flipping the sign of r for
     # A < 0 turns both clip tests into one `>`: A > 0 clips r > 1 + eps_high, A < 0 clips -r > -(1 - eps_low).
