@@ -77,7 +77,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help=f"lengths {QUICK_LENGTHS}, groups {QUICK_GROUPS}")
-    parser.add_argument("--reps", type=int, default=None, help="paired repetitions per point (default 3, quick 2)")
+    parser.add_argument("--reps", type=int, default=None, help="paired repetitions per point (default 5, quick 2)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run (first 2 dropped)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--plot", default=None, help="write a PNG of the step times here")
@@ -87,7 +87,7 @@ def main(argv=None):
     quiet()
     torch.set_num_threads(args.threads)
     lengths, groups = (QUICK_LENGTHS, QUICK_GROUPS) if args.quick else (FULL_LENGTHS, FULL_GROUPS)
-    reps = args.reps or (2 if args.quick else 3)
+    reps = args.reps or (2 if args.quick else 5)
     print(
         f"# bench_scaling: {datetime.date.today()} | {platform.machine()} | torch {torch.__version__} | "
         f"threads={torch.get_num_threads()} | reps={reps} x {args.steps} steps | tiny Llama hidden=64, 2 prompts per "
