@@ -21,14 +21,16 @@ def _points(history: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     return steps, values
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average (shorter at the start)."""
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+def _smooth(steps: list[int], values: list[float], window: int) -> list[float]:
+    """Mean of the values logged in the trailing `window` optimizer steps (rewards are logged once per rollout
+    batch, other metrics every step, so the window is counted in steps, not in points)."""
+    out, start, total = [], 0, 0.0
+    for i, (step, value) in enumerate(zip(steps, values)):
+        total += value
+        while steps[start] <= step - window:
+            total -= values[start]
+            start += 1
+        out.append(total / (i - start + 1))
     return out
 
 
@@ -73,16 +75,16 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
         if not steps:
             return
         ax.plot(steps, values, color=color, alpha=0.15, linewidth=0.8)
-        ax.plot(steps, _smooth(values, smooth), color=color, linewidth=2, label=f"{label} ({smooth}-step mean)")
+        ax.plot(steps, _smooth(steps, values, smooth), color=color, linewidth=2, label=f"{label} ({smooth}-step mean)")
 
     # Reward and held-out accuracy
     fig, ax = plt.subplots(figsize=(7, 4))
-    raw_and_smoothed(ax, "reward", "training reward", "tab:blue")
+    raw_and_smoothed(ax, "reward", "training reward, sampled at T=1", "tab:blue")
     steps, accuracy = _points(history, "heldout/accuracy")
     if steps:
         ax.plot(steps, accuracy, "o-", color="tab:red", linewidth=2, markersize=4, label="held-out accuracy (greedy)")
-        ax.annotate(f"{accuracy[0]:.0%}", (steps[0], accuracy[0]), textcoords="offset points", xytext=(4, 6))
-        ax.annotate(f"{accuracy[-1]:.0%}", (steps[-1], accuracy[-1]), textcoords="offset points", xytext=(-14, 8))
+        ax.annotate(f"{accuracy[0]:.1%}", (steps[0], accuracy[0]), textcoords="offset points", xytext=(4, 6))
+        ax.annotate(f"{accuracy[-1]:.1%}", (steps[-1], accuracy[-1]), textcoords="offset points", xytext=(-20, 8))
     ax.set(xlabel="optimizer step", ylabel="reward / accuracy", title=f"{prefix}reward and held-out accuracy")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
@@ -123,7 +125,7 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
     if steps:
         ax.plot(
             steps,
-            _smooth(share, smooth),
+            _smooth(steps, share, smooth),
             ":",
             color="black",
             linewidth=1.5,
@@ -131,11 +133,11 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
         )
     ax.set(
         xlabel="optimizer step",
-        ylabel="share of completion tokens",
-        title=f"{prefix}clipped tokens whose gradient CE-GPPO preserves",
+        ylabel="share of tokens / of gradient",
+        title=f"{prefix}tokens outside the clip range (CE-GPPO keeps their gradient x β)",
     )
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
     save(fig, PLOT_FILES[3])
     return paths

@@ -308,7 +308,8 @@ def summarize(result: RunResult, *, window: int = 10) -> dict:
 
     Args:
         result: a `RunResult`.
-        window: steps averaged for the "first" and "last" values.
+        window: logged values averaged for the "first" and "last" numbers (rewards are logged once per rollout
+            batch, entropy once per optimizer step); at most half of the values each.
 
     Returns:
         A flat dict of floats (NaN where a metric was not logged).
@@ -340,8 +341,18 @@ def summarize(result: RunResult, *, window: int = 10) -> dict:
     }
 
 
-def format_summary(summary: dict, *, title: str, extra: dict | None = None) -> str:
-    """A plain aligned text table of `summarize`'s numbers (plus `extra` rows, printed as given)."""
+def format_summary(summary: dict, *, title: str, extra: dict | None = None, window: int = 10) -> str:
+    """A plain aligned text table of `summarize`'s numbers (plus `extra` rows, printed as given).
+
+    Args:
+        summary: `summarize`'s output.
+        title: first line.
+        extra: more `label: value` rows.
+        window: the `window` given to `summarize` (for the row labels).
+
+    Returns:
+        The table, lines joined with newlines.
+    """
 
     def pct(x):
         return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
@@ -351,12 +362,18 @@ def format_summary(summary: dict, *, title: str, extra: dict | None = None) -> s
 
     rows = [
         ("held-out accuracy (greedy)", f"{pct(summary['accuracy_before'])} -> {pct(summary['accuracy_after'])}"),
-        ("mean reward, first -> last steps", f"{num(summary['reward_first'])} -> {num(summary['reward_last'])}"),
-        ("policy entropy, first -> last steps", f"{num(summary['entropy_first'])} -> {num(summary['entropy_last'])}"),
-        ("tokens outside the clip range", pct(summary["clip_region_frac"])),
-        ("  preserved left (A<0, r<1-eps)", pct(summary["preserved_left_frac"])),
-        ("  preserved right (A>0, r>1+eps)", pct(summary["preserved_right_frac"])),
-        ("gradient share of preserved tokens", pct(summary["preserved_grad_share"])),
+        (
+            f"training reward, first -> last {window} batches",
+            f"{num(summary['reward_first'])} -> {num(summary['reward_last'])}",
+        ),
+        (
+            f"policy entropy, first -> last {window} steps",
+            f"{num(summary['entropy_first'])} -> {num(summary['entropy_last'])}",
+        ),
+        ("tokens outside the clip range (mean)", pct(summary["clip_region_frac"])),
+        ("  left: A<0, r<1-eps (kept x beta1)", pct(summary["preserved_left_frac"])),
+        ("  right: A>0, r>1+eps (kept x beta2)", pct(summary["preserved_right_frac"])),
+        ("their share of the gradient weight", pct(summary["preserved_grad_share"])),
         ("max ratio seen", num(summary["ratio_max"])),
         ("optimizer steps", str(summary["steps"])),
         ("RL wall time", f"{summary['train_seconds']:.0f} s"),
