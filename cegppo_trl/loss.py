@@ -55,7 +55,7 @@ def cegppo_regions(
         Each has the broadcast shape of ``log_ratio`` and ``advantages``.
     """
     advantages = _broadcast_advantages(advantages, log_ratio)
-    ratio = torch.exp(log_ratio.float())  # [B, T]
+    ratio = torch.exp(log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32)))  # [B, T], as in the loss
     left = (advantages < 0) & (ratio < 1 - epsilon_low)
     right = (advantages > 0) & (ratio > 1 + epsilon_high)
     if delta is None:
@@ -138,6 +138,7 @@ class _CEGPPOLoss(torch.autograd.Function):
         return value
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the saved weight is a constant: no double backward
     def backward(ctx, grad_value):
         (grad_weight,) = ctx.saved_tensors
         grad_logps = grad_value * grad_weight
@@ -171,7 +172,8 @@ def cegppo_per_token_loss(
     Args:
         per_token_logps: log-probabilities under the current policy, shape ``(B, T)`` (``(B, 1)`` for a
             sequence-level ratio). Any float dtype; the ratio is computed in at least fp32.
-        old_per_token_logps: log-probabilities under the sampling (old) policy, same shape.
+        old_per_token_logps: log-probabilities under the sampling (old) policy, same shape (or anything that
+            broadcasts to it, e.g. a 0-d zero when ``per_token_logps`` already holds log-ratios).
         advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         epsilon_low: lower clip range (``1 - epsilon_low`` is the left bound), in ``(0, 1)``.
         epsilon_high: upper clip range (``1 + epsilon_high`` is the right bound), ``> 0``.

@@ -419,7 +419,7 @@ class CEGPPOTrainer(GRPOTrainer):
         beta1, beta2 = self.current_gppo_betas()
         per_token_loss = cegppo_per_token_loss(
             log_importance_weights,
-            torch.zeros_like(log_importance_weights),
+            log_importance_weights.new_zeros(()),  # already a log-ratio; a 0-d zero avoids a (B, T) copy
             advantages,
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
@@ -528,62 +528,58 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.entropy_controller is not None and mode == "train":
             self._update_entropy_controller(entropies, mask)
 
-        # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved gradient)
+        # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved
+        # gradient); they and the CE-GPPO metrics share one reduction.
         with torch.no_grad():
-            is_low_clipped, is_high_clipped, is_dual_clipped = cegppo_regions(
-                log_importance_weights,
-                advantages,
-                epsilon_low=self.epsilon_low,
-                epsilon_high=self.epsilon_high,
-                delta=self.args.delta,
-            )
-            is_region_clipped = is_low_clipped | is_high_clipped
-            self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low_clipped.float()))
-            self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high_clipped.float()))
-            self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(is_region_clipped.float()))
-            gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))
-            self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
-            gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
-            self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
-            # CE-GPPO metrics
-            self._log_cegppo_metrics(
-                mode, log_importance_weights, advantages, mask, beta1, beta2,
-                is_low_clipped, is_high_clipped, is_dual_clipped, global_masked_mean,
-            )  # fmt: skip
+            self._log_clip_metrics(mode, log_importance_weights, advantages, mask, beta1, beta2, masked_seq_mean)
 
         return loss
 
-    def _log_cegppo_metrics(
-        self, mode, log_ratio, advantages, mask, beta1, beta2, left, right, dual, global_masked_mean
-    ) -> None:
-        """Append the `cegppo/` metrics, reduced over all processes (TRL's `log()` averages them per step)."""
+    def _log_clip_metrics(self, mode, log_ratio, advantages, mask, beta1, beta2, masked_seq_mean) -> None:
+        """TRL's `clip_ratio/*` and the `cegppo/` metrics, reduced over all processes with one `reduce` and two
+        `gather`s (each costs a host synchronisation); TRL's `log()` then averages them over the logging window."""
         metrics = self._metrics[mode]
+        left, right, dual = cegppo_regions(
+            log_ratio, advantages, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=self.args.delta
+        )
+        ratio = torch.exp(log_ratio.float())  # [B, T], or [B, 1] for a sequence-level ratio (every row counts)
+        weight = mask.float() if ratio.shape[1] > 1 else torch.ones_like(ratio)
+        # Per-token gradient weight |d loss / d logp|; its share on preserved tokens is what PPO's clip would drop.
+        adv = advantages.float().abs()
+        preserved = (left * (beta1 * (1 - self.epsilon_low)) + right * (beta2 * (1 + self.epsilon_high))) * adv
+        total = torch.where(left | right, preserved, ratio * adv).masked_fill(dual, 0.0)
+        masked_sums = torch.stack(
+            [(x * weight).sum() for x in (left.float(), right.float(), dual.float(), ratio, preserved, total)]
+        )
+        totals = self.accelerator.reduce(torch.cat([masked_sums, weight.sum().reshape(1)]), reduction="sum")
+        per_seq = torch.stack([masked_seq_mean(left.float()), masked_seq_mean(right.float())], dim=1)  # [B, 2]
+        gathered_seq = self.accelerator.gather(per_seq)
+        valid = weight.bool().expand_as(ratio)
+        extremes = torch.stack([torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()])
+        gathered_extremes = self.accelerator.gather(extremes).view(-1, 2).amin(dim=0)
+        left_sum, right_sum, dual_sum, ratio_sum, preserved_sum, total_sum, count = totals.tolist()
+        count = max(count, 1.0)
+        low_min, high_max = nanmin(gathered_seq[:, 0]).item(), nanmax(gathered_seq[:, 1]).item()
+        ratio_min, neg_ratio_max = gathered_extremes.tolist()
+
+        metrics["clip_ratio/low_mean"].append(left_sum / count)
+        metrics["clip_ratio/high_mean"].append(right_sum / count)
+        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
+        metrics["clip_ratio/low_min"].append(low_min)
+        metrics["clip_ratio/high_max"].append(high_max)
         metrics["cegppo/beta1"].append(beta1)
         metrics["cegppo/beta2"].append(beta2)
         if self.entropy_controller is not None:
             low, high = self.entropy_controller.target
             metrics["cegppo/controller/target_low"].append(low)
             metrics["cegppo/controller/target_high"].append(high)
-            measured = self.entropy_controller.last_entropy
-            if measured is not None:
-                metrics["cegppo/controller/entropy"].append(measured)
-        metrics["cegppo/preserved/left_frac"].append(global_masked_mean(left.float()))
-        metrics["cegppo/preserved/right_frac"].append(global_masked_mean(right.float()))
-        metrics["cegppo/dual_clip_frac"].append(global_masked_mean(dual.float()))
-        ratio = torch.exp(log_ratio.float())  # [B, T] or [B, 1]
-        valid = torch.ones_like(ratio, dtype=torch.bool) if ratio.shape[1] == 1 else mask.bool()
-        local_min = torch.where(valid, ratio, torch.inf).amin()
-        local_max = torch.where(valid, ratio, -torch.inf).amax()
-        metrics["cegppo/ratio/min"].append(self.accelerator.gather(local_min.reshape(1)).min().item())
-        metrics["cegppo/ratio/mean"].append(global_masked_mean(ratio))
-        metrics["cegppo/ratio/max"].append(self.accelerator.gather(local_max.reshape(1)).max().item())
-        # Share of the policy-gradient weight (sum of |d loss / d logp|) carried by the preserved tokens: how much of
-        # the update PPO's clip would have thrown away.
-        adv = advantages.float().abs()
-        coef = torch.where(left, beta1 * (1 - self.epsilon_low), torch.where(right, beta2 * (1 + self.epsilon_high), 0))
-        weight_all = torch.where(dual, 0.0, torch.where(left | right, coef, ratio)) * adv
-        weight_mask = valid.float() if ratio.shape[1] == 1 else mask.float()
-        totals = self.accelerator.reduce(
-            torch.stack([(coef * adv * weight_mask).sum(), (weight_all * weight_mask).sum()]), reduction="sum"
-        )
-        metrics["cegppo/preserved/grad_share"].append((totals[0] / totals[1].clamp(min=1e-12)).item())
+            if self.entropy_controller.last_entropy is not None:
+                metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
+        metrics["cegppo/preserved/left_frac"].append(left_sum / count)
+        metrics["cegppo/preserved/right_frac"].append(right_sum / count)
+        metrics["cegppo/preserved/grad_share"].append(preserved_sum / max(total_sum, 1e-12))
+        metrics["cegppo/dual_clip_frac"].append(dual_sum / count)
+        metrics["cegppo/ratio/min"].append(ratio_min)
+        metrics["cegppo/ratio/mean"].append(ratio_sum / count)
+        metrics["cegppo/ratio/max"].append(-neg_ratio_max)
+

@@ -73,6 +73,11 @@ def main(out_dir: str) -> None:
         torch.save(state, os.path.join(out_dir, "params.pt"))
         with open(os.path.join(out_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+    trainer.accelerator.wait_for_everyone()
+    # Tear the gloo group down before interpreter exit: left to atexit, one rank can abort with "terminate called
+    # without an active exception" while the other still holds the connection.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
