@@ -173,6 +173,12 @@ def test_fast_quickstart_runs_a_baseline(tmp_path):
     assert {h["cegppo/beta1"] for h in history if "loss" in h} == {0.0}
 
 
+def test_dataset_without_model_is_refused_with_a_clear_message(capsys):
+    with pytest.raises(SystemExit):
+        main(["--fast", "--dataset", "openai/gsm8k"])
+    assert "--dataset needs --model" in capsys.readouterr().err
+
+
 def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path):
     # The code paths of `--model <Hub id>` and `--dataset <Hub id>`, offline: a saved model and a JSONL file.
     tokenizer = build_char_tokenizer()

@@ -192,7 +192,7 @@ class RunResult:
         accuracy_before: greedy held-out accuracy of the starting policy.
         accuracy_after: greedy held-out accuracy of the trained policy.
         train_seconds: wall time of `trainer.train()`, evaluations included.
-        config: the `CEGPPOConfig` fields that differ from TRL's defaults, as given.
+        config: the `CEGPPOConfig` fields `run_training` set (its defaults, then `config_overrides`).
         model: the trained policy (the model passed in, trained in place).
     """
 
@@ -225,7 +225,8 @@ def run_training(
     Runs on CPU unless CUDA is available.
 
     Args:
-        config_overrides: `CEGPPOConfig` fields applied over the defaults.
+        config_overrides: `CEGPPOConfig` fields applied over the defaults (any field but `output_dir`,
+            `max_steps`, `seed` and `data_seed`, which are arguments here).
         model: the policy, trained in place (pass a `copy.deepcopy` to keep the original).
         tokenizer: its tokenizer (the `processing_class`).
         task: RL prompts, held-out prompts, reward and completion budget.
@@ -242,24 +243,18 @@ def run_training(
     set_seed(seed)
     on_gpu = torch.cuda.is_available()
     settings = {
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": not on_gpu,
+        "bf16": on_gpu and torch.cuda.is_bf16_supported(),
+        "disable_tqdm": True,  # replaced by the compact bar below
         **TINY_MODEL_TRAINING,
         **baseline_overrides("cegppo"),
         "max_completion_length": task.max_completion_length,
         **config_overrides,
     }
-    args = CEGPPOConfig(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        seed=seed,
-        data_seed=seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=not on_gpu,
-        bf16=on_gpu and torch.cuda.is_bf16_supported(),
-        disable_tqdm=True,  # replaced by the compact bar below
-        **settings,
-    )
+    args = CEGPPOConfig(output_dir=str(output_dir), max_steps=max_steps, seed=seed, data_seed=seed, **settings)
     trainer = CEGPPOTrainer(
         model=model,
         reward_funcs=task.reward_fn,
@@ -487,7 +482,13 @@ def main(argv: Sequence[str] | None = None, *, started_at: float | None = None) 
     Returns:
         The summary dict that is also written to `<output-dir>/summary.json`.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.dataset is not None and args.model is None:
+        parser.error(
+            "--dataset needs --model: the built-in tiny model only reads digits and '+' (64 positions, no "
+            "language), so it cannot learn a word-problem dataset."
+        )
     started_at = time.time() if started_at is None else started_at
     _quiet_libraries()
     output_dir = Path(args.output_dir)
