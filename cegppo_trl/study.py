@@ -580,10 +580,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python examples/entropy_study.py",
         description="Test the CE-GPPO paper's entropy claims on the quickstart's tiny model and addition task: "
         "GRPO, DAPO clip-higher, CE-GPPO at (β1, β2) in {(0,1), (0.5,1), (0.75,1), (1,0.5), (1,1)} and the "
-        "(0,1)->(0.5,1) switch at 58.5%%, same data and budget for every arm, several seeds. Writes entropy.png, "
+        "(0,1)->(0.5,1) switch at 58.5%, same data and budget for every arm, several seeds. Writes entropy.png, "
         "accuracy.png, preserved_tokens.png, results.md and curves.json.",
     )
-    p.add_argument("--output-dir", "--output_dir", default="outputs/entropy_study")
+    p.add_argument("--output-dir", "--output_dir", default="outputs/entropy_study", help="where the outputs go")
     p.add_argument("--quick", action="store_true", help=f"a ~2 minute run: {QUICK['steps']} steps, seeds "
                    f"{QUICK['seeds']}, every arm (its numbers mean nothing)")  # fmt: skip
     p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {DEFAULTS['steps']})")
