@@ -608,7 +608,16 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         data = json.loads((output_dir / "curves.json").read_text())
         write_outputs(data["runs"], data["meta"], output_dir)
         return data
+    import torch
 
+    previous_threads = torch.get_num_threads()
+    try:
+        return _run_study(args, argv, output_dir, log)
+    finally:
+        torch.set_num_threads(previous_threads)  # main() may be called in-process (tests, notebooks)
+
+
+def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir: Path, log) -> dict:
     started = time.time()
     preset = {**DEFAULTS, **(QUICK if args.quick else {})}
     steps = args.steps or preset["steps"]
