@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import math
 import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -71,31 +69,12 @@ STUDY_TRAINING: dict = {"steps_per_generation": 8}
 DEFAULTS = {"steps": 600, "seeds": "0,1,2,3,4", "eval_every": 50, "workers": 2}
 QUICK = {"steps": 40, "seeds": "0,1", "eval_every": 20}
 
-# The 27k-parameter model of the quickstart's --fast (2 s warm-up): exercises every stage, for tests only.
-SMALL_MODEL = {
-    "hidden_size": 32, "intermediate_size": 64, "learning_rate": 3e-3, "target_accuracy": 0.05, "max_steps": 150,
-    "eval_every": 25, "dev_problems": 64,
-}  # fmt: skip
-
 OUTPUT_FILES = ("entropy.png", "accuracy.png", "preserved_tokens.png", "results.md", "curves.json")
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # One run
 # ----------------------------------------------------------------------------------------------------------------
-def _quiet() -> None:
-    import datasets
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.logging.set_verbosity_warning()
-    datasets.disable_progress_bars()
-    logging.getLogger("accelerate").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning)
-
-
 _MODEL_CACHE: dict = {}
 
 
@@ -132,9 +111,9 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
 
     import torch
 
-    from .quickstart import run_training
+    from .quickstart import quiet_libraries, run_training
 
-    _quiet()
+    quiet_libraries()
     torch.set_num_threads(1)
     model, tokenizer, task, _ = _model(warmup, cache_dir)
     overrides = {**STUDY_TRAINING, **_arms()[arm][1]}
@@ -630,11 +609,11 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
 
     import torch
 
-    from .quickstart import TINY_MODEL_TRAINING, WarmupSettings
+    from .quickstart import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, WarmupSettings, quiet_libraries
 
-    _quiet()
+    quiet_libraries()
     torch.set_num_threads(1)
-    warmup = asdict(WarmupSettings(**(SMALL_MODEL if args.small_model else {})))
+    warmup = asdict(WarmupSettings(**(FAST_MODEL_WARMUP if args.small_model else {})))
     _, _, task, info = _model(warmup, args.cache_dir)  # built once here, so the workers only load it
     settings = {"steps": steps, "eval_every": eval_every, "warmup": warmup, "cache_dir": args.cache_dir}
     jobs = [(arm, seed) for seed in seeds for arm in arms]  # seed-major: partial results cover every arm early

@@ -12,6 +12,7 @@ The pieces are importable for other studies (e.g. entropy sweeps over β):
 from .plots import PLOT_FILES, plot_run
 from .run import (
     BASELINES,
+    FAST_MODEL_WARMUP,
     HUB_MODEL_TRAINING,
     TINY_MODEL_TRAINING,
     HeldoutAccuracyCallback,
@@ -19,6 +20,7 @@ from .run import (
     baseline_overrides,
     format_summary,
     main,
+    quiet_libraries,
     run_training,
     summarize,
 )
@@ -38,6 +40,7 @@ from .warmup import WarmupSettings, build_default_model, default_cache_dir, supe
 
 __all__ = [
     "BASELINES",
+    "FAST_MODEL_WARMUP",
     "HUB_MODEL_TRAINING",
     "PLOT_FILES",
     "TINY_MODEL_TRAINING",
@@ -59,6 +62,7 @@ __all__ = [
     "hub_dataset_task",
     "main",
     "numeric_is_correct",
+    "quiet_libraries",
     "plot_run",
     "run_training",
     "summarize",

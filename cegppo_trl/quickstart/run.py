@@ -101,6 +101,12 @@ def baseline_overrides(name: str) -> dict:
 # x 8 samples) feeds 4 optimizer steps of 128 completions, so the ratio leaves 1 and clipping happens. Adam's first
 # steps move every weight by about lr whatever the gradient's size, so a short lr warm-up keeps the noisy first RL
 # gradients from knocking the warmed-up policy over; at 6e-4 this tiny model collapses, at 1.5e-4 it climbs steadily.
+# The --fast model: 27k parameters and about 2 s of warm-up; exercises every stage, solves few prompts (tests).
+FAST_MODEL_WARMUP = {
+    "hidden_size": 32, "intermediate_size": 64, "learning_rate": 3e-3, "target_accuracy": 0.05, "max_steps": 150,
+    "eval_every": 25, "dev_problems": 64,
+}  # fmt: skip
+
 TINY_MODEL_TRAINING: dict = {
     "per_device_train_batch_size": 128,
     "gradient_accumulation_steps": 1,
@@ -445,7 +451,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """Keep the terminal to the progress bar and the summary: library info logs and known warnings off."""
     import datasets
     import transformers
@@ -490,7 +496,7 @@ def main(argv: Sequence[str] | None = None, *, started_at: float | None = None) 
             "language), so it cannot learn a word-problem dataset."
         )
     started_at = time.time() if started_at is None else started_at
-    _quiet_libraries()
+    quiet_libraries()
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     threads = args.threads or (1 if args.model is None and not torch.cuda.is_available() else None)
@@ -517,10 +523,7 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     if args.model is None:
         settings = WarmupSettings(num_heldout=num_heldout)
         if args.fast:  # a smaller model and about 2 s of warm-up: exercises every stage, solves few prompts
-            settings = WarmupSettings(
-                num_heldout=num_heldout, hidden_size=32, intermediate_size=64, learning_rate=3e-3,
-                target_accuracy=0.05, max_steps=150, eval_every=25, dev_problems=64,
-            )  # fmt: skip
+            settings = WarmupSettings(num_heldout=num_heldout, **FAST_MODEL_WARMUP)
             # 16 prompts x 8 samples per rollout batch, 2 optimizer steps on it: still off-policy
             training = {"per_device_train_batch_size": 64, "steps_per_generation": 2, "warmup_steps": 0}
         else:
