@@ -210,20 +210,13 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
     batch = captured[-1]  # step 2: old log-probs from before step 1's update, so ratio != 1
     models = {name: build_trainer(name, output_dir=output_dir, steps=2, **kwargs).model for name in TRAINERS}
 
-    def call(name, metrics=True):
+    def call(name):
         trainer = trainers[name]
         trainer.model = models[name]  # fresh weights, training mode, identical for both
         trainer.model.train()
 
         def run():
-            saved = getattr(trainer, "_log_cegppo_metrics", None)
-            if not metrics and saved is not None:
-                trainer._log_cegppo_metrics = lambda *args, **kw: None
-            try:
-                trainer._compute_loss(trainer.model, batch).backward()
-            finally:
-                if not metrics and saved is not None:
-                    del trainer._log_cegppo_metrics
+            trainer._compute_loss(trainer.model, batch).backward()
             trainer.model.zero_grad(set_to_none=True)
             for values in trainer._metrics.values():
                 values.clear()
@@ -231,8 +224,6 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
         return run
 
     calls = {"cegppo": call("cegppo"), "grpo": call("grpo")}
-    if hasattr(trainers["cegppo"], "_log_cegppo_metrics"):
-        calls["cegppo_no_metrics"] = call("cegppo", metrics=False)
     return paired_times(calls, reps, min_block_s=0.05)
 
 
@@ -328,11 +319,6 @@ def main(argv=None):
         f"| `_compute_loss` + backward, identical batch (ms) | {same_ms['cegppo']:.2f} | {same_ms['grpo']:.2f} "
         f"| {same_ratio['cegppo']:.3f}x |"
     )
-    if "cegppo_no_metrics" in same_ms:
-        print(
-            f"| same, CE-GPPO without its `cegppo/*` metrics (ms) | {same_ms['cegppo_no_metrics']:.2f} "
-            f"| {same_ms['grpo']:.2f} | {same_ratio['cegppo_no_metrics']:.3f}x |"
-        )
     print(
         f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.2f} "
         f"| {result['memory_mib']['grpo']:.2f} | {result['memory_ratio']:.3f}x |"
