@@ -488,7 +488,8 @@ def write_plots(runs: list[dict], meta: dict, output_dir: Path) -> list[Path]:
                 ax.axvline(switch_step, color="tab:purple", alpha=0.4, linewidth=1)
             ax.set(xlabel="optimizer step", title=panel)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # a panel can be empty when only some arms ran
+                ax.legend(fontsize=8)
         axes[0].set_ylabel(ylabel)
         fig.suptitle(f"{title} ({suffix})")
         fig.tight_layout()
