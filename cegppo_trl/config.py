@@ -42,7 +42,10 @@ class CEGPPOConfig(GRPOConfig):
             clip). Larger values make entropy fall slower (exploration).
         delta (`float` or `None`, *optional*, defaults to `None`):
             TRL's field, used as the dual clip `c`: negative-advantage tokens with ratio above `c` get the constant
-            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. Must be `> 1`.
+            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. Must be `> 1`. For `delta >
+            1 + epsilon_high` this is exactly TRL's two-sided clipping; for `1 < delta <= 1 + epsilon_high` the
+            authors' form is used (the constant applies from `r > delta`), where TRL's clamp would act only above
+            `1 + epsilon_high`.
         num_iterations, steps_per_generation, gradient_accumulation_steps:
             CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
             `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
