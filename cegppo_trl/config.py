@@ -119,10 +119,15 @@ class CEGPPOConfig(GRPOConfig):
     def _validate_cegppo(self) -> None:
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
         _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
-        for name in ("gppo_beta1_schedule", "gppo_beta2_schedule", "entropy_controller"):
-            parser = parse_controller if name == "entropy_controller" else parse_schedule
+        for name, parse in (
+            ("gppo_beta1_schedule", parse_schedule),
+            ("gppo_beta2_schedule", parse_schedule),
+            ("entropy_controller", parse_controller),
+        ):
+            if getattr(self, name) is None:
+                continue
             try:
-                parser(getattr(self, name)) if getattr(self, name) is not None else None
+                parse(getattr(self, name))
             except ValueError as error:
                 raise ValueError(f"`{name}`: {error}") from None
         _check_finite_nonnegative("sft_loss_coef", self.sft_loss_coef)

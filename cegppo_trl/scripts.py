@@ -116,11 +116,22 @@ def parse_args(
 # Data
 # ----------------------------------------------------------------------------------------------------------------
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
-    """Load `dataset_name` as a `DatasetDict`, from the Hub, a local dataset directory, a `save_to_disk` directory or
-    a single data file (whose rows become the `dataset_train_split` split)."""
+    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
+    return load_any_dataset(
+        script_args.dataset_name,
+        config=script_args.dataset_config,
+        train_split=script_args.dataset_train_split,
+        streaming=script_args.dataset_streaming,
+    )
+
+
+def load_any_dataset(
+    name: str | None, *, config: str | None = None, train_split: str = "train", streaming: bool = False
+) -> DatasetDict:
+    """Load `name` as a `DatasetDict`, from the Hub, a local dataset directory, a `save_to_disk` directory or a
+    single data file (whose rows become the `train_split` split)."""
     from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
-    name = script_args.dataset_name
     if name is None:
         raise ValueError("`dataset_name` is required (a Hub id, a local directory, or a .json/.jsonl/.csv file).")
     if os.path.isdir(name) and any(
@@ -131,11 +142,11 @@ def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
         builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
         if builder is None:
             raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
-        loaded = load_dataset(builder, data_files={script_args.dataset_train_split: name})
+        loaded = load_dataset(builder, data_files={train_split: name})
     else:
-        loaded = load_dataset(name, name=script_args.dataset_config, streaming=script_args.dataset_streaming)
+        loaded = load_dataset(name, name=config, streaming=streaming)
     if isinstance(loaded, Dataset):
-        loaded = DatasetDict({script_args.dataset_train_split: loaded})
+        loaded = DatasetDict({train_split: loaded})
     return loaded
 
 

@@ -150,8 +150,8 @@ def hub_dataset_task(
     """A numeric-answer task from a Hub dataset (or a local file) loaded with `datasets.load_dataset`.
 
     The expected layout is GSM8K's (`load_dataset("openai/gsm8k", "main")`): a `question` column and an `answer`
-    column whose final number (after `####`, else the last number in it) is the reference. A local `.json`,
-    `.jsonl`, `.csv` or `.parquet` file with the same columns works offline. The reward is
+    column whose final number (after `####`, else the last number in it) is the reference. A local data file
+    (`.json`, `.jsonl`, `.csv`, `.parquet`, `.arrow`) or `save_to_disk` folder with the same columns works offline. The reward is
     `cegppo_trl.rewards`' `gsm8k_01`: 1 when the completion's final number matches, else 0.
 
     Args:
@@ -170,14 +170,9 @@ def hub_dataset_task(
     Returns:
         A `Task` with the `gsm8k_01` reward and `numeric_is_correct`.
     """
-    from datasets import load_dataset
+    from ..scripts import load_any_dataset  # the CLI's loader: Hub id, data file or saved dataset
 
-    local_formats = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-    suffix = next((s for s in local_formats if name.endswith(s)), None)
-    if suffix is not None:
-        rows = load_dataset(local_formats[suffix], data_files=name, split="train")
-    else:
-        rows = load_dataset(name, config, split=split)
+    rows = load_any_dataset(name, config=config, train_split=split)[split]
     missing = {question_column, answer_column} - set(rows.column_names)
     if missing:
         raise ValueError(
