@@ -75,53 +75,26 @@ def _value_and_grad_weight(
     beta2: float,
     delta: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Regions are selected by arithmetic on 0/1 float masks (x * 1 + 0 * c, 0 * x + c), in place, not with
-    # `torch.where`: on CPU, `where`, `masked_fill` and bool-valued comparisons run 5-30x slower per element than
-    # vectorised arithmetic, and each fresh (B, T) buffer costs page faults (benchmarks/bench_loss.py). Every select
-    # is exact, so the result is the table's `torch.where` expression bit for bit (tests/test_loss.py, float64).
-
+    """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
     # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
     dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
     adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
-    shape = torch.broadcast_shapes(per_token_logps.shape, adv.shape)
-    if torch.promote_types(old_per_token_logps.dtype, dtype) != dtype:
-        old_per_token_logps = old_per_token_logps.to(dtype)
-    ratio = torch.empty(shape, dtype=dtype, device=per_token_logps.device)  # [B, T]
-    if torch.broadcast_shapes(per_token_logps.shape, old_per_token_logps.shape) == shape:
-        ratio.copy_(per_token_logps).sub_(old_per_token_logps).exp_()  # inf once the log-ratio passes ~88.7 (fp32)
-    else:  # a (B, 1) sequence ratio against (B, T) advantages: one exp per sequence
-        ratio.copy_(torch.exp(per_token_logps.to(dtype) - old_per_token_logps))
+    ratio = torch.exp(per_token_logps.to(dtype) - old_per_token_logps.to(dtype))  # [B, T]; inf past ~88.7 in fp32
 
-    # Constants per advantage sign, shaped like the advantages ([B, 1]: negligible). Flipping the sign of r for
-    # A < 0 turns both clip tests into one `>`: A > 0 clips r > 1 + eps_high, A < 0 clips -r > -(1 - eps_low).
-    # A == 0 goes with A > 0: its value and gradient are 0 in every region, provided r is finite there.
-    neg = torch.lt(adv, 0, out=torch.empty_like(adv))  # [B, 1], 1.0 where A < 0
-    nonneg = 1 - neg
-    sign = nonneg - neg
-    threshold = _by_sign(neg, nonneg, -(1 - epsilon_low), 1 + epsilon_high)
-    neg_adv = -adv
-    bound_loss = _by_sign(neg, nonneg, beta1 * (1 - epsilon_low), beta2 * (1 + epsilon_high)).mul_(neg_adv)
-    # Where r is capped: at delta for A < 0 (the dual clip's value is -delta * A), at the largest finite float for
-    # A >= 0 (only r = inf changes, and it is right-clipped or has A == 0, so it is multiplied by 0 below). Without
-    # a dual clip A < 0 keeps r = inf (cap big / 0 = inf): -r * A = inf is the true value.
-    big = torch.finfo(dtype).max
-    cap = big / nonneg if delta is None else _by_sign(neg, nonneg, delta, big)
-
-    signed = ratio * sign  # [B, T]
-    clipped = torch.gt(signed, threshold, out=torch.empty_like(signed))  # [B, T], 1.0 on left/right-clipped tokens
-    torch.minimum(ratio, cap, out=ratio)
-    unclipped_neg_adv = torch.addcmul(neg_adv, clipped, adv)  # [B, T], -A off the clip, 0 on it
-    value = ratio.mul_(unclipped_neg_adv).addcmul_(clipped, bound_loss)  # [B, T], -r * A or -beta * bound * A
+    left = (adv < 0) & (ratio < 1 - epsilon_low)  # [B, T] NA&LP
+    right = (adv > 0) & (ratio > 1 + epsilon_high)  # [B, T] PA&LP
+    # d(-r * A)/d(logp) = -r * A, so outside the clipped regions the value is its own gradient weight. A == 0 gives
+    # exactly 0 even where r overflowed (-inf * 0 would be NaN); a NaN log-prob with A != 0 stays NaN.
+    surrogate = torch.where(adv == 0, 0.0, -ratio * adv)  # [B, T]
+    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
+    # beta * bound * A * r / sg(r), evaluated without dividing by r).
+    value = torch.where(left, -beta1 * (1 - epsilon_low) * adv, surrogate)  # [B, T]
+    value = torch.where(right, -beta2 * (1 + epsilon_high) * adv, value)  # [B, T]
     if delta is None:
         return value, value
-    # Dual clip: tokens with A < 0 and r > delta (signed < -delta) keep the constant value and get no gradient.
-    keep = signed.ge_(-delta)  # [B, T], 0.0 on dual-clipped tokens
-    return value, keep.mul_(value)
-
-
-def _by_sign(neg: torch.Tensor, nonneg: torch.Tensor, if_negative: float, otherwise: float) -> torch.Tensor:
-    # `if_negative` where A < 0, else `otherwise`; one of the two products is exactly 0, so the sum is exact.
-    return torch.mul(nonneg, otherwise).add_(neg, alpha=if_negative)
+    # Dual clip (the authors' recipes): A < 0 and r > delta gives the constant -delta * A and no gradient.
+    dual = (adv < 0) & (ratio > delta)  # [B, T]; disjoint from `left` because delta > 1
+    return torch.where(dual, -delta * adv, value), torch.where(dual, 0.0, value)
 
 
 class _CEGPPOLoss(torch.autograd.Function):
