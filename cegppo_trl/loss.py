@@ -21,6 +21,8 @@ divided by ``r`` and only one ``(B, T)`` tensor is saved for backward.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -29,6 +31,25 @@ def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     return advantages
+
+
+def _ratio_and_advantages(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
+    dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
+    adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
+    ratio = torch.exp(per_token_logps.to(dtype) - old_per_token_logps.to(dtype))  # [B, T]; inf past ~88.7 in fp32
+    return ratio, adv
+
+
+def _regions(
+    ratio: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float, delta: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    left = (adv < 0) & (ratio < 1 - epsilon_low)  # [B, T] NA&LP: gradient scaled by beta1
+    right = (adv > 0) & (ratio > 1 + epsilon_high)  # [B, T] PA&LP: gradient scaled by beta2
+    dual = None if delta is None else (adv < 0) & (ratio > delta)  # [B, T] no gradient; disjoint from left (delta > 1)
+    return left, right, dual
 
 
 @torch.no_grad()
@@ -54,15 +75,9 @@ def cegppo_regions(
         ``1 + eps_h`` (gradient scaled by ``beta2``), and negative-advantage tokens above ``delta`` (no gradient).
         Each has the broadcast shape of ``log_ratio`` and ``advantages``.
     """
-    advantages = _broadcast_advantages(advantages, log_ratio)
-    ratio = torch.exp(log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32)))  # [B, T], as in the loss
-    left = (advantages < 0) & (ratio < 1 - epsilon_low)
-    right = (advantages > 0) & (ratio > 1 + epsilon_high)
-    if delta is None:
-        dual = torch.zeros_like(left)
-    else:
-        dual = (advantages < 0) & (ratio > delta)
-    return left, right, dual
+    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    return left, right, torch.zeros_like(left) if dual is None else dual
 
 
 def _value_and_grad_weight(
@@ -76,13 +91,8 @@ def _value_and_grad_weight(
     delta: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
-    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
-    dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
-    adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
-    ratio = torch.exp(per_token_logps.to(dtype) - old_per_token_logps.to(dtype))  # [B, T]; inf past ~88.7 in fp32
-
-    left = (adv < 0) & (ratio < 1 - epsilon_low)  # [B, T] NA&LP
-    right = (adv > 0) & (ratio > 1 + epsilon_high)  # [B, T] PA&LP
+    ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
     # d(-r * A)/d(logp) = -r * A, so outside the clipped regions the value is its own gradient weight. A == 0 gives
     # exactly 0 even where r overflowed (-inf * 0 would be NaN); a NaN log-prob with A != 0 stays NaN.
     surrogate = torch.where(adv == 0, 0.0, -ratio * adv)  # [B, T]
@@ -90,11 +100,85 @@ def _value_and_grad_weight(
     # beta * bound * A * r / sg(r), evaluated without dividing by r).
     value = torch.where(left, -beta1 * (1 - epsilon_low) * adv, surrogate)  # [B, T]
     value = torch.where(right, -beta2 * (1 + epsilon_high) * adv, value)  # [B, T]
-    if delta is None:
+    if dual is None:
         return value, value
     # Dual clip (the authors' recipes): A < 0 and r > delta gives the constant -delta * A and no gradient.
-    dual = (adv < 0) & (ratio > delta)  # [B, T]; disjoint from `left` because delta > 1
     return torch.where(dual, -delta * adv, value), torch.where(dual, 0.0, value)
+
+
+# Names of `CEGPPODiagnostics.sums`, in order. Token counts and sums over the (masked) completion tokens.
+DIAGNOSTIC_SUMS = ("left", "right", "dual", "ratio", "preserved_grad_weight", "grad_weight", "tokens")
+
+
+class CEGPPODiagnostics(NamedTuple):
+    """Local statistics of one micro-batch (one process): reduce `sums` with a sum, gather the other two.
+
+    Attributes:
+        sums: ``(7,)``, see `DIAGNOSTIC_SUMS`: tokens in each region, sum of the ratio, sum of ``|d loss / d logp|``
+            over preserved (left/right-clipped) tokens and over all tokens, and the token count.
+        per_sequence: ``(B, 2)``, share of each sequence's tokens in the left / right region (NaN for a sequence
+            without tokens), for TRL's ``clip_ratio/low_min`` and ``clip_ratio/high_max``.
+        extremes: ``(2,)``, ``(min ratio, -max ratio)`` (``inf`` without tokens): gather, then take the minimum.
+    """
+
+    sums: torch.Tensor
+    per_sequence: torch.Tensor
+    extremes: torch.Tensor
+
+
+@torch.no_grad()
+def cegppo_diagnostics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> CEGPPODiagnostics:
+    """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
+
+    The gradient weight ``|d loss / d logp|`` is the kernel's own (`_value_and_grad_weight`), so its share on
+    preserved tokens is exactly what PPO's clip would have thrown away.
+
+    Args:
+        log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
+            once, if it has any token in `mask`).
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
+        epsilon_low, epsilon_high, beta1, beta2, delta: as in `cegppo_per_token_loss`.
+
+    Returns:
+        `CEGPPODiagnostics`.
+    """
+    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    _, grad_weight = _value_and_grad_weight(
+        log_ratio, log_ratio.new_zeros(()), advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+    )
+    grad_weight = grad_weight.abs()  # [B, T]
+    if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
+        weight = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
+        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    else:
+        weight = mask.to(ratio.dtype)  # [B, T]
+    left, right = left.to(ratio.dtype), right.to(ratio.dtype)
+    dual = torch.zeros_like(left) if dual is None else dual.to(ratio.dtype)
+    preserved = (left + right) * grad_weight  # the regions are disjoint
+    sums = torch.stack(
+        [(x * weight).sum() for x in (left, right, dual, ratio, preserved, grad_weight)] + [weight.sum()]
+    )  # [7]
+    tokens_per_sequence = weight.sum(-1)  # [B]
+    per_sequence = torch.stack([(left * weight).sum(-1), (right * weight).sum(-1)], dim=1) / tokens_per_sequence[
+        :, None
+    ]  # [B, 2]; 0 / 0 = NaN for a sequence without tokens
+    valid = weight.bool()
+    extremes = torch.stack(
+        [torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()]
+    )  # [2]
+    return CEGPPODiagnostics(sums, per_sequence, extremes)
 
 
 class _CEGPPOLoss(torch.autograd.Function):
