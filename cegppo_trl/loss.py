@@ -39,17 +39,25 @@ def _ratio_and_advantages(
     # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
     dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
     adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
-    ratio = torch.exp(per_token_logps.to(dtype) - old_per_token_logps.to(dtype))  # [B, T]; inf past ~88.7 in fp32
+    ratio = torch.sub(per_token_logps.to(dtype), old_per_token_logps.to(dtype)).exp_()  # [B, T]; inf past ~88.7
     return ratio, adv
 
 
 def _regions(
     ratio: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float, delta: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    left = (adv < 0) & (ratio < 1 - epsilon_low)  # [B, T] NA&LP: gradient scaled by beta1
-    right = (adv > 0) & (ratio > 1 + epsilon_high)  # [B, T] PA&LP: gradient scaled by beta2
-    dual = None if delta is None else (adv < 0) & (ratio > delta)  # [B, T] no gradient; disjoint from left (delta > 1)
+    # Each clip test applies to one sign of A, so its bound is per row ([B, 1]): one comparison per token.
+    inf = torch.inf
+    left = ratio < _per_row(adv < 0, 1 - epsilon_low, -inf, adv)  # [B, T] NA&LP: gradient scaled by beta1
+    right = ratio > _per_row(adv > 0, 1 + epsilon_high, inf, adv)  # [B, T] PA&LP: gradient scaled by beta2
+    # A < 0 above delta: constant, no gradient. Disjoint from `left` because delta > 1.
+    dual = None if delta is None else ratio > _per_row(adv < 0, delta, inf, adv)  # [B, T]
     return left, right, dual
+
+
+def _per_row(condition: torch.Tensor, if_true: float, otherwise: float, like: torch.Tensor) -> torch.Tensor:
+    # A bound per advantage entry, in the ratio's dtype (a float32 0.8 is not a float64 0.8).
+    return torch.where(condition, like.new_tensor(if_true), like.new_tensor(otherwise))
 
 
 @torch.no_grad()
@@ -93,17 +101,18 @@ def _value_and_grad_weight(
     """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
     ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
     left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
-    # d(-r * A)/d(logp) = -r * A, so outside the clipped regions the value is its own gradient weight. A == 0 gives
-    # exactly 0 even where r overflowed (-inf * 0 would be NaN); a NaN log-prob with A != 0 stays NaN.
-    surrogate = torch.where(adv == 0, 0.0, -ratio * adv)  # [B, T]
+    # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. r is capped per row: at delta for A < 0
+    # (the dual clip's constant -delta * A; infinite without one) and at the largest finite float for A >= 0, so
+    # that A == 0 gives exactly 0 where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
+    cap = _per_row(adv < 0, torch.inf if delta is None else delta, torch.finfo(adv.dtype).max, adv)  # [B, 1]
+    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
     # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
     # beta * bound * A * r / sg(r), evaluated without dividing by r).
-    value = torch.where(left, -beta1 * (1 - epsilon_low) * adv, surrogate)  # [B, T]
+    value = torch.where(left, -beta1 * (1 - epsilon_low) * adv, value)  # [B, T]
     value = torch.where(right, -beta2 * (1 + epsilon_high) * adv, value)  # [B, T]
     if dual is None:
         return value, value
-    # Dual clip (the authors' recipes): A < 0 and r > delta gives the constant -delta * A and no gradient.
-    return torch.where(dual, -delta * adv, value), torch.where(dual, 0.0, value)
+    return value, torch.where(dual, 0.0, value)  # dual clip: the value above, no gradient
 
 
 # Names of `CEGPPODiagnostics.sums`, in order. Token counts and sums over the (masked) completion tokens.
