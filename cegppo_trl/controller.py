@@ -57,7 +57,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
+from numbers import Integral
+
+from ._spec import NUMBER as _NUMBER
+from ._spec import SpecError as _SpecError
+from ._spec import format_number as _format_number
+from ._spec import is_finite_number as _finite
 
 __all__ = ["CONTROLLER_SYNTAX", "CONTROLLER_MODES", "EntropyController", "EntropyControllerConfig", "parse_controller"]
 
@@ -78,12 +83,7 @@ with the same keys (YAML), or none / off / an empty string (no controller). Rang
 Example: band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2
 YAML:    {band: [0.3, 0.6], step: 0.05, mode: both, beta1: [0, 1], beta2: [0.5, 2]}"""
 
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _RANGE_RE = re.compile(rf"({_NUMBER})-({_NUMBER})")
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -177,11 +177,6 @@ class EntropyControllerConfig:
             parts.append(f"gain={f(self.gain)}")
         parts += [f"damping={f(self.damping)}", f"ema={f(self.ema)}", f"every={self.update_every}"]
         return ",".join(parts)
-
-
-def _format_number(x: float) -> str:
-    # repr() reads back to the same float; integers print without '.0'.
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else repr(float(x))
 
 
 class EntropyController:
@@ -378,10 +373,6 @@ _RANGE_KEYS = {"band": ("target_low", "target_high"), "beta1": ("beta1_min", "be
 _SCALAR_KEYS = {"step": "step_size", "mode": "mode", "gain": "gain", "damping": "damping", "ema": "ema",
                 "every": "update_every"}
 _FIELD_NAMES = {f.name for f in fields(EntropyControllerConfig)}
-
-
-class _SpecError(Exception):
-    pass
 
 
 def _parse_number(text: object, key: str) -> float:
