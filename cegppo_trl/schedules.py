@@ -37,7 +37,6 @@ from fractions import Fraction
 from numbers import Integral, Real
 from typing import ClassVar
 
-from ._spec import NUMBER as _NUMBER
 from ._spec import NUMBER_RE as _NUMBER_RE
 from ._spec import SpecError as _SpecError
 from ._spec import format_number as _format_number
