@@ -582,13 +582,17 @@ class CEGPPOTrainer(GRPOTrainer):
                 local_sum, local_count = (x * kept_rows).sum(), kept_rows.sum().float()
             else:
                 local_sum, local_count = (x * kept).sum(), kept.sum().float()
-            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
+            total, count = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum").tolist()
+            return total / count if count > 0 else None  # None: every group of this micro-batch was dropped
+
+        def append(name, value):  # a micro-batch without kept tokens measures nothing; do not log it as 0
+            if value is not None:
+                self._metrics[mode][name].append(value)
 
         if self.beta != 0.0:
-            self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
+            append("kl", global_masked_mean(per_token_kl))
 
-        self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+        append("entropy", global_masked_mean(entropies))
         if self.entropy_controller is not None and mode == "train":
             self._update_entropy_controller(entropies, kept)
 
@@ -624,15 +628,9 @@ class CEGPPOTrainer(GRPOTrainer):
         extremes = torch.stack([torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()])
         gathered_extremes = self.accelerator.gather(extremes).view(-1, 2).amin(dim=0)
         left_sum, right_sum, dual_sum, ratio_sum, preserved_sum, total_sum, count = totals.tolist()
-        count = max(count, 1.0)
         low_min, high_max = nanmin(gathered_seq[:, 0]).item(), nanmax(gathered_seq[:, 1]).item()
         ratio_min, neg_ratio_max = gathered_extremes.tolist()
 
-        metrics["clip_ratio/low_mean"].append(left_sum / count)
-        metrics["clip_ratio/high_mean"].append(right_sum / count)
-        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
-        metrics["clip_ratio/low_min"].append(low_min)
-        metrics["clip_ratio/high_max"].append(high_max)
         metrics["cegppo/beta1"].append(beta1)
         metrics["cegppo/beta2"].append(beta2)
         if self.entropy_controller is not None:
@@ -641,6 +639,13 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
+        if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
+            return
+        metrics["clip_ratio/low_mean"].append(left_sum / count)
+        metrics["clip_ratio/high_mean"].append(right_sum / count)
+        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
+        metrics["clip_ratio/low_min"].append(low_min)
+        metrics["clip_ratio/high_max"].append(high_max)
         metrics["cegppo/preserved/left_frac"].append(left_sum / count)
         metrics["cegppo/preserved/right_frac"].append(right_sum / count)
         metrics["cegppo/preserved/grad_share"].append(preserved_sum / max(total_sum, 1e-12))
