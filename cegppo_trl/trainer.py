@@ -297,7 +297,7 @@ class CEGPPOTrainer(GRPOTrainer):
         rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
         # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
         # rescaled to one micro-batch in `_aggregate` exactly as TRL rescales `num_items_in_batch` for `dapo`.
-        output["num_sequences_in_batch"] = torch.tensor(float(rewards_per_func.size(0)), device=rewards_per_func.device)
+        output["num_sequences_in_batch"] = rewards_per_func.new_tensor(float(rewards_per_func.size(0)))
         if not (args.sft_loss_coef > 0 or args.dynamic_sampling):
             return output
         mode = "train" if self.model.training else "eval"

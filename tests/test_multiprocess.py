@@ -34,8 +34,8 @@ def _run(cmd, tmp: Path) -> dict[str, tuple[dict, list]]:
     (tmp / "stderr.txt").write_text(result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]
     return {
-        loss_type: (torch.load(tmp / f"params_{loss_type}.pt"), json.loads((tmp / f"log_history_{loss_type}.json").read_text()))
-        for loss_type in ("dapo", "grpo")
+        lt: (torch.load(tmp / f"params_{lt}.pt"), json.loads((tmp / f"log_history_{lt}.json").read_text()))
+        for lt in ("dapo", "grpo")
     }
 
 

@@ -174,7 +174,9 @@ def test_dynamic_sampling_decides_from_trl_advantages_not_the_raw_reward_sum(mak
 def test_dropped_groups_leave_the_metrics_controller_and_entropy_bonus(make_trainer):
     # Rows 0 and 3 (advantages 1.0 and -0.7, both with clipped tokens) are dropped: every metric, the
     # controller's input and the entropy bonus must be those of the kept rows, computed here from the batch.
-    trainer = make_trainer(dynamic_sampling=True, delta=1.3, entropy_coef=0.01, entropy_controller="band=0-10,damping=0")
+    trainer = make_trainer(
+        dynamic_sampling=True, delta=1.3, entropy_coef=0.01, entropy_controller="band=0-10,damping=0"
+    )
     batch = make_offpolicy_batch(trainer, seed=1)
     keep = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
     cmask = batch["completion_mask"]
@@ -185,7 +187,9 @@ def test_dropped_groups_leave_the_metrics_controller_and_entropy_bonus(make_trai
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     att = torch.cat([batch["prompt_mask"], cmask], 1)
     with torch.no_grad():
-        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, 7, compute_entropy=True)
+        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, att, 7, compute_entropy=True
+        )
     entropy = ((entropies * kept).sum() / kept.sum()).item()
     entropy_all = ((entropies * cmask).sum() / cmask.sum()).item()
     assert abs(entropy - entropy_all) > 2e-5, "the dropped rows must matter for this check (rel. tolerance 1e-6)"

@@ -229,7 +229,8 @@ def test_clip_and_cegppo_metrics_equal_values_computed_from_the_batch(make_train
     cmask = batch["completion_mask"]
     rows = torch.ones(6) if keep is None else torch.tensor(keep)
     if keep is not None:
-        batch.update(keep_mask=rows, num_items_in_batch=(cmask * rows[:, None]).sum(), num_sequences_in_batch=rows.sum())
+        kept_tokens = (cmask * rows[:, None]).sum()
+        batch.update(keep_mask=rows, num_items_in_batch=kept_tokens, num_sequences_in_batch=rows.sum())
     loss_and_grads(trainer, batch)
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
 
@@ -237,7 +238,8 @@ def test_clip_and_cegppo_metrics_equal_values_computed_from_the_batch(make_train
     att = torch.cat([batch["prompt_mask"], cmask], 1)
     logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, 7)
     logp = logp.detach().requires_grad_()
-    per_token, left, right = reference_per_token_loss(logp, batch["old_per_token_logps"], batch["advantages"], 0.5, 1.0, delta=1.3)
+    old, adv = batch["old_per_token_logps"], batch["advantages"]
+    per_token, left, right = reference_per_token_loss(logp, old, adv, 0.5, 1.0, delta=1.3)
     (grad,) = torch.autograd.grad(per_token.sum(), logp)  # each token's loss depends on its own log-prob only
     ratio = torch.exp(logp.detach() - batch["old_per_token_logps"])
     dual = (batch["advantages"][:, None] < 0) & (ratio > 1.3)
@@ -254,7 +256,7 @@ def test_clip_and_cegppo_metrics_equal_values_computed_from_the_batch(make_train
         "clip_ratio/high_max": max(per_seq_right),
         "cegppo/preserved/left_frac": (left & valid).sum().item() / n,
         "cegppo/preserved/right_frac": (right & valid).sum().item() / n,
-        "cegppo/preserved/grad_share": grad.abs()[(left | right) & valid].sum().item() / grad.abs()[valid].sum().item(),
+        "cegppo/preserved/grad_share": (grad.abs()[(left | right) & valid].sum() / grad.abs()[valid].sum()).item(),
         "cegppo/dual_clip_frac": (dual & valid).sum().item() / n,
         "cegppo/ratio/min": ratio[valid].min().item(),
         "cegppo/ratio/mean": ratio[valid].mean().item(),

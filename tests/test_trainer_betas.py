@@ -92,7 +92,7 @@ def test_logged_betas_follow_the_documented_rule_written_out_independently(make_
         [h["entropy"] for h in logs], low=1.0, high=2.0, step=0.2, damping=2.0, ema=0.5, beta1=0.5, beta2=1.0,
         bounds1=(0.0, 0.9), bounds2=(0.5, 1.5),
     )  # fmt: skip
-    assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [pytest.approx(b, abs=1e-12) for b in expected]
+    assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [pytest.approx(b, abs=1e-6) for b in expected]
     assert expected[-1][0] == 0.9  # the bound was reached
 
 
@@ -101,7 +101,8 @@ def test_step_and_percent_window_resolves_against_the_real_run_length(make_train
     # training the run length is unknown: construction with a controller and a read of the betas give the step-0
     # value instead of resolving the window against a made-up length.
     trainer = make_trainer(
-        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-50%", entropy_controller="band=0-10,damping=0",
+        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-50%",
+        entropy_controller="band=0-10,damping=0",
     )  # fmt: skip
     assert trainer.current_gppo_betas() == (0.0, 1.0)
     trainer.train()
