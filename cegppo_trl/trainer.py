@@ -494,8 +494,8 @@ class CEGPPOTrainer(GRPOTrainer):
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
-        # Rollout-batch counts from `_generate_and_score_completions`; a batch built elsewhere (no counts) is taken
-        # to be the whole rollout batch of one process, the normaliser TRL itself would use for it.
+        # Rollout-batch counts from `_generate_and_score_completions`. A batch built elsewhere carries none: it is
+        # normalised by its own sequence count (scaled by the share, which `_aggregate` divides out), as TRL does.
         num_sequences = inputs.get("num_sequences_in_batch")
         if num_sequences is None:
             local = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().item()
