@@ -288,7 +288,8 @@ def test_base_class_is_abstract():
 
 @pytest.mark.parametrize(
     "spec",
-    ["0.5", "linear:0.2->1@5-50%", "cosine:1->0.5@10%-60%", "exp:1->0.1", "warmup:0.1->0.5@50", "piecewise:0@0,0.5@585"],
+    ["0.5", "linear:0.2->1@5-50%", "cosine:1->0.5@10%-60%", "exp:1->0.1", "warmup:0.1->0.5@50",
+     "piecewise:0@0,0.5@585"],
 )
 def test_initial_is_the_step_0_value_for_every_run_length(spec):
     # Before training the run length is unknown; the step-0 value must not depend on it, and reading it must not
