@@ -50,7 +50,9 @@ class CEGPPOConfig(GRPOConfig):
             CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
             `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
             or `steps_per_generation=8` with `gradient_accumulation_steps=1` (the authors' 8 optimizer steps per
-            rollout batch), or vLLM importance-sampling correction. The trainer warns otherwise.
+            rollout batch). vLLM importance-sampling correction does not make it off-policy: the old log-probs are
+            then recomputed by the training model on the same weights (ratio 1), and the correction only reweights
+            tokens. The trainer warns when the ratio is 1.
     """
 
     gppo_beta1: float = field(
@@ -93,7 +95,9 @@ class CEGPPOConfig(GRPOConfig):
         metadata={
             "help": "Coefficient of the SFT term on correct rollouts (Klear-Reasoner's 'RL with SFT loss', in every "
             "official CE-GPPO recipe with 0.1): adds coef x the negative log-likelihood of the completions judged "
-            "correct, aggregated like the policy loss (`loss_type`). 0 disables it."
+            "correct, aggregated like the policy loss (`loss_type`; `bnpo`: token-mean) and normalised by the correct "
+            "sequences / tokens of the whole rollout batch, so it does not depend on the micro-batch split. 0 "
+            "disables it."
         },
     )
     sft_reward_threshold: float | None = field(
@@ -106,9 +110,10 @@ class CEGPPOConfig(GRPOConfig):
     dynamic_sampling: bool = field(
         default=False,
         metadata={
-            "help": "Drop prompt groups whose rewards all coincide (zero advantage) from the loss and its normaliser, "
-            "as in DAPO and the CE-GPPO recipes. Groups are not refilled with new generations (the authors' "
-            "`max_num_gen_batches=1`). Training only; evaluation keeps every group."
+            "help": "Drop prompt groups whose TRL advantages are all zero (uninformative) from the loss, its "
+            "normalisers, the metrics, the entropy controller and the entropy bonus, as in DAPO and the CE-GPPO "
+            "recipes. Groups are not refilled with new generations (the authors' `max_num_gen_batches=1`). "
+            "Training only; evaluation keeps every group."
         },
     )
 

@@ -34,8 +34,9 @@ Update rule, once per window of ``update_every`` optimizer steps, given the wind
    (latest nominal). Without it a saturated beta would keep accumulating offset and need as many updates to come
    back; with it the first step in the other direction moves the applied beta off its bound.
 
-So an applied beta moves by at most ``step_size`` per update (for a fixed nominal) and never leaves its bounds; with
-``damping=0`` it does not move at all inside the band.
+A coefficient the mode does not move (``beta2`` under ``mode=beta1``, and vice versa) is the nominal itself: its
+bounds do not apply to it. So an applied beta moves by at most ``step_size`` per update (for a fixed nominal) and a
+moved one never leaves its bounds; with ``damping=0`` it does not move at all inside the band.
 
 Why the damping term: entropy *integrates* the effect of beta (beta sets how fast entropy changes, not its level),
 and the push alone is integral action, so push-only control of an integrating quantity keeps pushing until entropy
@@ -211,12 +212,16 @@ class EntropyController:
     # -- read-only views ------------------------------------------------------------------------------------------
     @property
     def beta1(self) -> float:
-        """Applied beta1: ``clamp(nominal + offset, beta1_min, beta1_max)``."""
+        """Applied beta1: ``clamp(nominal + offset, beta1_min, beta1_max)``; the nominal itself with ``mode=beta2``."""
+        if self.config.mode == "beta2":  # a coefficient the controller does not move passes through untouched
+            return self._nominal[0]
         return _clamp(self._nominal[0] + self._offset[0], self.config.beta1_min, self.config.beta1_max)
 
     @property
     def beta2(self) -> float:
-        """Applied beta2: ``clamp(nominal + offset, beta2_min, beta2_max)``."""
+        """Applied beta2: ``clamp(nominal + offset, beta2_min, beta2_max)``; the nominal itself with ``mode=beta1``."""
+        if self.config.mode == "beta1":
+            return self._nominal[1]
         return _clamp(self._nominal[1] + self._offset[1], self.config.beta2_min, self.config.beta2_max)
 
     @property
@@ -263,7 +268,8 @@ class EntropyController:
             nominal_beta2: the schedule's beta2 at this step.
 
         Returns:
-            ``(clamp(nominal_beta1 + offset1, beta1 bounds), clamp(nominal_beta2 + offset2, beta2 bounds))``.
+            ``(clamp(nominal_beta1 + offset1, beta1 bounds), clamp(nominal_beta2 + offset2, beta2 bounds))``,
+            where a coefficient the mode does not move is returned as its nominal.
         """
         self._nominal = [_check_beta("nominal_beta1", nominal_beta1), _check_beta("nominal_beta2", nominal_beta2)]
         return self.beta1, self.beta2
@@ -312,8 +318,10 @@ class EntropyController:
 
     def _clamp_offsets(self) -> None:
         cfg, (n1, n2) = self.config, self._nominal
-        self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - n1, cfg.beta1_max - n1)
-        self._offset[1] = _clamp(self._offset[1], cfg.beta2_min - n2, cfg.beta2_max - n2)
+        if cfg.mode in ("beta1", "both"):  # the other coefficient's offset stays 0 (its bounds do not apply)
+            self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - n1, cfg.beta1_max - n1)
+        if cfg.mode in ("beta2", "both"):
+            self._offset[1] = _clamp(self._offset[1], cfg.beta2_min - n2, cfg.beta2_max - n2)
 
     # -- checkpointing --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, float | int]:

@@ -181,6 +181,11 @@ class Schedule:
     def _value(self, step: int, total_steps: int) -> float:
         raise NotImplementedError
 
+    @property
+    def initial(self) -> float:
+        """The value at step 0, which no run length changes: the value before the run length is known."""
+        raise NotImplementedError
+
     def spec(self) -> str:
         """The canonical spec string."""
         raise NotImplementedError
@@ -200,6 +205,10 @@ class ConstantSchedule(Schedule):
     kind: ClassVar[str] = "constant"
 
     def _value(self, step: int, total_steps: int) -> float:
+        return self.value
+
+    @property
+    def initial(self) -> float:
         return self.value
 
     def spec(self) -> str:
@@ -235,6 +244,10 @@ class _RampSchedule(Schedule):
         if step >= hi:
             return self.end
         return self._shape(float((step - lo) / (hi - lo)))
+
+    @property
+    def initial(self) -> float:
+        return self.start  # a window starts at step >= 0, so step 0 is never past its start
 
     def spec(self) -> str:
         text = f"{self.kind}:{_format_number(self.start)}->{_format_number(self.end)}"
@@ -291,6 +304,10 @@ class WarmupSchedule(Schedule):
     def _value(self, step: int, total_steps: int) -> float:
         return LinearSchedule(self.start, self.end, _ZERO, self.length)._value(step, total_steps)
 
+    @property
+    def initial(self) -> float:
+        return self.start
+
     def spec(self) -> str:
         return f"warmup:{_format_number(self.start)}->{_format_number(self.end)}@{self.length}"
 
@@ -316,6 +333,10 @@ class PiecewiseSchedule(Schedule):
             )
         # Last boundary <= step; resolved[0] == 0 <= step, so the index is never -1.
         return self.values[bisect.bisect_right(resolved, step) - 1]
+
+    @property
+    def initial(self) -> float:
+        return self.values[0]  # the first boundary is 0
 
     def spec(self) -> str:
         pieces = [f"{_format_number(v)}@{b}" for v, b in zip(self.values, self.boundaries)]

@@ -117,7 +117,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self.entropy_controller = (
             None
             if controller_config is None
-            else EntropyController(controller_config, self.beta1_schedule(0, 1), self.beta2_schedule(0, 1))
+            else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
         # Global [entropy sum, token count, optimizer steps] of the controller's current window; global (reduced
         # every optimizer step) so a checkpoint written by the main process resumes every process exactly.
@@ -132,16 +132,24 @@ class CEGPPOTrainer(GRPOTrainer):
         args = self.args
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return
-        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-        if args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0 and not (
-            vllm_correction
-        ):
+        if args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0:
+            # With vLLM importance-sampling correction TRL also computes `old_per_token_logps`, but with the training
+            # model on the same weights the loss then sees: the ratio is still 1 (up to the numerical difference
+            # between two forward passes). The correction only reweights tokens by pi_train / pi_vllm; it does not
+            # make the ratio move, so the warning applies with or without it.
+            vllm_note = (
+                " vLLM importance-sampling correction does not change this: it reweights tokens by the trainer/vLLM "
+                "probability ratio, while the clipped ratio compares the policy with old log-probs the training "
+                "model recomputes on the same weights."
+                if self.use_vllm and self.vllm_importance_sampling_correction
+                else ""
+            )
             logger.warning(
                 "CE-GPPO is identical to GRPO with this configuration: every optimizer step uses fresh rollouts "
                 f"(gradient_accumulation_steps={args.gradient_accumulation_steps} is a multiple of "
                 f"steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}), so the "
-                "probability ratio is exactly 1, no token is clipped and there is no gradient to preserve. To train "
-                "off-policy as the paper does, take several optimizer steps per rollout batch: set "
+                "probability ratio is 1, no token is clipped and there is no gradient to preserve." + vllm_note + " "
+                "To train off-policy as the paper does, take several optimizer steps per rollout batch: set "
                 "`num_iterations=2` (or more), or `steps_per_generation` to a multiple of "
                 "`gradient_accumulation_steps` greater than it (the authors use 8 optimizer steps per batch).",
                 main_process_only=True,
@@ -153,12 +161,18 @@ class CEGPPOTrainer(GRPOTrainer):
     def current_gppo_betas(self) -> tuple[float, float]:
         """(beta1, beta2) used by the loss at the current optimizer step: the schedules' nominal values, moved by
         the entropy controller when one is configured. Constant within an optimizer step."""
-        step, total = self.state.global_step, max(self.state.max_steps, 1)
-        if total != self._schedules_checked_for:  # once per run length: a window that is empty for it fails now
-            self.beta1_schedule.check(total)
-            self.beta2_schedule.check(total)
-            self._schedules_checked_for = total
-        beta1, beta2 = self.beta1_schedule(step, total), self.beta2_schedule(step, total)
+        step, total = self.state.global_step, self.state.max_steps
+        if total < 1:
+            # The run length is unknown until `train()` sets it (e.g. evaluate() or a read before training). Every
+            # schedule starts at its step-0 value whatever the length, so that is the value before training; a
+            # percentage window must not be resolved against a made-up length (it could be empty for it).
+            beta1, beta2 = self.beta1_schedule.initial, self.beta2_schedule.initial
+        else:
+            if total != self._schedules_checked_for:  # once per run length: a window that is empty for it fails now
+                self.beta1_schedule.check(total)
+                self.beta2_schedule.check(total)
+                self._schedules_checked_for = total
+            beta1, beta2 = self.beta1_schedule(step, total), self.beta2_schedule(step, total)
         if self.entropy_controller is not None:
             beta1, beta2 = self.entropy_controller.apply(beta1, beta2)
         return float(beta1), float(beta2)
@@ -240,14 +254,17 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # Written before `super()`, which pushes the finished folder to the Hub (hub_strategy "checkpoint" /
+        # "all_checkpoints"): a state file added afterwards would be missing from the pushed copy.
         if self.entropy_controller is not None and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
             state = {"controller": self.entropy_controller.state_dict(), "window": self._controller_window}
             with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
                 json.dump(state, f)
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -275,12 +292,18 @@ class CEGPPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         args = self.args
-        if self.loss_type not in CEGPPO_LOSS_TYPES or not (args.sft_loss_coef > 0 or args.dynamic_sampling):
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return output
+        rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
+        # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
+        # rescaled to one micro-batch in `_aggregate` exactly as TRL rescales `num_items_in_batch` for `dapo`.
+        output["num_sequences_in_batch"] = rewards_per_func.new_tensor(float(rewards_per_func.size(0)))
+        if not (args.sft_loss_coef > 0 or args.dynamic_sampling):
             return output
         mode = "train" if self.model.training else "eval"
-        rewards_per_func = self._last_rewards_per_func
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable, as in TRL
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards[unscorable] = torch.nan  # as in TRL
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         local = output["completion_mask"].size(0)
         process_slice = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
@@ -291,13 +314,19 @@ class CEGPPOTrainer(GRPOTrainer):
 
         keep = None
         if args.dynamic_sampling and mode == "train":
-            keep = informative_groups(rewards, num_generations)
+            # Decided from the advantages TRL computed (whatever `multi_objective_aggregation` / `scale_rewards`):
+            # TRL centres every group, so a group whose scorable completions all get the same advantage has zero
+            # advantage (up to rounding) and no policy gradient. Unscorable completions (advantage forced to 0)
+            # are ignored, as in the baseline.
+            advantages = self.accelerator.gather(output["advantages"])
+            keep = informative_groups(advantages.masked_fill(unscorable, torch.nan), num_generations)
             kept_groups = int(keep.view(-1, num_generations)[:, 0].sum())
             metrics["cegppo/dynamic_sampling/kept_groups"].append(kept_groups)
             metrics["cegppo/dynamic_sampling/dropped_groups"].append(keep.numel() // num_generations - kept_groups)
             output["keep_mask"] = keep[process_slice].float()
             loss_mask = loss_mask * output["keep_mask"].unsqueeze(1)
-            # The token normaliser of `dapo` counts only the kept groups' tokens.
+            # The normalisers count only the kept groups' sequences and tokens.
+            output["num_sequences_in_batch"] = keep.sum().float()
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
 
         if args.sft_loss_coef > 0:
@@ -305,6 +334,7 @@ class CEGPPOTrainer(GRPOTrainer):
             if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
                 correct = correct & keep
             metrics["cegppo/sft_frac"].append(correct.float().mean().item())
+            output["num_sft_sequences_in_batch"] = correct.sum().float()
             correct = correct[process_slice].float()
             output["sft_mask"] = correct
             output["num_sft_items_in_batch"] = self.accelerator.gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
@@ -313,30 +343,48 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
-    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences, mode):
-        """TRL's aggregation for `self.loss_type`, shared by the policy loss and the SFT term.
+    def _micro_batch_share(self, mode) -> int:
+        """Micro-batches per rollout batch: the generation batch spans all processes and, in training,
+        `steps_per_generation` micro-batches (TRL's rescaling of `num_items_in_batch` for `dapo`)."""
+        return self.accelerator.num_processes * (self.args.steps_per_generation if mode == "train" else 1)
 
-        Returns the loss scaled for gradient accumulation and its unscaled, detached value. `num_sequences` is the
-        count of sequences averaged over (TRL: the micro-batch size; fewer when dynamic sampling drops groups).
+    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
+        """TRL's aggregation rule `loss_type` (default `self.loss_type`), shared by the policy loss and the SFT term.
+
+        `num_items_in_batch` / `num_sequences_in_batch` count the tokens / sequences that take part in the whole
+        rollout batch (all processes, all micro-batches of the generation batch). Like TRL's `dapo` normaliser,
+        they are rescaled to one micro-batch's share (divided by the number of processes and, in training, by
+        `steps_per_generation`), so the loss of a rollout batch does not depend on how it is split into micro-batches
+        and processes. With nothing dropped the sequence share is exactly the micro-batch size TRL averages `grpo`,
+        `dr_grpo` and `luspo` over. `bnpo` keeps TRL's rule: the tokens of the micro-batch itself.
+
+        Returns:
+            The loss scaled for gradient accumulation, and its unscaled detached value (the same quantity for every
+            loss type: the aggregated per-token values of this micro-batch with the rollout-batch normaliser).
         """
+        loss_type = loss_type or self.loss_type
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-        if self.loss_type == "grpo":
+        share = self._micro_batch_share(mode)
+        if loss_type == "grpo":
+            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
             loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
-        elif self.loss_type == "bnpo":
+        elif loss_type == "bnpo":
             loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        elif self.loss_type == "dr_grpo":
+        elif loss_type == "dr_grpo":
+            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
             loss = (per_token_loss * mask).sum() / (num_sequences * self.max_completion_length)
-        elif self.loss_type == "dapo":
-            # `num_items_in_batch` spans the generation batch, so rescale it to one accumulation window
+        elif loss_type == "dapo":
+            # TRL's expression: `num_items_in_batch` spans the generation batch; rescale it to one accumulation window
             normalizer = num_items_in_batch.clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             loss = (per_token_loss * mask).sum() / normalizer
-            return loss, loss.detach()
-        elif self.loss_type == "luspo":
+            return loss, loss.detach() * accumulation
+        elif loss_type == "luspo":
+            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
             loss = (per_token_loss * mask).sum(-1).sum() / num_sequences
         else:
-            raise ValueError(f"Unknown loss type: {self.loss_type}")
+            raise ValueError(f"Unknown loss type: {loss_type}")
         return loss / accumulation, loss.detach()
 
     def _compute_loss(self, model, inputs):
@@ -371,8 +419,13 @@ class CEGPPOTrainer(GRPOTrainer):
             image_position_ids=inputs.get("image_position_ids"),
         )
 
+        # CE-GPPO: dynamic sampling drops uninformative groups before anything else (as the authors do): they leave
+        # the loss and its normalisers, the entropy mask's quantile, the entropy bonus, the controller and the metrics.
+        keep_mask = inputs.get("keep_mask")
+        kept = mask if keep_mask is None else mask * keep_mask.unsqueeze(1)
+
         if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            entropy_mask = self.get_high_entropy_mask(entropies, kept, 1 - self.top_entropy_quantile)  # CE-GPPO: kept
         else:
             entropy_mask = None
 
@@ -441,30 +494,39 @@ class CEGPPOTrainer(GRPOTrainer):
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
-        # Dynamic sampling: dropped groups leave the loss, its token normaliser and the sequence count.
-        keep_mask = inputs.get("keep_mask")
-        policy_mask = mask if keep_mask is None else mask * keep_mask.unsqueeze(1)
-        num_sequences = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().clamp(min=1.0)
-        loss, policy_loss = self._aggregate(
-            per_token_loss, policy_mask, inputs["num_items_in_batch"], num_sequences, mode
-        )
+        # Rollout-batch counts from `_generate_and_score_completions`. A batch built elsewhere carries none: it is
+        # normalised by its own sequence count (scaled by the share, which `_aggregate` divides out), as TRL does.
+        num_sequences = inputs.get("num_sequences_in_batch")
+        if num_sequences is None:
+            local = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().item()
+            num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
+        loss, policy_value = self._aggregate(per_token_loss, kept, inputs["num_items_in_batch"], num_sequences, mode)
+        policy_loss = loss.detach() if self.loss_type == "dapo" else policy_value  # TRL's `policy_loss` metric
 
-        # The authors' SFT term: NLL of correct completions, aggregated by the same rule as the policy loss.
+        # The authors' SFT term: NLL of correct completions, normalised by the correct sequences / tokens of the
+        # whole rollout batch. Same rule as the policy loss, except under `bnpo`, whose per-micro-batch token count
+        # would give a micro-batch holding one correct completion the weight of a whole batch: there the SFT term
+        # is the rollout batch's token-mean, as under `dapo`.
         if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
             sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
+            num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
+            if num_sft_sequences is None:
+                num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
             sft_loss, sft_value = self._aggregate(
                 -per_token_logps,
                 mask * sft_sequences.unsqueeze(1),
                 inputs["num_sft_items_in_batch"],
-                sft_sequences.sum().clamp(min=1.0),
+                num_sft_sequences,
                 mode,
+                loss_type="dapo" if self.loss_type == "bnpo" else None,
             )
             loss = loss + self.args.sft_loss_coef * sft_loss
+            # Unscaled for every loss type; averaged over micro-batches and processes it is the rollout batch's NLL.
             self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(sft_value).mean().item())
 
         # Entropy bonus, exactly as in TRL (see `GRPOTrainer._compute_loss` for the rationale of each step).
         if self._entropy_bonus_enabled:
-            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            effective_mask = kept if entropy_mask is None else kept * entropy_mask  # CE-GPPO: kept groups only
             accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             entropy_loss = (
                 (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_factor
@@ -507,35 +569,43 @@ class CEGPPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        # Log the metrics
+        # Log the metrics (CE-GPPO: over the kept groups only; `kept` is `mask` without dynamic sampling)
+        kept_rows = torch.ones_like(advantages[:, :1]) if keep_mask is None else keep_mask.unsqueeze(1)
+
         def masked_seq_mean(x):
             if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
-                return x.squeeze(1)
-            return (x * mask).sum(-1) / mask.sum(-1)
+                return x.squeeze(1).masked_fill(kept_rows.squeeze(1) == 0, torch.nan)  # nan: ignored by nanmin
+            return (x * kept).sum(-1) / kept.sum(-1)
 
         def global_masked_mean(x):
             if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
-                local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
+                local_sum, local_count = (x * kept_rows).sum(), kept_rows.sum().float()
             else:
-                local_sum, local_count = (x * mask).sum(), mask.sum().float()
-            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
+                local_sum, local_count = (x * kept).sum(), kept.sum().float()
+            total, count = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum").tolist()
+            return total / count if count > 0 else None  # None: every group of this micro-batch was dropped
+
+        def append(name, value):  # a micro-batch without kept tokens measures nothing; do not log it as 0
+            if value is not None:
+                self._metrics[mode][name].append(value)
 
         if self.beta != 0.0:
-            self._metrics[mode]["kl"].append(global_masked_mean(per_token_kl))
+            append("kl", global_masked_mean(per_token_kl))
 
-        self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
+        append("entropy", global_masked_mean(entropies))
         if self.entropy_controller is not None and mode == "train":
-            self._update_entropy_controller(entropies, mask)
+            self._update_entropy_controller(entropies, kept)
 
         # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved
         # gradient); they and the CE-GPPO metrics share one reduction.
         with torch.no_grad():
-            self._log_clip_metrics(mode, log_importance_weights, advantages, mask, beta1, beta2, masked_seq_mean)
+            self._log_clip_metrics(
+                mode, log_importance_weights, advantages, kept, kept_rows, beta1, beta2, masked_seq_mean
+            )
 
         return loss
 
-    def _log_clip_metrics(self, mode, log_ratio, advantages, mask, beta1, beta2, masked_seq_mean) -> None:
+    def _log_clip_metrics(self, mode, log_ratio, advantages, mask, rows, beta1, beta2, masked_seq_mean) -> None:
         """TRL's `clip_ratio/*` and the `cegppo/` metrics, reduced over all processes with one `reduce` and two
         `gather`s (each costs a host synchronisation); TRL's `log()` then averages them over the logging window."""
         metrics = self._metrics[mode]
@@ -543,7 +613,7 @@ class CEGPPOTrainer(GRPOTrainer):
             log_ratio, advantages, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=self.args.delta
         )
         ratio = torch.exp(log_ratio.float())  # [B, T], or [B, 1] for a sequence-level ratio (every row counts)
-        weight = mask.float() if ratio.shape[1] > 1 else torch.ones_like(ratio)
+        weight = mask.float() if ratio.shape[1] > 1 else rows.float()  # rows: [B, 1], 0 for dropped groups
         # Per-token gradient weight |d loss / d logp|; its share on preserved tokens is what PPO's clip would drop.
         adv = advantages.float().abs()
         preserved = (left * (beta1 * (1 - self.epsilon_low)) + right * (beta2 * (1 + self.epsilon_high))) * adv
@@ -558,15 +628,9 @@ class CEGPPOTrainer(GRPOTrainer):
         extremes = torch.stack([torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()])
         gathered_extremes = self.accelerator.gather(extremes).view(-1, 2).amin(dim=0)
         left_sum, right_sum, dual_sum, ratio_sum, preserved_sum, total_sum, count = totals.tolist()
-        count = max(count, 1.0)
         low_min, high_max = nanmin(gathered_seq[:, 0]).item(), nanmax(gathered_seq[:, 1]).item()
         ratio_min, neg_ratio_max = gathered_extremes.tolist()
 
-        metrics["clip_ratio/low_mean"].append(left_sum / count)
-        metrics["clip_ratio/high_mean"].append(right_sum / count)
-        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
-        metrics["clip_ratio/low_min"].append(low_min)
-        metrics["clip_ratio/high_max"].append(high_max)
         metrics["cegppo/beta1"].append(beta1)
         metrics["cegppo/beta2"].append(beta2)
         if self.entropy_controller is not None:
@@ -575,6 +639,13 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
+        if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
+            return
+        metrics["clip_ratio/low_mean"].append(left_sum / count)
+        metrics["clip_ratio/high_mean"].append(right_sum / count)
+        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
+        metrics["clip_ratio/low_min"].append(low_min)
+        metrics["clip_ratio/high_max"].append(high_max)
         metrics["cegppo/preserved/left_frac"].append(left_sum / count)
         metrics["cegppo/preserved/right_frac"].append(right_sum / count)
         metrics["cegppo/preserved/grad_share"].append(preserved_sum / max(total_sum, 1e-12))

@@ -334,3 +334,26 @@ def test_malformed_controller_spec_names_the_problem_and_lists_accepted_forms(sp
     message = str(info.value)
     assert problem in message and CONTROLLER_SYNTAX in message
     assert "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2" in message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A coefficient the mode does not move passes through untouched (its bounds do not apply)
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nominal_beta2", [0.0, 2.0])  # both outside the default beta2 bounds 0.5-1.5
+def test_mode_beta1_leaves_beta2_at_its_nominal(nominal_beta2):
+    controller = make(mode="beta1", beta1=0.5, beta2=nominal_beta2)
+    assert controller.apply(0.5, nominal_beta2) == (0.5, nominal_beta2)
+    for entropy in (0.1, 0.1, 0.9, 0.9):  # below, then above the band: beta1 moves both ways
+        beta1, beta2 = controller.update(entropy)
+        assert beta2 == nominal_beta2
+        assert controller.apply(0.5, nominal_beta2)[1] == nominal_beta2
+    assert controller.offsets[1] == 0.0
+
+
+@pytest.mark.parametrize("nominal_beta1", [1.5, 3.0])  # outside the default beta1 bounds 0-1
+def test_mode_beta2_leaves_beta1_at_its_nominal(nominal_beta1):
+    controller = make(mode="beta2", beta1=nominal_beta1, beta2=1.0)
+    assert controller.apply(nominal_beta1, 1.0) == (nominal_beta1, 1.0)
+    for entropy in (0.1, 0.9):
+        assert controller.update(entropy)[0] == nominal_beta1
+    assert controller.offsets[0] == 0.0

@@ -3,7 +3,9 @@ card's CE-GPPO content, reloading the saved folder (full model and LoRA adapter)
 
 from __future__ import annotations
 
+import json
 import os
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +30,9 @@ class RecordingHubApi:
     def upload_folder(self, repo_id, folder_path, **kwargs):
         files = {p.relative_to(folder_path).as_posix(): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()}
         self.calls.append(("upload_folder", repo_id, files, kwargs))
+        done = Future()  # checkpoint pushes ask for `run_as_future=True`
+        done.set_result(None)
+        return done
 
 
 @pytest.fixture
@@ -58,6 +63,24 @@ def test_push_to_hub_uploads_model_and_cegppo_card(make_trainer, hub):
     assert "| `beta2` | `constant:1` |" in card
     assert "| `delta` | `10.0` |" in card
     assert card.index("## CE-GPPO settings") < card.index("## Citations")
+
+
+def test_pushed_checkpoint_holds_the_controller_state(make_trainer, hub):
+    # hub_strategy="checkpoint" uploads each checkpoint folder as it is written; resuming from that copy needs the
+    # controller state inside it.
+    trainer = make_trainer(
+        num_iterations=2, max_steps=2, entropy_controller="band=1-2,step=0.1", save_strategy="steps", save_steps=1,
+        push_to_hub=True, hub_model_id="me/tiny-cegppo", hub_strategy="checkpoint",
+    )  # fmt: skip
+    trainer.train()
+    uploads = [c for c in hub.calls if c[0] == "upload_folder"]
+    checkpoint_pushes = [c for c in uploads if c[3].get("path_in_repo") == "last-checkpoint"]
+    assert len(checkpoint_pushes) == 2
+    for _, _, files, _ in checkpoint_pushes:
+        assert "trainer_state.json" in files
+        assert "cegppo_state.json" in files, sorted(files)
+    pushed = json.loads(checkpoint_pushes[-1][2]["cegppo_state.json"])
+    assert pushed["controller"] == trainer.entropy_controller.state_dict()
 
 
 def test_saved_model_reloads_for_generation(make_trainer, tmp_path, tokenizer):

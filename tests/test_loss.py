@@ -52,7 +52,10 @@ def reference_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, bet
     loss = torch.where(right, -beta2 * (1 + epsilon_high) * advantages * unit, loss)
     if delta is not None:
         loss = torch.where((advantages < 0) & (ratio > delta), (-delta * advantages).expand_as(loss), loss)
-    return torch.where(advantages == 0, torch.zeros_like(loss), loss)
+    # No case for A == 0: such a token is in no clipped region (those need A < 0 or A > 0), so the table gives it
+    # -r * A, whose value and gradient are 0 for every finite r. (An overflowing r is the kernel's concern, checked
+    # by hand in test_zero_advantage_gives_exact_zero_even_when_the_ratio_overflows.)
+    return loss
 
 
 def random_inputs(batch=16, length=32, dtype=torch.float64, seed=0, spread=0.6):

@@ -39,34 +39,72 @@ def test_group_size_mismatch_raises():
         informative_groups(torch.zeros(6), 4)
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-def test_sft_term_adds_coef_times_nll_of_correct_completions(make_trainer, loss_type):
-    trainer = make_trainer(loss_type=loss_type, sft_loss_coef=0.1)
-    inputs = make_offpolicy_batch(trainer, seed=7)
-    sft_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
-    inputs["sft_mask"] = sft_mask
-    cmask = inputs["completion_mask"]
-    inputs["num_sft_items_in_batch"] = (cmask * sft_mask[:, None]).sum()
-    loss, grads = loss_and_grads(trainer, inputs)
-
-    model = trainer.model
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    att = torch.cat([inputs["prompt_mask"], cmask], 1)
-    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, 7)
-    per_token, _, _ = reference_per_token_loss(logp, inputs["old_per_token_logps"], inputs["advantages"], 0.5, 1.0)
-    sft_tokens = cmask * sft_mask[:, None]
-    if loss_type == "dapo":  # token-means over the batch
+def rollout_batch_expected(loss_type, per_token, nll, cmask, sft, max_len):
+    """Policy loss and SFT NLL of a whole rollout batch, written from each rule's definition (TRL's docs for the
+    policy term; the SFT term uses the same rule over the correct completions, and a batch token-mean for bnpo)."""
+    tokens = cmask.sum(-1)
+    sft_tokens = cmask * sft[:, None]
+    if loss_type == "grpo":  # mean over sequences of each sequence's token-mean
+        policy = ((per_token * cmask).sum(-1) / tokens).mean()
+        sft_nll = ((nll * sft_tokens).sum(-1) / tokens)[sft.bool()].mean()
+    elif loss_type == "dr_grpo":  # token sum / (sequences x max_completion_length)
+        policy = (per_token * cmask).sum() / (cmask.size(0) * max_len)
+        sft_nll = (nll * sft_tokens).sum() / (sft.sum() * max_len)
+    elif loss_type == "luspo":  # mean over sequences of each sequence's token sum
+        policy = (per_token * cmask).sum(-1).mean()
+        sft_nll = (nll * sft_tokens).sum(-1)[sft.bool()].mean()
+    elif loss_type == "dapo":  # token-mean over the batch
         policy = (per_token * cmask).sum() / cmask.sum()
-        nll = (-logp * sft_tokens).sum() / sft_tokens.sum()
-    else:  # sequence-mean, then mean over the (correct) sequences
-        policy = ((per_token * cmask).sum(-1) / cmask.sum(-1)).mean()
-        nll = ((-logp * sft_tokens).sum(-1) / cmask.sum(-1)).sum() / sft_mask.sum()
-    expected = policy + 0.1 * nll
-    expected_grads = torch.autograd.grad(expected, list(model.parameters()))
-    torch.testing.assert_close(loss, expected.detach())
+        sft_nll = (nll * sft_tokens).sum() / sft_tokens.sum()
+    else:  # bnpo, TRL's rule: token-mean of each micro-batch (rows 0-2, 3-5), averaged over the two
+        policy = sum((per_token[i : i + 3] * cmask[i : i + 3]).sum() / cmask[i : i + 3].sum() for i in (0, 3)) / 2
+        sft_nll = (nll * sft_tokens).sum() / sft_tokens.sum()
+    return policy, sft_nll
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "luspo", "dapo", "bnpo"])
+def test_sft_term_over_several_micro_batches_is_the_rollout_batch_nll(make_trainer, loss_type):
+    # One rollout batch of 6 completions in 2 micro-batches of 3 (one optimizer step): the first micro-batch holds
+    # one correct completion, the second two. The accumulated loss must be the rollout batch's, derived by hand.
+    trainer = make_trainer(
+        loss_type=loss_type, sft_loss_coef=0.1, per_device_train_batch_size=3, gradient_accumulation_steps=2,
+        num_generations=3,
+    )  # fmt: skip
+    assert trainer.args.steps_per_generation == 2
+    trainer.model.double()  # float64: micro-batch and whole-batch gradients then agree far below the tolerance
+    batch = make_offpolicy_batch(trainer, seed=7)
+    cmask = batch["completion_mask"]
+    sft = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    counts = {  # what `_generate_and_score_completions` attaches: counts over the whole rollout batch
+        "num_items_in_batch": cmask.sum(),
+        "num_sequences_in_batch": torch.tensor(6.0),
+        "num_sft_items_in_batch": (cmask * sft[:, None]).sum(),
+        "num_sft_sequences_in_batch": sft.sum(),
+    }
+    model = trainer.model
+    model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    loss = 0.0
+    for rows in (slice(0, 3), slice(3, 6)):
+        micro = {k: v[rows] for k, v in batch.items() if v.dim() > 0}
+        loss = loss + trainer._compute_loss(model, {**micro, **counts, "sft_mask": sft[rows]})
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, params)
+
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], cmask], 1)
+    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, 7)
+    per_token, _, _ = reference_per_token_loss(logp, batch["old_per_token_logps"], batch["advantages"], 0.5, 1.0)
+    policy, sft_nll = rollout_batch_expected(loss_type, per_token, -logp, cmask, sft, trainer.max_completion_length)
+    expected = policy + 0.1 * sft_nll
+    expected_grads = torch.autograd.grad(expected, params)
+    torch.testing.assert_close(loss.detach(), expected.detach())
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    assert trainer._metrics["train"]["cegppo/sft_loss"][-1] == pytest.approx(nll.item(), rel=1e-5)
+    # The logged NLL, averaged over the step's micro-batches as TRL's log() does, is the rollout batch's NLL,
+    # unscaled by gradient accumulation for every loss type.
+    logged = trainer._metrics["train"]["cegppo/sft_loss"][-2:]
+    assert sum(logged) / 2 == pytest.approx(sft_nll.item(), rel=1e-5)
 
 
 def test_dynamic_sampling_excludes_dropped_groups_from_loss_and_normaliser(make_trainer):
@@ -109,6 +147,64 @@ def test_generation_marks_constant_groups_and_correct_completions(make_trainer):
     assert metrics["cegppo/dynamic_sampling/kept_groups"][-1] == 2
     assert metrics["cegppo/dynamic_sampling/dropped_groups"][-1] == 2
     assert metrics["cegppo/sft_frac"][-1] == pytest.approx(2 / 16)
+
+
+def test_dynamic_sampling_decides_from_trl_advantages_not_the_raw_reward_sum(make_trainer):
+    # normalize_then_sum with weights [1, 2]: in the "1+1=" group the weighted raw sum is 1.0 for every completion,
+    # but TRL normalises each function inside the group first, so the advantages are not zero: the group is kept.
+    # The "0+0=" group is constant in both functions: zero advantages, dropped.
+    def f1(prompts, completions, **kwargs):
+        return [(1.0, 0.0, 0.0, 1.0)[i % 4] if p.startswith("1") else 0.5 for i, p in enumerate(prompts)]
+
+    def f2(prompts, completions, **kwargs):
+        return [(0.0, 0.5, 0.5, 0.0)[i % 4] if p.startswith("1") else 0.5 for i, p in enumerate(prompts)]
+
+    trainer = make_trainer(
+        reward_funcs=[f1, f2], reward_weights=[1.0, 2.0], multi_objective_aggregation="normalize_then_sum",
+        dynamic_sampling=True,
+    )  # fmt: skip
+    trainer.model.train()
+    out = trainer._generate_and_score_completions([{"prompt": p} for p in ("1+1=", "0+0=") for _ in range(4)])
+    assert out["advantages"][:4].abs().min() > 0.5  # TRL's advantages: the first group is informative
+    assert out["advantages"][4:].abs().max() < 1e-6
+    assert out["keep_mask"].tolist() == [1.0] * 4 + [0.0] * 4
+    assert out["num_sequences_in_batch"].item() == 4
+
+
+def test_dropped_groups_leave_the_metrics_controller_and_entropy_bonus(make_trainer):
+    # Rows 0 and 3 (advantages 1.0 and -0.7, both with clipped tokens) are dropped: every metric, the
+    # controller's input and the entropy bonus must be those of the kept rows, computed here from the batch.
+    trainer = make_trainer(
+        dynamic_sampling=True, delta=1.3, entropy_coef=0.01, entropy_controller="band=0-10,damping=0"
+    )
+    batch = make_offpolicy_batch(trainer, seed=1)
+    keep = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    cmask = batch["completion_mask"]
+    kept = cmask * keep[:, None]
+    batch.update(keep_mask=keep, num_items_in_batch=kept.sum(), num_sequences_in_batch=keep.sum())
+    loss, _ = loss_and_grads(trainer, batch)
+
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], cmask], 1)
+    with torch.no_grad():
+        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, att, 7, compute_entropy=True
+        )
+    entropy = ((entropies * kept).sum() / kept.sum()).item()
+    entropy_all = ((entropies * cmask).sum() / cmask.sum()).item()
+    assert abs(entropy - entropy_all) > 2e-5, "the dropped rows must matter for this check (rel. tolerance 1e-6)"
+    metrics = trainer._metrics["train"]
+    assert metrics["entropy"][-1] == pytest.approx(entropy, rel=1e-6)
+    assert trainer.entropy_controller.last_entropy == pytest.approx(entropy, rel=1e-6)
+    ratio = torch.exp(logp - batch["old_per_token_logps"])
+    left = (batch["advantages"][:, None] < 0) & (ratio < 0.8)
+    assert (left * cmask * (1 - keep[:, None])).sum() > 0, "a dropped row has left-clipped tokens"
+    assert metrics["clip_ratio/low_mean"][-1] == pytest.approx(((left * kept).sum() / kept.sum()).item())
+    assert metrics["cegppo/ratio/max"][-1] == pytest.approx(ratio[kept.bool()].max().item())
+    # Entropy bonus: loss - bonus, the bonus on the kept tokens only.
+    trainer.entropy_coef = 0.0
+    loss_without_bonus, _ = loss_and_grads(trainer, batch)
+    assert (loss - loss_without_bonus).item() == pytest.approx(-0.01 * entropy, rel=1e-5)
 
 
 def test_training_with_the_full_authors_recipe_logs_its_terms(make_trainer):

@@ -284,3 +284,16 @@ def test_malformed_non_string_spec_raises_value_error(spec):
 def test_base_class_is_abstract():
     with pytest.raises(NotImplementedError):
         Schedule()(0, 1)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["0.5", "linear:0.2->1@5-50%", "cosine:1->0.5@10%-60%", "exp:1->0.1", "warmup:0.1->0.5@50",
+     "piecewise:0@0,0.5@585"],
+)
+def test_initial_is_the_step_0_value_for_every_run_length(spec):
+    # Before training the run length is unknown; the step-0 value must not depend on it, and reading it must not
+    # resolve a window against a made-up length ('5-50%' is empty for a run of 1 to 10 steps).
+    schedule = parse_schedule(spec)
+    for total in (20, 1000, 12345):
+        assert schedule.initial == schedule(0, total)

@@ -212,13 +212,58 @@ def test_training_steps_change_parameters_and_log_metrics(make_trainer):
         for k in ("left_frac", "right_frac", "grad_share"):
             assert 0.0 <= h[f"cegppo/preserved/{k}"] <= 1.0
         assert 0 < h["cegppo/ratio/min"] <= h["cegppo/ratio/mean"] <= h["cegppo/ratio/max"]
-        assert h["cegppo/preserved/left_frac"] == h["clip_ratio/low_mean"]
     # num_iterations = 2: the first pass over each batch is on-policy (r == 1), the second is not.
     assert logs[0]["cegppo/ratio/min"] == logs[0]["cegppo/ratio/max"] == 1.0
     assert logs[0]["cegppo/preserved/grad_share"] == 0.0
     second_passes = logs[1::2]
     assert any(h["cegppo/ratio/max"] > 1.0 for h in second_passes)
     assert any(h["cegppo/preserved/left_frac"] + h["cegppo/preserved/right_frac"] > 0 for h in second_passes)
+
+
+@pytest.mark.parametrize("keep", [None, [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]])
+def test_clip_and_cegppo_metrics_equal_values_computed_from_the_batch(make_trainer, keep):
+    # Every metric written out from its definition on the batch (masked tokens and dropped groups excluded); the
+    # gradient share uses autograd on the reference loss, not the library's region weights.
+    trainer = make_trainer(gppo_beta1=0.5, gppo_beta2=1.0, delta=1.3, dynamic_sampling=keep is not None)
+    batch = make_offpolicy_batch(trainer, seed=1)
+    cmask = batch["completion_mask"]
+    rows = torch.ones(6) if keep is None else torch.tensor(keep)
+    if keep is not None:
+        kept_tokens = (cmask * rows[:, None]).sum()
+        batch.update(keep_mask=rows, num_items_in_batch=kept_tokens, num_sequences_in_batch=rows.sum())
+    loss_and_grads(trainer, batch)
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], cmask], 1)
+    logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, 7)
+    logp = logp.detach().requires_grad_()
+    old, adv = batch["old_per_token_logps"], batch["advantages"]
+    per_token, left, right = reference_per_token_loss(logp, old, adv, 0.5, 1.0, delta=1.3)
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)  # each token's loss depends on its own log-prob only
+    ratio = torch.exp(logp.detach() - batch["old_per_token_logps"])
+    dual = (batch["advantages"][:, None] < 0) & (ratio > 1.3)
+    valid = (cmask * rows[:, None]).bool()
+    n = valid.sum().item()
+    assert (left & valid).any() and (right & valid).any() and (dual & valid).any()
+    per_seq_left = [(left[i] & valid[i]).sum().item() / valid[i].sum().item() for i in range(6) if rows[i]]
+    per_seq_right = [(right[i] & valid[i]).sum().item() / valid[i].sum().item() for i in range(6) if rows[i]]
+    expected = {
+        "clip_ratio/low_mean": (left & valid).sum().item() / n,
+        "clip_ratio/high_mean": (right & valid).sum().item() / n,
+        "clip_ratio/region_mean": ((left | right) & valid).sum().item() / n,
+        "clip_ratio/low_min": min(per_seq_left),
+        "clip_ratio/high_max": max(per_seq_right),
+        "cegppo/preserved/left_frac": (left & valid).sum().item() / n,
+        "cegppo/preserved/right_frac": (right & valid).sum().item() / n,
+        "cegppo/preserved/grad_share": (grad.abs()[(left | right) & valid].sum() / grad.abs()[valid].sum()).item(),
+        "cegppo/dual_clip_frac": (dual & valid).sum().item() / n,
+        "cegppo/ratio/min": ratio[valid].min().item(),
+        "cegppo/ratio/mean": ratio[valid].mean().item(),
+        "cegppo/ratio/max": ratio[valid].max().item(),
+    }
+    for name, value in expected.items():
+        assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name
 
 
 def test_lora_training_updates_only_adapters(make_trainer):
@@ -253,6 +298,19 @@ def test_on_policy_configuration_warns_once(make_trainer, caplog):
     with caplog.at_level(logging.WARNING):
         make_trainer(num_iterations=2)
     assert not [r for r in caplog.records if "identical to GRPO" in r.getMessage()]
+
+
+def test_on_policy_warning_also_applies_with_vllm_importance_sampling_correction(make_trainer, caplog):
+    # With vLLM IS correction TRL recomputes the old log-probs with the training model on the same weights, so the
+    # ratio is still 1: the configuration is still plain GRPO, and the warning says why the correction is no help.
+    trainer = make_trainer()
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the check only; no vLLM needed
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        trainer._warn_if_on_policy()
+    messages = [r.getMessage() for r in caplog.records if "identical to GRPO" in r.getMessage()]
+    assert len(messages) == 1
+    assert "importance-sampling correction does not change this" in messages[0]
 
 
 def test_rejects_plain_grpo_config(make_trainer):

@@ -60,6 +60,55 @@ def test_logged_betas_replay_the_controller_rule_on_the_logged_entropy(make_trai
         replay.update(h["entropy"])
 
 
+def documented_controller_rule(entropies, *, low, high, step, damping, ema, beta1, beta2, bounds1, bounds2):
+    """The update rule of the `cegppo_trl.controller` docstring (mode both, bang-bang push), written out from the
+    docs without the library: the applied (beta1, beta2) before each update, for constant nominal betas."""
+    clamp = lambda x, lo, hi: min(max(x, lo), hi)  # noqa: E731
+    applied, offset1, offset2, h = [], 0.0, 0.0, None
+    for entropy in entropies:
+        applied.append((clamp(beta1 + offset1, *bounds1), clamp(beta2 + offset2, *bounds2)))
+        previous = entropy if h is None else h
+        h = entropy if h is None else ema * h + (1 - ema) * entropy  # 1. smoothing
+        distance = low - h if h < low else high - h if h > high else 0.0  # 2. signed distance to the band
+        push = (step if distance > 0 else -step) if distance else 0.0  # 3. bang-bang push
+        u = clamp(push - damping * (h - previous), -step, step)  # 4.-5. damping, bounded step
+        if u:  # 6. anti-windup clamp before and after the step
+            offset1 = clamp(offset1, bounds1[0] - beta1, bounds1[1] - beta1) - u
+            offset2 = clamp(offset2, bounds2[0] - beta2, bounds2[1] - beta2) + u
+            offset1 = clamp(offset1, bounds1[0] - beta1, bounds1[1] - beta1)
+            offset2 = clamp(offset2, bounds2[0] - beta2, bounds2[1] - beta2)
+    return applied
+
+
+def test_logged_betas_follow_the_documented_rule_written_out_independently(make_trainer):
+    # The entropy of the tiny random model (~4.6) is above this band and changes between steps, so both the push
+    # and the damping term act; ema=0.5 smooths; beta1 reaches its upper bound on the way.
+    trainer = make_trainer(
+        num_iterations=2, max_steps=5, entropy_controller="band=1-2,step=0.2,damping=2,ema=0.5,beta1=0-0.9",
+    )  # fmt: skip
+    trainer.train()
+    logs = _step_logs(trainer)
+    expected = documented_controller_rule(
+        [h["entropy"] for h in logs], low=1.0, high=2.0, step=0.2, damping=2.0, ema=0.5, beta1=0.5, beta2=1.0,
+        bounds1=(0.0, 0.9), bounds2=(0.5, 1.5),
+    )  # fmt: skip
+    assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [pytest.approx(b, abs=1e-6) for b in expected]
+    assert expected[-1][0] == 0.9  # the bound was reached
+
+
+def test_step_and_percent_window_resolves_against_the_real_run_length(make_trainer):
+    # 'linear:0->1@5-50%' is empty for a 1-step run (step 5 .. 0.5) but valid for 14 steps (steps 5 .. 7). Before
+    # training the run length is unknown: construction with a controller and a read of the betas give the step-0
+    # value instead of resolving the window against a made-up length.
+    trainer = make_trainer(
+        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-50%",
+        entropy_controller="band=0-10,damping=0",
+    )  # fmt: skip
+    assert trainer.current_gppo_betas() == (0.0, 1.0)
+    trainer.train()
+    assert [h["cegppo/beta1"] for h in _step_logs(trainer)] == pytest.approx([0.0] * 6 + [0.5] + [1.0] * 7)
+
+
 def test_controller_composes_with_a_schedule_as_an_offset(make_trainer):
     # beta1's nominal switches 0 -> 0.5 at step 2; the controller's offset (+0.1 per update, entropy above band)
     # rides on top of it.

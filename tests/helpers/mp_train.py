@@ -1,8 +1,10 @@
-"""Train a tiny CE-GPPO model for two optimizer steps and dump parameters and logs.
+"""Train a tiny CE-GPPO model for two optimizer steps and dump parameters and logs, once per loss type.
 
 Run once as a single process and once under `torchrun --nproc_per_node 2` (gloo, CPU): both see the same global
 batch, because completions come from a deterministic `rollout_func` keyed on the global position of each sample.
-Used by tests/test_multiprocess.py.
+`dapo` normalises by the rollout batch's token count; `grpo` by its sequence count. With 2 processes the constant
+group (dropped by dynamic sampling) sits on one process and the informative one on the other, so a per-process count
+would weigh them differently from one process. Used by tests/test_multiprocess.py.
 """
 
 from __future__ import annotations
@@ -20,10 +22,20 @@ from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
 GLOBAL_BATCH = 8
 NUM_GENERATIONS = 4
 COMPLETION_LEN = 6
+LOSS_TYPES = ("dapo", "grpo")
 
 
 def main(out_dir: str) -> None:
     torch.set_num_threads(1)
+    for loss_type in LOSS_TYPES:
+        train(out_dir, loss_type)
+    # Tear the gloo group down before interpreter exit: left to atexit, one rank can abort with "terminate called
+    # without an active exception" while the other still holds the connection.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def train(out_dir: str, loss_type: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, seed=0)
@@ -46,7 +58,8 @@ def main(out_dir: str) -> None:
 
     dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * 4})
     args = CEGPPOConfig(
-        output_dir=out_dir,
+        output_dir=os.path.join(out_dir, loss_type),
+        loss_type=loss_type,
         use_cpu=True,
         report_to="none",
         save_strategy="no",
@@ -70,14 +83,10 @@ def main(out_dir: str) -> None:
     trainer.train()
     if trainer.accelerator.is_main_process:
         state = {k: v.detach().cpu() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
-        torch.save(state, os.path.join(out_dir, "params.pt"))
-        with open(os.path.join(out_dir, "log_history.json"), "w") as f:
+        torch.save(state, os.path.join(out_dir, f"params_{loss_type}.pt"))
+        with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
     trainer.accelerator.wait_for_everyone()
-    # Tear the gloo group down before interpreter exit: left to atexit, one rank can abort with "terminate called
-    # without an active exception" while the other still holds the connection.
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
