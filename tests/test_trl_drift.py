@@ -70,8 +70,8 @@ def unfenced_changes(theirs: str, ours: str) -> list[str]:
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
-        if j2 > j1:  # lines the copy adds or replaces
-            ok = all(fenced[j1:j2])
+        if j2 > j1:  # lines the copy adds or replaces (a blank line around a fence changes nothing)
+            ok = all(fenced[j] or not b[j].strip() for j in range(j1, j2))
         else:  # lines the copy drops: the gap must sit inside a fence
             ok = 0 < j1 < len(b) and fenced[j1 - 1] and fenced[j1]
         if not ok:
