@@ -14,7 +14,7 @@ import sys
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
 
     parser = argparse.ArgumentParser(
         prog="cegppo",
@@ -35,11 +35,19 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _list_rewards() -> None:
-    from .rewards import REWARD_FUNCS
+    import shutil
+    import textwrap
 
+    from .rewards import REWARD_FUNCS, describe_reward
+
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    name_width = max(map(len, REWARD_FUNCS)) + 2
+    print("Reward functions for --reward_funcs (or a dotted path to your own):\n")
     for name, func in REWARD_FUNCS.items():
-        doc = (type(func).__doc__ if not hasattr(func, "__code__") else func.__doc__) or ""
-        print(f"{name:16s} {' '.join(doc.split())[:100]}")
+        lines = textwrap.wrap(describe_reward(func), width=width - name_width, break_long_words=False)
+        print(f"{name:<{name_width}}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * name_width + line)
 
 
 def main(argv: list[str] | None = None) -> int:
