@@ -33,4 +33,4 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "cegppo_per_token_loss", "cegppo_regions", "__version__"]
+__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_per_token_loss", "cegppo_regions"]

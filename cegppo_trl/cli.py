@@ -20,7 +20,9 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="cegppo",
         description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
         epilog="Multi-GPU: accelerate launch --config_file accelerate_configs/multi_gpu.yaml -m cegppo_trl.cli "
-        "train --config RECIPE.yaml. See docs/usage.md.",
+        "train --config RECIPE.yaml. CPU only: add --use_cpu true --bf16 false (or start from "
+        "examples/recipes/cpu_smoke.yaml); two CPU processes: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 "
+        "examples/cegppo.py ... See docs/usage.md.",
     )
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
-        from .scripts import main as train, parse_args
+        from .scripts import main as train
+        from .scripts import parse_args
 
         train(*parse_args(argv[1:], prog="cegppo train"))
     elif args.command == "rewards":

@@ -133,7 +133,8 @@ class CEGPPOConfig(GRPOConfig):
                 f"`beta` (TRL's KL coefficient) must be a finite number >= 0, got {self.beta!r}: a negative value "
                 "rewards moving away from the reference model. Use `beta=0.0` for no KL term (the authors' setting)."
             )
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
+        temperature = self.temperature
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise ValueError(
                 f"`temperature` must be a finite number > 0, got {self.temperature!r}: the rollouts are sampled and "
                 "the log-probabilities are divided by it. The authors use `temperature=1.0`."

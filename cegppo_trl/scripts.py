@@ -233,7 +233,8 @@ def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dat
         else:
             dataset = dataset.select(range(min(script_args.max_train_samples, len(dataset))))
     if not isinstance(dataset, IterableDataset) and len(dataset) == 0:
-        after = "" if script_args.max_train_samples is None else f" after `max_train_samples={script_args.max_train_samples}`"
+        limit = script_args.max_train_samples
+        after = "" if limit is None else f" after `max_train_samples={limit}`"
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows{after}): nothing to train on.")
     prompt_col, solution_col = script_args.prompt_column, script_args.solution_column
     columns = dataset.column_names  # None for some streaming datasets: then the checks are skipped
@@ -429,8 +430,8 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
     if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "last")):
         if last is None:
             raise ValueError(
-                f"`resume_from_checkpoint={value}` resumes the latest checkpoint in `output_dir`, but {output_dir} has "
-                "no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
+                f"`resume_from_checkpoint={value}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
+                "has no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
             )
         return last
     if value is None and last is not None and not overwrite_output_dir:
