@@ -29,9 +29,9 @@ def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_train
         calls.append(len(completions))
         return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
 
-    trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=3, max_unscorable_batches=2)
-    trainer.train()  # one unscorable batch, then scorable ones: the count resets
-    assert trainer.state.global_step == 3
+    trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2, max_unscorable_batches=2)
+    trainer.train()  # one unscorable batch, then a scorable one: no stop
+    assert trainer.state.global_step == 2
 
     trainer = make_trainer(reward_funcs=no_reward, max_steps=3, max_unscorable_batches=2)
     with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
@@ -43,5 +43,5 @@ def test_partially_scorable_batches_and_max_unscorable_batches_0_keep_training(m
     def half(completions, **kwargs):
         return [None if i % 2 else float(c.count("1")) for i, c in enumerate(completions)]
 
-    assert make_trainer(reward_funcs=half, max_steps=2).train() is not None
-    assert make_trainer(reward_funcs=no_reward, max_steps=2, max_unscorable_batches=0).train() is not None
+    assert make_trainer(reward_funcs=half, max_steps=1).train().global_step == 1
+    assert make_trainer(reward_funcs=no_reward, max_steps=1, max_unscorable_batches=0).train().global_step == 1
