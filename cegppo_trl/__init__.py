@@ -1,9 +1,36 @@
 """CE-GPPO for TRL: gradient-preserving clipping policy optimization (Su et al., ACL 2026, arXiv:2509.20712)."""
 
-from .config import CEGPPOConfig
-from .loss import cegppo_per_token_loss, cegppo_regions
-from .trainer import CEGPPOTrainer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "cegppo_per_token_loss", "cegppo_regions", "__version__"]
+# Imported on first use: `cegppo --help` and `cegppo rewards` must not pay for importing TRL and torch (~10 s).
+_LAZY = {
+    "CEGPPOConfig": ".config",
+    "CEGPPOTrainer": ".trainer",
+    "cegppo_per_token_loss": ".loss",
+    "cegppo_regions": ".loss",
+}
+
+if TYPE_CHECKING:
+    from .config import CEGPPOConfig
+    from .loss import cegppo_per_token_loss, cegppo_regions
+    from .trainer import CEGPPOTrainer
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_per_token_loss", "cegppo_regions"]

@@ -14,13 +14,15 @@ import sys
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
 
     parser = argparse.ArgumentParser(
         prog="cegppo",
         description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
         epilog="Multi-GPU: accelerate launch --config_file accelerate_configs/multi_gpu.yaml -m cegppo_trl.cli "
-        "train --config RECIPE.yaml. See docs/usage.md.",
+        "train --config RECIPE.yaml. CPU only: add --use_cpu true --bf16 false (or start from "
+        "examples/recipes/cpu_smoke.yaml); two CPU processes: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 "
+        "examples/cegppo.py ... See docs/usage.md.",
     )
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -35,11 +37,19 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _list_rewards() -> None:
-    from .rewards import REWARD_FUNCS
+    import shutil
+    import textwrap
 
+    from .rewards import REWARD_FUNCS, describe_reward
+
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    name_width = max(map(len, REWARD_FUNCS)) + 2
+    print("Reward functions for --reward_funcs (or a dotted path to your own):\n")
     for name, func in REWARD_FUNCS.items():
-        doc = (type(func).__doc__ if not hasattr(func, "__code__") else func.__doc__) or ""
-        print(f"{name:16s} {' '.join(doc.split())[:100]}")
+        lines = textwrap.wrap(describe_reward(func), width=width - name_width, break_long_words=False)
+        print(f"{name:<{name_width}}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * name_width + line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
-        from .scripts import main as train, parse_args
+        from .scripts import main as train
+        from .scripts import parse_args
 
         train(*parse_args(argv[1:], prog="cegppo train"))
     elif args.command == "rewards":

@@ -117,9 +117,48 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
+    max_unscorable_batches: int = field(
+        default=1,
+        metadata={
+            "help": "Stop with an error after this many consecutive rollout batches in which no completion got a "
+            "reward (every reward function returned None or NaN): such batches have zero loss and gradient, so the "
+            "run would end with an unchanged model. 0 never stops."
+        },
+    )
+
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
+        self._validate_inherited()
         super().__post_init__()
+
+    def _validate_inherited(self) -> None:
+        """GRPOConfig fields whose bad values TRL accepts but that silently corrupt a CE-GPPO run."""
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(
+                f"`beta` (TRL's KL coefficient) must be a finite number >= 0, got {self.beta!r}: a negative value "
+                "rewards moving away from the reference model. Use `beta=0.0` for no KL term (the authors' setting)."
+            )
+        temperature = self.temperature
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+            raise ValueError(
+                f"`temperature` must be a finite number > 0, got {self.temperature!r}: the rollouts are sampled and "
+                "the log-probabilities are divided by it. The authors use `temperature=1.0`."
+            )
+        # `num_generations < 2` is refused by GRPOConfig itself.
+        if self.num_iterations < 1:
+            raise ValueError(
+                f"`num_iterations` must be >= 1, got {self.num_iterations}: it is the number of passes over each "
+                "rollout batch. Use 1, or 2+ for off-policy steps where CE-GPPO differs from GRPO."
+            )
+        if self.steps_per_generation is not None and self.steps_per_generation < 1:
+            raise ValueError(
+                f"`steps_per_generation` must be >= 1 or None (= `gradient_accumulation_steps`), got "
+                f"{self.steps_per_generation}."
+            )
+        if self.max_unscorable_batches < 0:
+            raise ValueError(
+                f"`max_unscorable_batches` must be >= 0 (0 never stops), got {self.max_unscorable_batches}."
+            )
 
     def _validate_cegppo(self) -> None:
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)

@@ -293,6 +293,29 @@ REWARD_FUNCS: dict[str, Callable] = {
 }
 
 
+def _score(value: float) -> str:
+    return f"{value:+g}" if value < 0 else f"{value:g}"
+
+
+def describe_reward(func: Callable) -> str:
+    """One line for `cegppo rewards`: what the reward checks and its score convention (+1/-1 or 1/0)."""
+    if isinstance(func, (MathVerifyReward, GSM8KReward)):
+        what = (
+            "math-verify equivalence of the last \\boxed{} answer with `solution`"
+            if isinstance(func, MathVerifyReward)
+            else "exact match of the final number with `solution` (GSM8K's `#### 72` or a bare number)"
+        )
+        correct = f"+{func.correct:g}" if func.incorrect < 0 else f"{func.correct:g}"
+        return f"{what}. Scores {correct} correct, {_score(func.incorrect)} otherwise."
+    if func is format_reward:
+        return (
+            "a non-empty closed \\boxed{} answer after a well-formed <think> block (or none). Scores 1 if so, 0 "
+            "otherwise; reads no reference."
+        )
+    doc = (func.__doc__ if hasattr(func, "__code__") else type(func).__doc__) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def get_reward_func(name: str) -> Callable:
     """A reward function by registry name, or by dotted import path (`my_pkg.rewards.my_reward`, resolved from the
     current directory too, like TRL's `grpo.py`).

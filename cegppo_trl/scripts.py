@@ -8,7 +8,9 @@ dataset, maps its columns onto what the rewards read, and runs `CEGPPOTrainer`.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +23,21 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
 
     from .trainer import CEGPPOTrainer
+
+logger = logging.getLogger(__name__)
+
+# Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
+_NONE_STRINGS = ("", "none", "null")
+# CE-GPPO settings compared with a checkpoint's `training_args.bin` when resuming.
+RESUME_COMPARED_FIELDS = (
+    "gppo_beta1",
+    "gppo_beta2",
+    "gppo_beta1_schedule",
+    "gppo_beta2_schedule",
+    "entropy_controller",
+    "max_steps",
+)
+CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -86,11 +103,32 @@ class CEGPPOScriptArguments(ScriptArguments):
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
+            "overwritten. Without it such a run is refused."
+        },
+    )
 
     def __post_init__(self):
-        # A flag cannot spell None: `--solution_column none` means "no reference column".
-        if isinstance(self.solution_column, str) and self.solution_column.lower() in ("", "none", "null"):
-            self.solution_column = None
+        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
+        # string option, e.g. `--solution_column none` is "no reference column".
+        for name in ("solution_column", "prompt_template", "system_prompt"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS:
+                setattr(self, name, None)
+        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
+            raise ValueError(
+                f"`prompt_template` must contain `{{prompt}}` (where the prompt text goes), got "
+                f"{self.prompt_template!r}. Example: '{{prompt}}\\nPut your final answer within \\boxed{{}}.'; "
+                "use `system_prompt` for text that does not wrap the prompt."
+            )
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(
+                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
+                "would be empty."
+            )
         if isinstance(self.reward_funcs, str):
             self.reward_funcs = [self.reward_funcs]
         for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
@@ -102,7 +140,12 @@ class CEGPPOScriptArguments(ScriptArguments):
 
 def make_parser(prog: str | None = None) -> TrlParser:
     """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support."""
-    return TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog)
+    parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog)
+    # argparse %-formats help strings; field help is prose (`linear:0->0.5@10%-60%`), so escape a lone `%`.
+    for action in parser._actions:
+        if action.help:
+            action.help = re.sub(r"%%|%\(|%", lambda m: m.group() if len(m.group()) == 2 else "%%", action.help)
+    return parser
 
 
 def parse_args(
@@ -142,12 +185,29 @@ def load_any_dataset(
         builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
         if builder is None:
             raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
-        loaded = load_dataset(builder, data_files={train_split: name})
+        try:
+            loaded = load_dataset(builder, data_files={train_split: name})
+        except Exception as error:  # datasets fails obscurely on empty files (StopIteration, ArrowInvalid, ...)
+            if _data_file_is_empty(name, builder):
+                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
+            raise
     else:
         loaded = load_dataset(name, name=config, streaming=streaming)
     if isinstance(loaded, Dataset):
         loaded = DatasetDict({train_split: loaded})
     return loaded
+
+
+def _data_file_is_empty(path: str, builder: str) -> bool:
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows == 0
+        except Exception:
+            return False
+    with open(path, "rb") as f:
+        return not f.read(1 << 20).strip()  # nothing but whitespace in the first MiB: no rows
 
 
 def _get_path(row: dict[str, Any], path: str) -> Any:
@@ -172,6 +232,10 @@ def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dat
             dataset = dataset.take(script_args.max_train_samples)
         else:
             dataset = dataset.select(range(min(script_args.max_train_samples, len(dataset))))
+    if not isinstance(dataset, IterableDataset) and len(dataset) == 0:
+        limit = script_args.max_train_samples
+        after = "" if limit is None else f" after `max_train_samples={limit}`"
+        raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows{after}): nothing to train on.")
     prompt_col, solution_col = script_args.prompt_column, script_args.solution_column
     columns = dataset.column_names  # None for some streaming datasets: then the checks are skipped
     if columns is not None:
@@ -237,6 +301,7 @@ def main(
     dtype), the quantization config (`--load_in_4bit` / `--load_in_8bit`) and the LoRA config (`--use_peft`).
     Model placement is TRL's: `device_map=None` under DDP/DeepSpeed, `"auto"` on one GPU.
     """
+    import torch
     import transformers
     from packaging.version import Version
     from trl import get_peft_config, get_quantization_config
@@ -245,6 +310,12 @@ def main(
 
     if model_args.model_name_or_path is None:
         raise ValueError("`model_name_or_path` is required (a Hub id or a local directory).")
+    check_model_path(model_args.model_name_or_path)
+    check_quantization(model_args)
+    check_launch(training_args)
+    training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
+    if training_args.resume_from_checkpoint is not None:
+        warn_on_changed_settings(training_args.resume_from_checkpoint, training_args)
     reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
 
     model_init_kwargs = dict(
@@ -281,6 +352,124 @@ def main(
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    # Every process reaches this point before the group goes: destroying it while another rank still saves, or
+    # leaving it to interpreter exit, can hang a gloo (CPU) run after training finished.
+    trainer.accelerator.wait_for_everyone()
     if Version(transformers.__version__) >= Version("5.18.0"):
         trainer.end()  # finish the trackers and destroy the process group
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return trainer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks before loading anything heavy: each names what is wrong and the fix
+# ----------------------------------------------------------------------------------------------------------------
+def check_model_path(name: str) -> None:
+    """Refuse a path-looking model name with nothing there (the Hub would report an invalid repo id instead)."""
+    expanded = os.path.expanduser(name)
+    parent = os.path.dirname(expanded.rstrip("/"))
+    looks_like_path = name.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
+    if looks_like_path and not os.path.exists(expanded):
+        raise ValueError(
+            f"`model_name_or_path`: no model at {expanded} (a path that does not exist). Give a local directory "
+            "written by `save_pretrained` or a Hub id such as `Qwen/Qwen2.5-0.5B-Instruct`."
+        )
+
+
+def check_quantization(model_args: ModelConfig) -> None:
+    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
+    import torch
+
+    if model_args.load_in_4bit and not torch.cuda.is_available():
+        raise ValueError(
+            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
+            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
+            "full-precision model (`--use_peft true`)."
+        )
+
+
+def check_launch(training_args: CEGPPOConfig) -> None:
+    """Fail fast when a launcher started several processes but accelerate set up a single-process run in each.
+
+    Each copy would train on its own and write to the same `output_dir`. Two launches do this without GPUs:
+    `accelerate launch --multi_gpu --num_processes N` (WORLD_SIZE=N, yet accelerate finds no GPU and falls back to one
+    process) and `accelerate launch --cpu --num_processes N` (starts one process only).
+    """
+    _ = training_args.device  # sets up accelerate's distributed state
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world_size > 1 and training_args.world_size == 1:
+        raise RuntimeError(
+            f"The launcher started {world_size} processes (WORLD_SIZE={world_size}, "
+            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}) but accelerate set up a single-process run in each: they "
+            "would train independently and overwrite each other's `output_dir`. On a machine without GPUs, launch "
+            f"several CPU processes with:\n    {CPU_LAUNCH_LINE}"
+        )
+    cpu_flag = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if cpu_flag and "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ and training_args.world_size == 1:
+        # `accelerate launch --cpu --num_processes N` (N > 1) sets MASTER_ADDR but starts one plain process.
+        raise RuntimeError(
+            "`accelerate launch --cpu --num_processes N` starts only one process (MASTER_ADDR is set, WORLD_SIZE is "
+            "not). For one CPU process drop `--num_processes`; for several use:\n    " + CPU_LAUNCH_LINE
+        )
+
+
+def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
+    """The checkpoint to resume from: `true`/`last` is the latest in `output_dir`, `false`/`none` is none.
+
+    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir`: it would
+    overwrite some of them and leave a stale later one that `last` would pick up.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = training_args.output_dir
+    last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
+    value = training_args.resume_from_checkpoint
+    if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS + ("false",):
+        value = None
+    if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "last")):
+        if last is None:
+            raise ValueError(
+                f"`resume_from_checkpoint={value}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
+                "has no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
+            )
+        return last
+    if value is None and last is not None and not overwrite_output_dir:
+        raise ValueError(
+            f"`output_dir` {output_dir} already holds checkpoints (latest: {os.path.basename(last)}). Resume with "
+            "`--resume_from_checkpoint last`, pick another `--output_dir`, or pass `--overwrite_output_dir true` to "
+            "start over in it."
+        )
+    return value
+
+
+def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> list[str]:
+    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields."""
+    import torch
+
+    from .trainer import CEGPPO_STATE_FILE
+
+    differing: list[str] = []
+    path = os.path.join(checkpoint, "training_args.bin")
+    if os.path.exists(path):
+        try:
+            saved = torch.load(path, weights_only=False)
+        except Exception as error:  # an unreadable file should not block resuming
+            logger.warning("Could not read %s to compare settings: %s", path, error)
+            saved = None
+        if saved is not None:
+            for name in RESUME_COMPARED_FIELDS:
+                before, now = getattr(saved, name, None), getattr(training_args, name, None)
+                if before != now:
+                    differing.append(f"{name}: {before!r} -> {now!r}")
+    has_state = os.path.exists(os.path.join(checkpoint, CEGPPO_STATE_FILE))
+    if training_args.entropy_controller is None and has_state and not any(d.startswith("entropy_") for d in differing):
+        differing.append("entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)")
+    if differing:
+        logger.warning(
+            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's training_args.bin: %s. The "
+            "resumed run follows the new settings.",
+            checkpoint,
+            "; ".join(differing),
+        )
+    return differing

@@ -267,7 +267,29 @@ class CEGPPOTrainer(GRPOTrainer):
         # TRL's `_generate_and_score_completions` computes these (gathered over all processes) but does not return
         # them; handing them over through an attribute is the only way short of copying that 400-line method.
         self._last_rewards_per_func = rewards_per_func
+        self._check_unscorable_rewards(rewards_per_func)
         return rewards_per_func
+
+    def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
+        """Stop after `max_unscorable_batches` consecutive rollout batches in which no completion got a reward.
+
+        TRL turns a None reward into NaN and warns once; a batch with no reward at all has zero advantages, so the
+        run would go on with zero loss and zero gradient and save an unchanged model. `rewards_per_func` is gathered
+        over all processes, so every process takes the same decision.
+        """
+        limit = self.args.max_unscorable_batches
+        if not limit:
+            return
+        unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
+        self._unscorable_batches = getattr(self, "_unscorable_batches", 0) + 1 if unscorable else 0
+        if self._unscorable_batches >= limit:
+            raise RuntimeError(
+                f"No completion of the last {self._unscorable_batches} rollout batch(es) got a reward: every reward "
+                f"function ({', '.join(self.reward_func_names)}) returned None or NaN for all "
+                f"{rewards_per_func.size(0)} completions, so the loss and gradient are zero. Check that the reward "
+                "functions can score this task (their dataset columns, e.g. `solution`, and the completion format), "
+                "or raise `max_unscorable_batches` (0 never stops)."
+            )
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

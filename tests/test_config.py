@@ -48,3 +48,26 @@ def test_cispo_may_use_a_large_epsilon_high(tmp_path):
 def test_zero_betas_are_valid(tmp_path):
     config = make(tmp_path, gppo_beta1=0, gppo_beta2=0)
     assert config.gppo_beta1 == 0
+
+
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("beta", -0.1, "Use `beta=0.0` for no KL term"),
+        ("beta", float("nan"), "finite number >= 0"),
+        ("temperature", 0.0, "finite number > 0"),
+        ("temperature", -1.0, "finite number > 0"),
+        ("num_iterations", 0, "must be >= 1"),
+        ("steps_per_generation", 0, "must be >= 1 or None"),
+        ("max_unscorable_batches", -1, "0 never stops"),
+    ],
+)
+def test_inherited_fields_that_corrupt_a_run_fail_at_construction(tmp_path, field, value, fix):
+    with pytest.raises(ValueError) as error:
+        CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, **{field: value})
+    assert f"`{field}`" in str(error.value) and fix in str(error.value)
+
+
+def test_num_generations_below_2_is_refused_by_grpo_config(tmp_path):
+    with pytest.raises(ValueError, match="at least 2 generations"):
+        CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=1, per_device_train_batch_size=1)

@@ -1,0 +1,47 @@
+"""A run whose rewards are all None/NaN (unscorable task, broken reward function) stops instead of training nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+
+def no_reward(completions, **kwargs):
+    return [None] * len(completions)
+
+
+def nan_reward(completions, **kwargs):
+    return [math.nan] * len(completions)
+
+
+def test_all_none_and_nan_rewards_stop_with_an_error_naming_the_reward_functions(make_trainer):
+    trainer = make_trainer(reward_funcs=[no_reward, nan_reward], max_steps=2)
+    with pytest.raises(RuntimeError, match=r"every reward function \(no_reward, nan_reward\) returned None or NaN"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_trainer):
+    calls = []
+
+    def first_batch_unscorable(completions, **kwargs):
+        calls.append(len(completions))
+        return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
+
+    trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2, max_unscorable_batches=2)
+    trainer.train()  # one unscorable batch, then a scorable one: no stop
+    assert trainer.state.global_step == 2
+
+    trainer = make_trainer(reward_funcs=no_reward, max_steps=3, max_unscorable_batches=2)
+    with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
+        trainer.train()
+    assert trainer.state.global_step == 1  # the first unscorable batch still took its (zero-gradient) step
+
+
+def test_partially_scorable_batches_and_max_unscorable_batches_0_keep_training(make_trainer):
+    def half(completions, **kwargs):
+        return [None if i % 2 else float(c.count("1")) for i, c in enumerate(completions)]
+
+    assert make_trainer(reward_funcs=half, max_steps=1).train().global_step == 1
+    assert make_trainer(reward_funcs=no_reward, max_steps=1, max_unscorable_batches=0).train().global_step == 1
