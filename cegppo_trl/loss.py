@@ -108,8 +108,9 @@ def _value_and_grad_weight(
     value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
     # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
     # beta * bound * A * r / sg(r), evaluated without dividing by r).
-    value = torch.where(left, -beta1 * (1 - epsilon_low) * adv, value)  # [B, T]
-    value = torch.where(right, -beta2 * (1 + epsilon_high) * adv, value)  # [B, T]
+    # `left` needs A < 0 and `right` A > 0, so one select with the row's constant serves both.
+    bound_loss = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
+    value = torch.where(left | right, bound_loss, value)  # [B, T]
     if dual is None:
         return value, value
     return value, torch.where(dual, 0.0, value)  # dual clip: the value above, no gradient
