@@ -2,7 +2,7 @@
 
 Baselines, all given the same inputs (current log-probs, old log-probs, advantages) and returning d(loss)/d(logp):
 
-- ``authors``: the authors' formulation as the reference sheet describes it, written here from that description:
+- ``authors``: the authors' formulation (docs/algorithm.md §5), written here from that description:
   ``beta * bound * A / sg(r) * r`` for the clipped branches, selected by boolean-mask assignment (``x[mask] = ...``),
   then the dual clip ``min(loss, -c * A)`` for negative advantages.
 - ``trl_clip``: TRL 1.16's own clipped surrogate (``GRPOTrainer._compute_loss``, loss types grpo/bnpo/dr_grpo/dapo),
@@ -42,7 +42,7 @@ TARGETS = {"authors": 0.20, "trl_clip": 0.75}
 
 
 def authors_form(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta):
-    """The authors' formulation per the reference sheet: ``bound / sg(r) * r`` with boolean-mask assignment."""
+    """The authors' formulation (docs/algorithm.md §5): ``bound / sg(r) * r`` with boolean-mask assignment."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)  # [B, T]

@@ -58,7 +58,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
+from numbers import Integral
+
+from ._spec import NUMBER as _NUMBER
+from ._spec import SpecError as _SpecError
+from ._spec import format_number as _format_number
+from ._spec import is_finite_number as _finite
 
 __all__ = ["CONTROLLER_SYNTAX", "CONTROLLER_MODES", "EntropyController", "EntropyControllerConfig", "parse_controller"]
 
@@ -79,12 +84,7 @@ with the same keys (YAML), or none / off / an empty string (no controller). Rang
 Example: band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2
 YAML:    {band: [0.3, 0.6], step: 0.05, mode: both, beta1: [0, 1], beta2: [0.5, 2]}"""
 
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _RANGE_RE = re.compile(rf"({_NUMBER})-({_NUMBER})")
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -180,11 +180,6 @@ class EntropyControllerConfig:
         return ",".join(parts)
 
 
-def _format_number(x: float) -> str:
-    # repr() reads back to the same float; integers print without '.0'.
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else repr(float(x))
-
-
 class EntropyController:
     """Moves beta1 / beta2 by bounded steps to keep the mean token entropy inside ``config``'s band.
 
@@ -213,6 +208,8 @@ class EntropyController:
         self._last = 0.0
         self._num_updates = 0
         self._last_direction = 0
+        # The current window: global entropy sum, token count and optimizer steps since the last update.
+        self._window = [0.0, 0.0, 0]
 
     # -- read-only views ------------------------------------------------------------------------------------------
     @property
@@ -321,6 +318,26 @@ class EntropyController:
         self._clamp_offsets()
         return self.beta1, self.beta2
 
+    def observe(self, entropy_sum: float, token_count: float, *, step_end: bool) -> None:
+        """Feeds one micro-batch's entropy; every ``update_every`` optimizer steps, takes one :meth:`update`.
+
+        Args:
+            entropy_sum: sum of the token entropies of the micro-batch over all processes (the same number on every
+                process, so every process takes the same decision).
+            token_count: number of those tokens.
+            step_end: True for the last micro-batch of an optimizer step (the trainer's ``sync_gradients``).
+        """
+        window = self._window
+        window[0] += entropy_sum
+        window[1] += token_count
+        if not step_end:
+            return
+        window[2] += 1
+        if window[2] >= self.config.update_every:
+            if window[1] > 0:  # a window without completion tokens measures nothing; do not read it as collapse
+                self.update(window[0] / window[1])  # effective from the next apply()
+            self._window = [0.0, 0.0, 0]
+
     def _clamp_offsets(self) -> None:
         cfg, (n1, n2) = self.config, self._nominal
         if cfg.mode in ("beta1", "both"):  # the other coefficient's offset stays 0 (its bounds do not apply)
@@ -340,6 +357,9 @@ class EntropyController:
             "smoothed_entropy": self._smoothed,
             "num_updates": self._num_updates,
             "last_direction": self._last_direction,
+            "window_entropy_sum": self._window[0],
+            "window_tokens": self._window[1],
+            "window_steps": self._window[2],
         }
 
     def load_state_dict(self, state: Mapping[str, float | int]) -> None:
@@ -361,6 +381,7 @@ class EntropyController:
         self._smoothed = float(state["smoothed_entropy"])
         self._num_updates = int(state["num_updates"])
         self._last_direction = int(state["last_direction"])
+        self._window = [float(state["window_entropy_sum"]), float(state["window_tokens"]), int(state["window_steps"])]
 
     def __repr__(self) -> str:
         return (
@@ -386,10 +407,6 @@ _RANGE_KEYS = {"band": ("target_low", "target_high"), "beta1": ("beta1_min", "be
 _SCALAR_KEYS = {"step": "step_size", "mode": "mode", "gain": "gain", "damping": "damping", "ema": "ema",
                 "every": "update_every"}
 _FIELD_NAMES = {f.name for f in fields(EntropyControllerConfig)}
-
-
-class _SpecError(Exception):
-    pass
 
 
 def _parse_number(text: object, key: str) -> float:

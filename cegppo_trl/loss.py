@@ -21,6 +21,8 @@ divided by ``r`` and only one ``(B, T)`` tensor is saved for backward.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -29,6 +31,33 @@ def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     return advantages
+
+
+def _ratio_and_advantages(
+    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
+    dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
+    adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
+    ratio = torch.sub(per_token_logps.to(dtype), old_per_token_logps.to(dtype)).exp_()  # [B, T]; inf past ~88.7
+    return ratio, adv
+
+
+def _regions(
+    ratio: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float, delta: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    # Each clip test applies to one sign of A, so its bound is per row ([B, 1]): one comparison per token.
+    inf = torch.inf
+    left = ratio < _per_row(adv < 0, 1 - epsilon_low, -inf, adv)  # [B, T] NA&LP: gradient scaled by beta1
+    right = ratio > _per_row(adv > 0, 1 + epsilon_high, inf, adv)  # [B, T] PA&LP: gradient scaled by beta2
+    # A < 0 above delta: constant, no gradient. Disjoint from `left` because delta > 1.
+    dual = None if delta is None else ratio > _per_row(adv < 0, delta, inf, adv)  # [B, T]
+    return left, right, dual
+
+
+def _per_row(condition: torch.Tensor, if_true: float, otherwise: float, like: torch.Tensor) -> torch.Tensor:
+    # A bound per advantage entry, in the ratio's dtype (a float32 0.8 is not a float64 0.8).
+    return torch.where(condition, like.new_tensor(if_true), like.new_tensor(otherwise))
 
 
 @torch.no_grad()
@@ -54,15 +83,9 @@ def cegppo_regions(
         ``1 + eps_h`` (gradient scaled by ``beta2``), and negative-advantage tokens above ``delta`` (no gradient).
         Each has the broadcast shape of ``log_ratio`` and ``advantages``.
     """
-    advantages = _broadcast_advantages(advantages, log_ratio)
-    ratio = torch.exp(log_ratio.to(torch.promote_types(log_ratio.dtype, torch.float32)))  # [B, T], as in the loss
-    left = (advantages < 0) & (ratio < 1 - epsilon_low)
-    right = (advantages > 0) & (ratio > 1 + epsilon_high)
-    if delta is None:
-        dual = torch.zeros_like(left)
-    else:
-        dual = (advantages < 0) & (ratio > delta)
-    return left, right, dual
+    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    return left, right, torch.zeros_like(left) if dual is None else dual
 
 
 def _value_and_grad_weight(
@@ -75,53 +98,97 @@ def _value_and_grad_weight(
     beta2: float,
     delta: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Regions are selected by arithmetic on 0/1 float masks (x * 1 + 0 * c, 0 * x + c), in place, not with
-    # `torch.where`: on CPU, `where`, `masked_fill` and bool-valued comparisons run 5-30x slower per element than
-    # vectorised arithmetic, and each fresh (B, T) buffer costs page faults (benchmarks/bench_loss.py). Every select
-    # is exact, so the result is the table's `torch.where` expression bit for bit (tests/test_loss.py, float64).
-
-    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
-    dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
-    adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
-    shape = torch.broadcast_shapes(per_token_logps.shape, adv.shape)
-    if torch.promote_types(old_per_token_logps.dtype, dtype) != dtype:
-        old_per_token_logps = old_per_token_logps.to(dtype)
-    ratio = torch.empty(shape, dtype=dtype, device=per_token_logps.device)  # [B, T]
-    if torch.broadcast_shapes(per_token_logps.shape, old_per_token_logps.shape) == shape:
-        ratio.copy_(per_token_logps).sub_(old_per_token_logps).exp_()  # inf once the log-ratio passes ~88.7 (fp32)
-    else:  # a (B, 1) sequence ratio against (B, T) advantages: one exp per sequence
-        ratio.copy_(torch.exp(per_token_logps.to(dtype) - old_per_token_logps))
-
-    # Constants per advantage sign, shaped like the advantages ([B, 1]: negligible). Flipping the sign of r for
-    # A < 0 turns both clip tests into one `>`: A > 0 clips r > 1 + eps_high, A < 0 clips -r > -(1 - eps_low).
-    # A == 0 goes with A > 0: its value and gradient are 0 in every region, provided r is finite there.
-    neg = torch.lt(adv, 0, out=torch.empty_like(adv))  # [B, 1], 1.0 where A < 0
-    nonneg = 1 - neg
-    sign = nonneg - neg
-    threshold = _by_sign(neg, nonneg, -(1 - epsilon_low), 1 + epsilon_high)
-    neg_adv = -adv
-    bound_loss = _by_sign(neg, nonneg, beta1 * (1 - epsilon_low), beta2 * (1 + epsilon_high)).mul_(neg_adv)
-    # Where r is capped: at delta for A < 0 (the dual clip's value is -delta * A), at the largest finite float for
-    # A >= 0 (only r = inf changes, and it is right-clipped or has A == 0, so it is multiplied by 0 below). Without
-    # a dual clip A < 0 keeps r = inf (cap big / 0 = inf): -r * A = inf is the true value.
-    big = torch.finfo(dtype).max
-    cap = big / nonneg if delta is None else _by_sign(neg, nonneg, delta, big)
-
-    signed = ratio * sign  # [B, T]
-    clipped = torch.gt(signed, threshold, out=torch.empty_like(signed))  # [B, T], 1.0 on left/right-clipped tokens
-    torch.minimum(ratio, cap, out=ratio)
-    unclipped_neg_adv = torch.addcmul(neg_adv, clipped, adv)  # [B, T], -A off the clip, 0 on it
-    value = ratio.mul_(unclipped_neg_adv).addcmul_(clipped, bound_loss)  # [B, T], -r * A or -beta * bound * A
-    if delta is None:
+    """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
+    ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. r is capped per row: at delta for A < 0
+    # (the dual clip's constant -delta * A; infinite without one) and at the largest finite float for A >= 0, so
+    # that A == 0 gives exactly 0 where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
+    cap = _per_row(adv < 0, torch.inf if delta is None else delta, torch.finfo(adv.dtype).max, adv)  # [B, 1]
+    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
+    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
+    # beta * bound * A * r / sg(r), evaluated without dividing by r).
+    # `left` needs A < 0 and `right` A > 0, so one select with the row's constant serves both.
+    bound_loss = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
+    value = torch.where(left | right, bound_loss, value)  # [B, T]
+    if dual is None:
         return value, value
-    # Dual clip: tokens with A < 0 and r > delta (signed < -delta) keep the constant value and get no gradient.
-    keep = signed.ge_(-delta)  # [B, T], 0.0 on dual-clipped tokens
-    return value, keep.mul_(value)
+    return value, torch.where(dual, 0.0, value)  # dual clip: the value above, no gradient
 
 
-def _by_sign(neg: torch.Tensor, nonneg: torch.Tensor, if_negative: float, otherwise: float) -> torch.Tensor:
-    # `if_negative` where A < 0, else `otherwise`; one of the two products is exactly 0, so the sum is exact.
-    return torch.mul(nonneg, otherwise).add_(neg, alpha=if_negative)
+# Names of `CEGPPODiagnostics.sums`, in order. Token counts and sums over the (masked) completion tokens.
+DIAGNOSTIC_SUMS = ("left", "right", "dual", "ratio", "preserved_grad_weight", "grad_weight", "tokens")
+
+
+class CEGPPODiagnostics(NamedTuple):
+    """Local statistics of one micro-batch (one process): reduce `sums` with a sum, gather the other two.
+
+    Attributes:
+        sums: ``(7,)``, see `DIAGNOSTIC_SUMS`: tokens in each region, sum of the ratio, sum of ``|d loss / d logp|``
+            over preserved (left/right-clipped) tokens and over all tokens, and the token count.
+        per_sequence: ``(B, 2)``, share of each sequence's tokens in the left / right region (NaN for a sequence
+            without tokens), for TRL's ``clip_ratio/low_min`` and ``clip_ratio/high_max``.
+        extremes: ``(2,)``, ``(min ratio, -max ratio)`` (``inf`` without tokens): gather, then take the minimum.
+    """
+
+    sums: torch.Tensor
+    per_sequence: torch.Tensor
+    extremes: torch.Tensor
+
+
+@torch.no_grad()
+def cegppo_diagnostics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+) -> CEGPPODiagnostics:
+    """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
+
+    The gradient weight ``|d loss / d logp|`` is the kernel's own (`_value_and_grad_weight`), so its share on
+    preserved tokens is exactly what PPO's clip would have thrown away.
+
+    Args:
+        log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
+            once, if it has any token in `mask`).
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
+        epsilon_low, epsilon_high, beta1, beta2, delta: as in `cegppo_per_token_loss`.
+
+    Returns:
+        `CEGPPODiagnostics`.
+    """
+    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
+    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    _, grad_weight = _value_and_grad_weight(
+        log_ratio, log_ratio.new_zeros(()), advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+    )
+    grad_weight = grad_weight.abs()  # [B, T]
+    if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
+        weight = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
+        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    else:
+        weight = mask.to(ratio.dtype)  # [B, T]
+    left, right = left.to(ratio.dtype), right.to(ratio.dtype)
+    dual = torch.zeros_like(left) if dual is None else dual.to(ratio.dtype)
+    preserved = (left + right) * grad_weight  # the regions are disjoint
+    sums = torch.stack(
+        [(x * weight).sum() for x in (left, right, dual, ratio, preserved, grad_weight)] + [weight.sum()]
+    )  # [7]
+    tokens_per_sequence = weight.sum(-1)  # [B]
+    per_sequence = torch.stack([(left * weight).sum(-1), (right * weight).sum(-1)], dim=1) / tokens_per_sequence[
+        :, None
+    ]  # [B, 2]; 0 / 0 = NaN for a sequence without tokens
+    valid = weight.bool()
+    extremes = torch.stack(
+        [torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()]
+    )  # [2]
+    return CEGPPODiagnostics(sums, per_sequence, extremes)
 
 
 class _CEGPPOLoss(torch.autograd.Function):

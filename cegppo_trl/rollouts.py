@@ -1,5 +1,5 @@
 """Per-completion masks derived from rewards, for the two parts of the authors' recipe the paper leaves out
-(reference sheet §3): the SFT term on correct rollouts and dynamic sampling. Pure functions, tensors in and out.
+(docs/algorithm.md §3): the SFT term on correct rollouts and dynamic sampling. Pure functions, tensors in and out.
 
 Rewards are the total (weighted) reward per completion over the whole generation batch of all processes, laid out
 group by group (`num_generations` consecutive completions per prompt), NaN for completions no reward function

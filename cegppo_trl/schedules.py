@@ -37,6 +37,10 @@ from fractions import Fraction
 from numbers import Integral, Real
 from typing import ClassVar
 
+from ._spec import NUMBER_RE as _NUMBER_RE
+from ._spec import SpecError as _SpecError
+from ._spec import format_number as _format_number
+
 __all__ = [
     "SCHEDULE_SYNTAX",
     "ConstantSchedule",
@@ -64,23 +68,9 @@ N% is N percent of total_steps; all values must be finite and >= 0):
   warmup:0->0.5@50  warmup:0.5@5%          linear from 0 over the first 50 steps (5%), then hold 0.5
 On a shell command line, quote the spec ('linear:0->0.5'): an unquoted '>' redirects output."""
 
-# Non-negative decimal / scientific number; signs are handled separately so '-0.5' gets a precise message.
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_NUMBER_RE = re.compile(_NUMBER)
 _POINT = r"\d+(?:\.\d+)?%?"
 _POINT_RE = re.compile(rf"({_POINT})")
 _WINDOW_RE = re.compile(rf"({_POINT})-({_POINT})")
-
-
-class _SpecError(Exception):
-    """Problem found while parsing; `parse_schedule` turns it into a ValueError that carries the syntax."""
-
-
-def _format_number(x: float) -> str:
-    # repr() is the shortest string that reads back to the same float; integers print without '.0'.
-    if x.is_integer() and abs(x) < 1e16:
-        return str(int(x))
-    return repr(x)
 
 
 def _parse_value(text: str, what: str) -> float:

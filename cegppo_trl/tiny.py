@@ -1,6 +1,6 @@
 """Tiny, locally built Llama models and character-level tokenizers (no Hub): for tests, examples and the quickstart.
 
-Follows the reference sheet's environment notes: a Llama architecture (not Qwen2, whose tokenizer class silently
+Follows the traps listed in docs/algorithm.md §6: a Llama architecture (not Qwen2, whose tokenizer class silently
 drops spaces from such a vocabulary) and a `tokenizers` WordLevel model that splits every character.
 """
 

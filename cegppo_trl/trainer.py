@@ -25,7 +25,7 @@ from trl.trainer.utils import nanmax, nanmin
 
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
-from .loss import cegppo_per_token_loss, cegppo_regions
+from .loss import DIAGNOSTIC_SUMS, cegppo_diagnostics, cegppo_per_token_loss
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
 
@@ -119,10 +119,6 @@ class CEGPPOTrainer(GRPOTrainer):
             if controller_config is None
             else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
-        # Global [entropy sum, token count, optimizer steps] of the controller's current window; global (reduced
-        # every optimizer step) so a checkpoint written by the main process resumes every process exactly.
-        self._controller_window = [0.0, 0.0, 0]
-        self._controller_microbatch_stats = None
         self._schedules_checked_for = None
 
     # ------------------------------------------------------------------------------------------------------------
@@ -176,26 +172,6 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.entropy_controller is not None:
             beta1, beta2 = self.entropy_controller.apply(beta1, beta2)
         return float(beta1), float(beta2)
-
-    def _update_entropy_controller(self, entropies, mask) -> None:
-        """Feed one training micro-batch's entropy; at each optimizer step reduce it over all processes and, every
-        `update_every` steps, let the controller move beta (effective from the next step, identical everywhere)."""
-        stats = torch.stack([(entropies * mask).sum(), mask.sum()]).detach().float()
-        if self._controller_microbatch_stats is not None:
-            stats = stats + self._controller_microbatch_stats
-        self._controller_microbatch_stats = stats
-        if not self.accelerator.sync_gradients:
-            return
-        total_sum, total_count = self.accelerator.reduce(stats, reduction="sum").tolist()
-        self._controller_microbatch_stats = None
-        window = self._controller_window
-        window[0] += total_sum
-        window[1] += total_count
-        window[2] += 1
-        if window[2] >= self.entropy_controller.config.update_every:
-            if window[1] > 0:  # a window without completion tokens measures nothing; do not read it as collapse
-                self.entropy_controller.update(window[0] / window[1])
-            self._controller_window = [0.0, 0.0, 0]
 
     # ------------------------------------------------------------------------------------------------------------
     # Model card: TRL's card (tags, paper link, citation from `_tag_names` / `_paper`) plus the CE-GPPO settings
@@ -261,9 +237,8 @@ class CEGPPOTrainer(GRPOTrainer):
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            state = {"controller": self.entropy_controller.state_dict(), "window": self._controller_window}
             with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
-                json.dump(state, f)
+                json.dump({"controller": self.entropy_controller.state_dict()}, f)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -278,15 +253,20 @@ class CEGPPOTrainer(GRPOTrainer):
             )
         with open(path) as f:
             state = json.load(f)
-        self.entropy_controller.load_state_dict(state["controller"])
-        self._controller_window = list(state["window"])
+        controller_state = state["controller"]
+        if "window" in state:  # cegppo-trl 0.1 kept the controller's window beside its state
+            keys = ("window_entropy_sum", "window_tokens", "window_steps")
+            controller_state = {**controller_state, **dict(zip(keys, state["window"]))}
+        self.entropy_controller.load_state_dict(controller_state)
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)
     # ------------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._last_rewards_per_func = rewards_per_func  # gathered over all processes; read just below
+        # TRL's `_generate_and_score_completions` computes these (gathered over all processes) but does not return
+        # them; handing them over through an attribute is the only way short of copying that 400-line method.
+        self._last_rewards_per_func = rewards_per_func
         self._check_unscorable_rewards(rewards_per_func)
         return rewards_per_func
 
@@ -409,10 +389,43 @@ class CEGPPOTrainer(GRPOTrainer):
             raise ValueError(f"Unknown loss type: {loss_type}")
         return loss / accumulation, loss.detach()
 
-    def _compute_loss(self, model, inputs):
-        if self.loss_type not in CEGPPO_LOSS_TYPES:
-            return super()._compute_loss(model, inputs)  # TRL's cispo / sapo / vespo, unchanged
+    def _policy_loss(self, per_token_loss, mask, inputs, mode):
+        """One micro-batch's policy loss by TRL's rule for `loss_type` (see `_aggregate`), and TRL's `policy_loss`
+        metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
+        num_sequences = inputs.get("num_sequences_in_batch")
+        if num_sequences is None:
+            # A batch built outside `_generate_and_score_completions` (tests, custom loops) has no rollout-batch
+            # count: it is normalised by its own sequences, as TRL does.
+            local = per_token_loss.size(0) if "keep_mask" not in inputs else inputs["keep_mask"].sum().item()
+            num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
+        loss, value = self._aggregate(per_token_loss, mask, inputs["num_items_in_batch"], num_sequences, mode)
+        return loss, (loss.detach() if self.loss_type == "dapo" else value)
 
+    def _sft_loss(self, per_token_logps, mask, inputs, mode):
+        """The authors' SFT term: NLL of the completions judged correct, normalised by the correct sequences or
+        tokens of the whole rollout batch by the policy loss's rule. Under `bnpo`, whose per-micro-batch token count
+        would give a micro-batch holding one correct completion the weight of a whole batch, it is the rollout
+        batch's token mean, as under `dapo`. Logs `cegppo/sft_loss`, the unscaled NLL for every loss type."""
+        sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
+        num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
+        if num_sft_sequences is None:
+            num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
+        loss, value = self._aggregate(
+            -per_token_logps,
+            mask * sft_sequences.unsqueeze(1),
+            inputs["num_sft_items_in_batch"],
+            num_sft_sequences,
+            mode,
+            loss_type="dapo" if self.loss_type == "bnpo" else None,
+        )
+        self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(value).mean().item())
+        return loss
+
+    def _compute_loss(self, model, inputs):
+        # --- CE-GPPO begin: TRL's other objectives (cispo, sapo, vespo) run unchanged ---
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return super()._compute_loss(model, inputs)
+        # --- CE-GPPO end ---
         # Compute the per-token log probabilities for the model
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -441,24 +454,38 @@ class CEGPPOTrainer(GRPOTrainer):
             image_position_ids=inputs.get("image_position_ids"),
         )
 
-        # CE-GPPO: dynamic sampling drops uninformative groups before anything else (as the authors do): they leave
-        # the loss and its normalisers, the entropy mask's quantile, the entropy bonus, the controller and the metrics.
-        keep_mask = inputs.get("keep_mask")
-        kept = mask if keep_mask is None else mask * keep_mask.unsqueeze(1)
+        # --- CE-GPPO begin: dynamic sampling drops uninformative groups before anything else, as the authors do: ---
+        # from here on they are out of the entropy quantile, the loss, the entropy bonus, the controller and metrics.
+        if "keep_mask" in inputs:
+            mask = mask * inputs["keep_mask"].unsqueeze(1)
+        # --- CE-GPPO end ---
 
         if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, kept, 1 - self.top_entropy_quantile)  # CE-GPPO: kept
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
         else:
             entropy_mask = None
 
+        # Compute the loss
         advantages = inputs["advantages"]
+        # In the base GRPO implementation, advantages are expected to have shape (B,). To support subclasses that
+        # provide advantages with shape (B, T), we *conditionally* unsqueeze the tensor.
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
+        # When num_iterations == 1 and steps_per_generation <= gradient_accumulation_steps,
+        # old_per_token_logps == per_token_logps. In this case we can skip its computation
+        # (see _generate_and_score_completions) and instead use per_token_logps.detach().
+        # The exception is when using vLLM, where we always compute old_per_token_logps
+        # for importance sampling
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
 
         if self.off_policy_mask_threshold is not None:
+            # OPSM should use inference-time logprobs to detect both sources of off-policyness:
+            # 1. Drift from gradient updates (always present)
+            # 2. Drift from training-inference mismatch (when using vLLM)
+            # When using vLLM, prioritize sampling_per_token_logps, otherwise use old_per_token_logps
             sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
+
             off_policy_mask = self.get_off_policy_mask(
                 advantages=advantages,
                 per_token_logps=per_token_logps,
@@ -479,29 +506,57 @@ class CEGPPOTrainer(GRPOTrainer):
                 "and 'sequence'."
             )
 
+        coef_1 = torch.exp(log_importance_weights)
+
         # Compute the KL divergence between the model and the reference model
         if self.beta != 0.0:
             ref_per_token_logps = inputs["ref_per_token_logps"]
             per_token_kl = (
                 torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
             )
+            # Importance sampling correction for the KL divergence
             if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * torch.exp(log_importance_weights)
+                per_token_kl = per_token_kl * coef_1
 
-        # CE-GPPO: the gradient-preserving surrogate replaces `-min(r * A, clip(r) * A)` (and TRL's two-sided
-        # `delta` clamp, which for A < 0 is the authors' dual clip). A sequence-level ratio (GSPO) is passed as a
-        # (B, 1) log-ratio, so clipped sequences keep `beta * bound * A * grad(mean log-ratio)`.
-        beta1, beta2 = self.current_gppo_betas()
-        per_token_loss = cegppo_per_token_loss(
-            log_importance_weights,
-            log_importance_weights.new_zeros(()),  # already a log-ratio; a 0-d zero avoids a (B, T) copy
-            advantages,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta1=beta1,
-            beta2=beta2,
-            delta=self.args.delta,
-        )
+        # From here, log_importance_weights (and all subsequent tensors, coef_1, coef_2, etc.) shape depends on
+        # importance_sampling_level: "token" level: (B, T); "sequence" level: (B, 1)
+        if self.loss_type == "cispo":
+            clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()
+            per_token_loss = -clamped_ratios * advantages * per_token_logps
+        elif self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
+            # --- CE-GPPO begin: the gradient-preserving surrogate (Eq. 8) replaces -min(r A, clip(r) A) and the ---
+            # two-sided `delta` clamp, which for A < 0 is the authors' dual clip. A sequence-level (GSPO) ratio is a
+            # (B, 1) log-ratio: clipped sequences keep beta * bound * A * grad(mean log-ratio).
+            beta1, beta2 = self.current_gppo_betas()
+            per_token_loss = cegppo_per_token_loss(
+                log_importance_weights,
+                log_importance_weights.new_zeros(()),  # already a log-ratio; a 0-d zero avoids a (B, T) copy
+                advantages,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                beta1=beta1,
+                beta2=beta2,
+                delta=self.args.delta,
+            )
+            # --- CE-GPPO end ---
+        elif self.loss_type == "sapo":
+            temperatures = torch.where(advantages > 0, self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)
+            soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
+            per_token_loss = -soft_coef_1 * advantages
+        elif self.loss_type == "vespo":
+            phi_seq = self.get_gamma_weights(
+                advantages=advantages,
+                log_ratio_per_token=log_ratio,
+                mask=mask,
+                importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+                k_pos=self.args.vespo_k_pos,
+                lambda_pos=self.args.vespo_lambda_pos,
+                k_neg=self.args.vespo_k_neg,
+                lambda_neg=self.args.vespo_lambda_neg,
+            )
+            per_token_loss = -phi_seq * advantages * per_token_logps
+        else:
+            raise ValueError(f"Unknown loss type: {self.loss_type}")
 
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask
@@ -509,50 +564,40 @@ class CEGPPOTrainer(GRPOTrainer):
         if entropy_mask is not None:
             per_token_loss = per_token_loss * entropy_mask
 
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         if self.beta != 0.0:
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
-        # Rollout-batch counts from `_generate_and_score_completions`. A batch built elsewhere carries none: it is
-        # normalised by its own sequence count (scaled by the share, which `_aggregate` divides out), as TRL does.
-        num_sequences = inputs.get("num_sequences_in_batch")
-        if num_sequences is None:
-            local = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().item()
-            num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
-        loss, policy_value = self._aggregate(per_token_loss, kept, inputs["num_items_in_batch"], num_sequences, mode)
-        policy_loss = loss.detach() if self.loss_type == "dapo" else policy_value  # TRL's `policy_loss` metric
-
-        # The authors' SFT term: NLL of correct completions, normalised by the correct sequences / tokens of the
-        # whole rollout batch. Same rule as the policy loss, except under `bnpo`, whose per-micro-batch token count
-        # would give a micro-batch holding one correct completion the weight of a whole batch: there the SFT term
-        # is the rollout batch's token-mean, as under `dapo`.
+        # --- CE-GPPO begin: TRL's aggregation per loss type, but with the sequence counts of the whole rollout ---
+        # batch, so the loss does not depend on how the batch is split (`_aggregate`); the authors' SFT term.
+        loss, policy_loss = self._policy_loss(per_token_loss, mask, inputs, mode)
         if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
-            sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
-            num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
-            if num_sft_sequences is None:
-                num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
-            sft_loss, sft_value = self._aggregate(
-                -per_token_logps,
-                mask * sft_sequences.unsqueeze(1),
-                inputs["num_sft_items_in_batch"],
-                num_sft_sequences,
-                mode,
-                loss_type="dapo" if self.loss_type == "bnpo" else None,
-            )
-            loss = loss + self.args.sft_loss_coef * sft_loss
-            # Unscaled for every loss type; averaged over micro-batches and processes it is the rollout batch's NLL.
-            self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(sft_value).mean().item())
+            loss = loss + self.args.sft_loss_coef * self._sft_loss(per_token_logps, mask, inputs, mode)
+        # --- CE-GPPO end ---
 
-        # Entropy bonus, exactly as in TRL (see `GRPOTrainer._compute_loss` for the rationale of each step).
+        # Entropy bonus: add entropy regularization to encourage exploration. _entropy_bonus_enabled is set
+        # whenever a non-zero static coef is set OR adaptive mode is enabled (adaptive stays enabled even when
+        # entropy_coef has been decremented to entropy_coef_min so it can recover once entropy drops again).
         if self._entropy_bonus_enabled:
-            effective_mask = kept if entropy_mask is None else kept * entropy_mask  # CE-GPPO: kept groups only
+            # When top_entropy_quantile < 1.0, entropy_mask restricts policy gradients to high-entropy
+            # tokens. Use the same effective mask for the entropy bonus so it acts on the same tokens.
+            effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            # Entropy bonus = mean per-token entropy H (the documented objective L = L_policy - coef * H), so
+            # H does not depend on how each loss type normalizes its policy term. The bonus is a mean over the
+            # tokens it acts on (effective_mask), scaled only for gradient accumulation, never by a loss-type-
+            # specific policy normalizer. (The adaptive controller below tracks a window-global token-weighted mean,
+            # which can differ from this per-micro-batch mean when token counts vary across micro-batches.)
             accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             entropy_loss = (
                 (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_factor
             )
+
+            # Apply the coefficient and gating from the end of the previous optimizer step, so that every
+            # micro-batch in the current accumulation window applies the same entropy bonus. The adaptive
+            # update below only takes effect on the next step.
             if self.use_adaptive_entropy:
                 apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
             else:
@@ -562,12 +607,19 @@ class CEGPPOTrainer(GRPOTrainer):
 
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
 
+            # Adaptive update. Gated on train mode so evaluation cannot mutate the entropy controller state.
             if self.use_adaptive_entropy and mode == "train":
+                # Accumulate the entropy sum and active-token count of every micro-batch into a running window
+                # buffer, so the controller measures the exact window-global entropy rather than just the last
+                # micro-batch (which would be a 1 / gradient_accumulation_steps subsample).
                 stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
                 if self._entropy_window_stats is None:
                     self._entropy_window_stats = stats
                 else:
                     self._entropy_window_stats = self._entropy_window_stats + stats
+                # At the optimizer-step boundary, reduce the window totals across ranks (sum and token count
+                # jointly, for a true global mean unbiased when ranks have different completion lengths),
+                # update the coefficient for the next step, then reset the window buffer.
                 if self.accelerator.sync_gradients:
                     window_stats = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
                     world_entropy = (window_stats[0] / window_stats[1].clamp(min=1.0)).item()
@@ -582,6 +634,8 @@ class CEGPPOTrainer(GRPOTrainer):
                     self._last_world_entropy = world_entropy
                     self._entropy_window_stats = None
 
+            # Log entropy_coef on train optimizer-step boundaries (constant for static control; updated just
+            # above for adaptive control). sync_gradients is always True in eval (no accumulation context).
             if mode == "train" and self.accelerator.sync_gradients:
                 self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
 
@@ -591,68 +645,51 @@ class CEGPPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        # Log the metrics (CE-GPPO: over the kept groups only; `kept` is `mask` without dynamic sampling)
-        kept_rows = torch.ones_like(advantages[:, :1]) if keep_mask is None else keep_mask.unsqueeze(1)
-
+        # Log the metrics
         def masked_seq_mean(x):
             if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
-                return x.squeeze(1).masked_fill(kept_rows.squeeze(1) == 0, torch.nan)  # nan: ignored by nanmin
-            return (x * kept).sum(-1) / kept.sum(-1)
+                return x.squeeze(1)
+            return (x * mask).sum(-1) / mask.sum(-1)
 
         def global_masked_mean(x):
             if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
-                local_sum, local_count = (x * kept_rows).sum(), kept_rows.sum().float()
+                local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
             else:
-                local_sum, local_count = (x * kept).sum(), kept.sum().float()
-            total, count = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum").tolist()
-            return total / count if count > 0 else None  # None: every group of this micro-batch was dropped
+                local_sum, local_count = (x * mask).sum(), mask.sum().float()
+            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
 
-        def append(name, value):  # a micro-batch without kept tokens measures nothing; do not log it as 0
-            if value is not None:
-                self._metrics[mode][name].append(value)
-
-        if self.beta != 0.0:
-            append("kl", global_masked_mean(per_token_kl))
-
-        append("entropy", global_masked_mean(entropies))
+        # --- CE-GPPO begin: KL and entropy over the kept groups in one reduction; a micro-batch whose groups ---
+        # were all dropped measures nothing and logs neither (TRL's `global_masked_mean` would log 0). The same
+        # global entropy feeds the entropy controller.
+        kl_sum = (per_token_kl * mask).sum() if self.beta != 0.0 else mask.new_zeros(())
+        totals = torch.stack([(entropies * mask).sum(), kl_sum, mask.sum()]).detach().float()
+        entropy_sum, kl_sum, num_tokens = self.accelerator.reduce(totals, reduction="sum").tolist()
+        if num_tokens > 0:
+            if self.beta != 0.0:
+                self._metrics[mode]["kl"].append(kl_sum / num_tokens)
+            self._metrics[mode]["entropy"].append(entropy_sum / num_tokens)
         if self.entropy_controller is not None and mode == "train":
-            self._update_entropy_controller(entropies, kept)
+            self.entropy_controller.observe(entropy_sum, num_tokens, step_end=self.accelerator.sync_gradients)
+        # --- CE-GPPO end ---
 
-        # TRL's clip metrics keep their meaning (share of tokens outside the clip range, now with preserved
-        # gradient); they and the CE-GPPO metrics share one reduction.
-        with torch.no_grad():
-            self._log_clip_metrics(
-                mode, log_importance_weights, advantages, kept, kept_rows, beta1, beta2, masked_seq_mean
-            )
+        if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
+            # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
+            # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
+            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, beta1, beta2)
+            # --- CE-GPPO end ---
+        elif self.loss_type == "cispo":
+            is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
+            self._metrics[mode]["cispo_clip_ratio"].append(global_masked_mean(is_cispo_clipped.float()))
+        elif self.loss_type == "vespo":
+            self._metrics[mode]["vespo/phi_seq_mean"].append(global_masked_mean(phi_seq))
 
         return loss
 
-    def _log_clip_metrics(self, mode, log_ratio, advantages, mask, rows, beta1, beta2, masked_seq_mean) -> None:
-        """TRL's `clip_ratio/*` and the `cegppo/` metrics, reduced over all processes with one `reduce` and two
-        `gather`s (each costs a host synchronisation); TRL's `log()` then averages them over the logging window."""
+    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, beta1, beta2) -> None:
+        """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`: one `reduce` and two `gather`s
+        (each a host synchronisation) over all processes; TRL's `log()` then averages them over the logging window."""
         metrics = self._metrics[mode]
-        left, right, dual = cegppo_regions(
-            log_ratio, advantages, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, delta=self.args.delta
-        )
-        ratio = torch.exp(log_ratio.float())  # [B, T], or [B, 1] for a sequence-level ratio (every row counts)
-        weight = mask.float() if ratio.shape[1] > 1 else rows.float()  # rows: [B, 1], 0 for dropped groups
-        # Per-token gradient weight |d loss / d logp|; its share on preserved tokens is what PPO's clip would drop.
-        adv = advantages.float().abs()
-        preserved = (left * (beta1 * (1 - self.epsilon_low)) + right * (beta2 * (1 + self.epsilon_high))) * adv
-        total = torch.where(left | right, preserved, ratio * adv).masked_fill(dual, 0.0)
-        masked_sums = torch.stack(
-            [(x * weight).sum() for x in (left.float(), right.float(), dual.float(), ratio, preserved, total)]
-        )
-        totals = self.accelerator.reduce(torch.cat([masked_sums, weight.sum().reshape(1)]), reduction="sum")
-        per_seq = torch.stack([masked_seq_mean(left.float()), masked_seq_mean(right.float())], dim=1)  # [B, 2]
-        gathered_seq = self.accelerator.gather(per_seq)
-        valid = weight.bool().expand_as(ratio)
-        extremes = torch.stack([torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()])
-        gathered_extremes = self.accelerator.gather(extremes).view(-1, 2).amin(dim=0)
-        left_sum, right_sum, dual_sum, ratio_sum, preserved_sum, total_sum, count = totals.tolist()
-        low_min, high_max = nanmin(gathered_seq[:, 0]).item(), nanmax(gathered_seq[:, 1]).item()
-        ratio_min, neg_ratio_max = gathered_extremes.tolist()
-
         metrics["cegppo/beta1"].append(beta1)
         metrics["cegppo/beta2"].append(beta2)
         if self.entropy_controller is not None:
@@ -661,18 +698,33 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
+        diagnostics = cegppo_diagnostics(
+            log_ratio,
+            advantages,
+            mask,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta1=beta1,
+            beta2=beta2,
+            delta=self.args.delta,
+        )
+        totals = dict(zip(DIAGNOSTIC_SUMS, self.accelerator.reduce(diagnostics.sums, reduction="sum").tolist()))
+        per_sequence = self.accelerator.gather(diagnostics.per_sequence)  # [B * processes, 2]
+        ratio_min, neg_ratio_max = self.accelerator.gather(diagnostics.extremes).view(-1, 2).amin(dim=0).tolist()
+        count = totals["tokens"]
         if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
             return
-        metrics["clip_ratio/low_mean"].append(left_sum / count)
-        metrics["clip_ratio/high_mean"].append(right_sum / count)
-        metrics["clip_ratio/region_mean"].append((left_sum + right_sum) / count)  # the regions are disjoint
-        metrics["clip_ratio/low_min"].append(low_min)
-        metrics["clip_ratio/high_max"].append(high_max)
-        metrics["cegppo/preserved/left_frac"].append(left_sum / count)
-        metrics["cegppo/preserved/right_frac"].append(right_sum / count)
-        metrics["cegppo/preserved/grad_share"].append(preserved_sum / max(total_sum, 1e-12))
-        metrics["cegppo/dual_clip_frac"].append(dual_sum / count)
+        metrics["clip_ratio/low_mean"].append(totals["left"] / count)
+        metrics["clip_ratio/high_mean"].append(totals["right"] / count)
+        metrics["clip_ratio/region_mean"].append((totals["left"] + totals["right"]) / count)  # disjoint regions
+        metrics["clip_ratio/low_min"].append(nanmin(per_sequence[:, 0]).item())
+        metrics["clip_ratio/high_max"].append(nanmax(per_sequence[:, 1]).item())
+        metrics["cegppo/preserved/left_frac"].append(totals["left"] / count)
+        metrics["cegppo/preserved/right_frac"].append(totals["right"] / count)
+        # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
+        share = totals["preserved_grad_weight"] / max(totals["grad_weight"], 1e-12)
+        metrics["cegppo/preserved/grad_share"].append(share)
+        metrics["cegppo/dual_clip_frac"].append(totals["dual"] / count)
         metrics["cegppo/ratio/min"].append(ratio_min)
-        metrics["cegppo/ratio/mean"].append(ratio_sum / count)
+        metrics["cegppo/ratio/mean"].append(totals["ratio"] / count)
         metrics["cegppo/ratio/max"].append(-neg_ratio_max)
-

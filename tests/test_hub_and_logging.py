@@ -99,7 +99,7 @@ def test_lora_adapter_saves_and_reloads(make_trainer, tmp_path, tokenizer, promp
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from conftest import base_config_kwargs, count_ones_reward
+    from helpers.batches import base_config_kwargs, count_ones_reward
 
     base_dir = tmp_path / "base"
     build_tiny_llama(tokenizer, seed=0).save_pretrained(base_dir)  # the adapter config points at its base

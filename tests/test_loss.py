@@ -15,6 +15,7 @@ import torch
 from torch.testing import assert_close
 
 from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
+from helpers.reference import reference_loss
 
 EPS_LOW, EPS_HIGH, BETA1, BETA2 = 0.2, 0.2, 0.5, 0.75
 LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta2=BETA2)
@@ -35,27 +36,6 @@ def ppo_clip_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, delt
     if delta is not None:
         coef_1 = torch.clamp(coef_1, max=delta)
     return -torch.min(coef_1 * advantages, coef_2 * advantages)
-
-
-def reference_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta=None):
-    """A plain `torch.where` transcription of the reference sheet's table, differentiated by autograd.
-
-    Clipped tokens use the log-space form ``bound * A * exp(logp - sg(logp))``: value ``bound * A``, gradient
-    ``bound * A``.
-    """
-    log_ratio = logp - old_logp
-    ratio = torch.exp(log_ratio)
-    unit = torch.exp(log_ratio - log_ratio.detach())  # value 1, gradient 1
-    left = (advantages < 0) & (ratio < 1 - epsilon_low)
-    right = (advantages > 0) & (ratio > 1 + epsilon_high)
-    loss = torch.where(left, -beta1 * (1 - epsilon_low) * advantages * unit, -ratio * advantages)
-    loss = torch.where(right, -beta2 * (1 + epsilon_high) * advantages * unit, loss)
-    if delta is not None:
-        loss = torch.where((advantages < 0) & (ratio > delta), (-delta * advantages).expand_as(loss), loss)
-    # No case for A == 0: such a token is in no clipped region (those need A < 0 or A > 0), so the table gives it
-    # -r * A, whose value and gradient are 0 for every finite r. (An overflowing r is the kernel's concern, checked
-    # by hand in test_zero_advantage_gives_exact_zero_even_when_the_ratio_overflows.)
-    return loss
 
 
 def random_inputs(batch=16, length=32, dtype=torch.float64, seed=0, spread=0.6):

@@ -1,6 +1,6 @@
 """Two real processes (gloo on CPU) take the same CE-GPPO steps as one process on the same global batch.
 
-`accelerate launch --cpu --num_processes 2` starts only one process (reference sheet §5), so the test uses
+`accelerate launch --cpu --num_processes 2` starts only one process (docs/algorithm.md §6), so the test uses
 `torchrun --nproc_per_node 2` with ACCELERATE_USE_CPU=1.
 """
 

@@ -9,14 +9,11 @@ import math
 import pytest
 import torch
 
-from cegppo_trl import CEGPPOConfig
 from cegppo_trl.quickstart import (
-    BASELINES,
     PLOT_FILES,
     WarmupSettings,
     addition_problems,
     addition_reward,
-    baseline_overrides,
     build_default_model,
     generate_greedy,
     main,
@@ -28,13 +25,8 @@ pytest.importorskip("matplotlib")
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """These models are tiny: with two threads each small op waits on the other thread, which is slower, and much
-    slower when another job shares the cores (see the reference sheet). The quickstart CLI does the same."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_torch_thread):
+    """Every quickstart test trains a tiny model: one thread, as the quickstart CLI itself uses."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -85,31 +77,11 @@ def test_batched_greedy_decoding_matches_one_prompt_at_a_time():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Methods
-# ----------------------------------------------------------------------------------------------------------------
-def test_baseline_overrides_set_the_same_keys_and_build_valid_configs(tmp_path):
-    keys = {name: set(baseline_overrides(name)) for name in BASELINES}
-    assert all(k == keys["cegppo"] for k in keys.values())
-    for name in BASELINES:
-        config = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **baseline_overrides(name))
-        assert config.loss_type == baseline_overrides(name)["loss_type"]
-    cegppo = baseline_overrides("cegppo")
-    assert (cegppo["gppo_beta1"], cegppo["gppo_beta2"]) == (0.5, 1.0)  # the paper's default
-    assert baseline_overrides("grpo")["gppo_beta1"] == baseline_overrides("grpo")["gppo_beta2"] == 0.0
-    assert baseline_overrides("dapo")["epsilon_high"] == 0.28
-    assert baseline_overrides("cispo")["loss_type"] == "cispo"
-    assert baseline_overrides("gspo")["importance_sampling_level"] == "sequence"
-    with pytest.raises(ValueError, match="Unknown method"):
-        baseline_overrides("ppo")
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Default model
 # ----------------------------------------------------------------------------------------------------------------
 TINY_WARMUP = WarmupSettings(
     hidden_size=16, intermediate_size=32, max_steps=10, eval_every=5, warmup_problems=64, dev_problems=16
 )
-
 
 def test_default_model_is_rebuilt_bit_for_bit_and_then_loaded_from_the_cache(tmp_path):
     model, _, info = build_default_model(TINY_WARMUP, cache_dir=tmp_path, log=None)

@@ -10,6 +10,7 @@ import yaml
 from datasets import Dataset, DatasetDict
 
 from cegppo_trl import CEGPPOConfig, cli
+from cegppo_trl.baselines import method_config
 from cegppo_trl.rewards import REWARD_FUNCS
 from cegppo_trl.scripts import CEGPPOScriptArguments, load_dataset_dict, parse_args, prepare_dataset
 from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
@@ -116,40 +117,30 @@ def _differing_keys(a: dict, b: dict) -> set[str]:
     return {k for k in a.keys() | b.keys() if a.get(k, "<missing>") != b.get(k, "<missing>")}
 
 
-BASELINES = {
-    # file: (keys allowed to differ from the CE-GPPO 1.5B recipe, expected parsed values)
-    "baseline_grpo_r1_distill_1.5b.yaml": (
-        {"gppo_beta1", "gppo_beta2"},
-        dict(gppo_beta1=0.0, gppo_beta2=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo"),
-    ),
-    "baseline_dapo_r1_distill_1.5b.yaml": (
-        {"gppo_beta1", "gppo_beta2", "epsilon_high"},
-        dict(gppo_beta1=0.0, gppo_beta2=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo"),
-    ),
-    "baseline_cispo_r1_distill_1.5b.yaml": (
-        {"gppo_beta1", "gppo_beta2", "epsilon_high", "delta", "loss_type", "sft_loss_coef", "dynamic_sampling"},
-        dict(loss_type="cispo", epsilon_high=1.2, delta=None, sft_loss_coef=0.0, dynamic_sampling=False),
-    ),
-    "baseline_gspo_r1_distill_1.5b.yaml": (
-        {"gppo_beta1", "gppo_beta2", "epsilon", "epsilon_high", "loss_type", "importance_sampling_level"},
-        dict(
-            gppo_beta1=0.0,
-            gppo_beta2=0.0,
-            epsilon=3e-4,
-            epsilon_high=4e-4,
-            loss_type="grpo",
-            importance_sampling_level="sequence",
-        ),
-    ),
+BASELINE_RECIPES = {
+    "baseline_grpo_r1_distill_1.5b.yaml": "grpo",
+    "baseline_dapo_r1_distill_1.5b.yaml": "dapo",
+    "baseline_cispo_r1_distill_1.5b.yaml": "cispo",
+    "baseline_gspo_r1_distill_1.5b.yaml": "gspo",
 }
 
 
-@pytest.mark.parametrize("name", sorted(BASELINES))
-def test_baseline_differs_from_cegppo_recipe_only_in_its_objective(name, tmp_path):
-    allowed, expected = BASELINES[name]
-    assert _differing_keys(raw(PAPER_1_5B), raw(RECIPES / name)) == allowed | {"output_dir"}
+def test_the_cegppo_recipe_is_the_cegppo_method_in_the_authors_recipe(tmp_path):
+    _, args, _ = load_recipe(PAPER_1_5B, tmp_path=tmp_path)
+    assert {k: getattr(args, k) for k in method_config("cegppo", "authors")} == method_config("cegppo", "authors")
+
+
+@pytest.mark.parametrize("name", sorted(BASELINE_RECIPES))
+def test_baseline_recipe_is_its_method_and_differs_from_cegppo_only_in_the_objective(name, tmp_path):
+    # The fields come from `cegppo_trl.baselines` (the one map from a method to its settings), with the authors'
+    # additions applied to every arm alike; the recipe may differ from the CE-GPPO recipe only where the method does.
+    method = BASELINE_RECIPES[name]
+    expected = method_config(method, "authors")
     _, args, _ = load_recipe(RECIPES / name, tmp_path=tmp_path)
     assert {k: getattr(args, k) for k in expected} == expected
+    cegppo = method_config("cegppo", "authors")
+    method_keys = {k for k in expected if expected[k] != cegppo[k]}
+    assert _differing_keys(raw(PAPER_1_5B), raw(RECIPES / name)) == method_keys | {"output_dir"}
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("gsm8k_*.yaml")), ids=lambda p: p.stem)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cegppo_trl.rollouts import correct_completions, informative_groups
-from conftest import make_offpolicy_batch
-from test_trainer import loss_and_grads, reference_per_token_loss
+from helpers.batches import loss_and_grads, make_offpolicy_batch
+from helpers.reference import reference_per_token_loss
 
 nan = math.nan
 

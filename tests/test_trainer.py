@@ -12,23 +12,10 @@ from trl import GRPOTrainer
 from cegppo_trl import CEGPPOTrainer
 from cegppo_trl.schedules import parse_schedule
 from cegppo_trl.tiny import build_tiny_llama
-from conftest import make_offpolicy_batch
+from helpers.batches import loss_and_grads, make_offpolicy_batch
+from helpers.reference import reference_per_token_loss
 
 EPS = 0.2
-
-
-def reference_per_token_loss(logp, old, advantages, beta1, beta2, eps_low=EPS, eps_high=EPS, delta=None):
-    """The paper's Eq. 8 written independently of the library: stop-gradient in log space
-    (`bound * A * exp(logp - sg(logp))` has value `bound * A` and gradient `bound * A * grad(logp)`)."""
-    A = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    r = torch.exp(logp - old)
-    sg_one = torch.exp(logp - logp.detach())
-    left = (A < 0) & (r < 1 - eps_low)
-    right = (A > 0) & (r > 1 + eps_high)
-    loss = torch.where(left, -beta1 * (1 - eps_low) * A * sg_one, torch.where(right, -beta2 * (1 + eps_high) * A * sg_one, -r * A))
-    if delta is not None:
-        loss = torch.where((A < 0) & (r > delta), (-delta * A).expand_as(loss), loss)
-    return loss, left, right
 
 
 def aggregate(per_token_loss, mask, loss_type, max_completion_length):
@@ -41,15 +28,6 @@ def aggregate(per_token_loss, mask, loss_type, max_completion_length):
     if loss_type == "luspo":
         return (per_token_loss * mask).sum(-1).mean()
     raise AssertionError(loss_type)
-
-
-def loss_and_grads(trainer, inputs, compute_loss=None):
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    params = [p for p in trainer.model.parameters() if p.requires_grad]
-    compute_loss = compute_loss or trainer._compute_loss
-    loss = compute_loss(trainer.model, inputs)
-    return loss.detach(), torch.autograd.grad(loss, params)
 
 
 def assert_grads_close(grads_a, grads_b, **kw):

@@ -5,19 +5,16 @@ The pieces are importable for other studies (e.g. entropy sweeps over β):
 - `build_default_model` / `WarmupSettings`: the seeded tiny Llama with its supervised warm-up, cached by settings.
 - `addition_task`, `addition_reward`, `hub_dataset_task`, `Task`: the built-in and GSM8K-style tasks.
 - `evaluate_accuracy`, `generate_greedy`: greedy held-out accuracy.
-- `baseline_overrides`: CE-GPPO and the paper's baselines as `CEGPPOConfig` fields.
 - `run_training`: one RL run returning its history; `summarize`, `plot_run`: its headline numbers and plots.
 """
 
 from .plots import PLOT_FILES, plot_run
 from .run import (
-    BASELINES,
     FAST_MODEL_WARMUP,
     HUB_MODEL_TRAINING,
     TINY_MODEL_TRAINING,
     HeldoutAccuracyCallback,
     RunResult,
-    baseline_overrides,
     format_summary,
     main,
     quiet_libraries,
@@ -39,7 +36,6 @@ from .task import (
 from .warmup import WarmupSettings, build_default_model, default_cache_dir, supervised_warmup
 
 __all__ = [
-    "BASELINES",
     "FAST_MODEL_WARMUP",
     "HUB_MODEL_TRAINING",
     "PLOT_FILES",
@@ -52,7 +48,6 @@ __all__ = [
     "addition_problems",
     "addition_reward",
     "addition_task",
-    "baseline_overrides",
     "build_default_model",
     "default_cache_dir",
     "encode_prompts",

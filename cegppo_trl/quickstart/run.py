@@ -22,17 +22,16 @@ import torch
 from transformers import TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from ..baselines import METHODS, method_config
 from ..config import CEGPPOConfig
 from ..trainer import CEGPPOTrainer
 from .task import Task, addition_task, evaluate_accuracy, hub_dataset_task
 
 __all__ = [
-    "BASELINES",
     "HUB_MODEL_TRAINING",
     "TINY_MODEL_TRAINING",
     "HeldoutAccuracyCallback",
     "RunResult",
-    "baseline_overrides",
     "format_summary",
     "main",
     "run_training",
@@ -40,62 +39,6 @@ __all__ = [
 ]
 
 HELDOUT_KEY = "heldout/accuracy"
-
-# ----------------------------------------------------------------------------------------------------------------
-# Methods: CE-GPPO and the paper's baselines, as CEGPPOConfig overrides
-# ----------------------------------------------------------------------------------------------------------------
-BASELINES = ("cegppo", "grpo", "dapo", "cispo", "gspo")
-
-
-def baseline_overrides(name: str) -> dict:
-    """`CEGPPOConfig` fields that select a method: CE-GPPO with the paper's defaults, or one of its baselines.
-
-    The one mapping from a method name to config fields (the same as the baseline recipes in docs/usage.md). Every
-    method sets the same keys, so applying one dict after another switches methods cleanly; none of them adds the
-    authors' SFT term or dynamic sampling, which the paper does not describe. The clip ranges are the paper's:
-
-    - `cegppo`: (β1, β2) = (0.5, 1), the paper's recommended default; ε = 0.2 on both sides; token-mean.
-    - `grpo`: β1 = β2 = 0, which makes the CE-GPPO surrogate's gradient exactly PPO-clip's; ε 0.2 / 0.2.
-    - `dapo`: clip-higher, β1 = β2 = 0, ε 0.2 / 0.28.
-    - `cispo`: TRL's `loss_type="cispo"`, `-sg(min(r, epsilon_high)) A log π`, run unchanged. TRL's `epsilon_high`
-      caps the ratio itself, so the paper's CISPO ε = 0.2 is `epsilon_high=1.2` (TRL's help recommends 5.0 after
-      ScaleRL; override it to compare).
-    - `gspo`: sequence-level ratio, ε 3e-4 / 4e-4, `loss_type="grpo"` (GSPO's sequence mean), β1 = β2 = 0.
-
-    Args:
-        name: one of `BASELINES` (`"cegppo"`, `"grpo"`, `"dapo"`, `"cispo"`, `"gspo"`).
-
-    Returns:
-        Keyword arguments for `CEGPPOConfig`.
-
-    Raises:
-        ValueError: for an unknown name.
-    """
-    common = {
-        "loss_type": "dapo",
-        "importance_sampling_level": "token",
-        "delta": None,
-        "sft_loss_coef": 0.0,
-        "dynamic_sampling": False,
-    }
-    table = {
-        "cegppo": {"gppo_beta1": 0.5, "gppo_beta2": 1.0, "epsilon": 0.2, "epsilon_high": 0.2},
-        "grpo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "epsilon": 0.2, "epsilon_high": 0.2},
-        "dapo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "epsilon": 0.2, "epsilon_high": 0.28},
-        "cispo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0, "loss_type": "cispo", "epsilon": 0.2, "epsilon_high": 1.2},
-        "gspo": {
-            "gppo_beta1": 0.0,
-            "gppo_beta2": 0.0,
-            "loss_type": "grpo",
-            "importance_sampling_level": "sequence",
-            "epsilon": 3e-4,
-            "epsilon_high": 4e-4,
-        },
-    }
-    if name not in table:
-        raise ValueError(f"Unknown method {name!r}; choose one of {list(BASELINES)}.")
-    return {**common, **table[name]}
-
 
 # Training settings of the default run (tiny model, CPU). Off-policy by construction: each rollout batch (64 prompts
 # x 8 samples) feeds 4 optimizer steps of 128 completions, so the ratio leaves 1 and clipping happens. Adam's first
@@ -226,8 +169,8 @@ def run_training(
     """Train `model` on `task` with `CEGPPOTrainer`, measuring greedy held-out accuracy before, during and after.
 
     The base configuration is the tiny-model one (`TINY_MODEL_TRAINING`) with CE-GPPO's paper defaults
-    (`baseline_overrides("cegppo")`); `config_overrides` is applied last, so
-    `{**baseline_overrides("grpo"), "learning_rate": 1e-3}` runs the GRPO baseline at another learning rate.
+    (`method_config("cegppo")`); `config_overrides` is applied last, so
+    `{**method_config("grpo"), "learning_rate": 1e-3}` runs the GRPO baseline at another learning rate.
     Runs on CPU unless CUDA is available.
 
     Args:
@@ -256,7 +199,7 @@ def run_training(
         "bf16": on_gpu and torch.cuda.is_bf16_supported(),
         "disable_tqdm": True,  # replaced by the compact bar below
         **TINY_MODEL_TRAINING,
-        **baseline_overrides("cegppo"),
+        **method_config("cegppo"),
         "max_completion_length": task.max_completion_length,
         **config_overrides,
     }
@@ -412,9 +355,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     add(
         "--baseline",
-        choices=[b for b in BASELINES if b != "cegppo"],
+        choices=[m for m in METHODS if m != "cegppo"],
         default=None,
-        help="run this baseline instead of CE-GPPO on the same task and model (see `baseline_overrides`)",
+        help="run this baseline instead of CE-GPPO on the same task and model (fields from `cegppo_trl.baselines.method_config`)",
     )
     add("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
     add("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
@@ -558,7 +501,7 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
         task.max_completion_length = args.max_completion_length
 
     # Method
-    overrides = {**training, **baseline_overrides(method)}
+    overrides = {**training, **method_config(method)}
     if args.beta1 is not None:
         overrides["gppo_beta1"] = args.beta1
     if args.beta2 is not None:

@@ -1,0 +1,83 @@
+"""`cegppo_diagnostics`: the per-region statistics the trainer logs, checked against hand-derived values.
+
+Unless a test says otherwise: epsilon 0.2 both sides (clip range [0.8, 1.2]), beta1 = 0.5, beta2 = 0.75, delta = 2.5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.testing import assert_close
+
+from cegppo_trl.loss import DIAGNOSTIC_SUMS, cegppo_diagnostics
+
+KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
+
+
+def named(sums: torch.Tensor) -> dict[str, float]:
+    return dict(zip(DIAGNOSTIC_SUMS, sums.tolist()))
+
+
+def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation():
+    # Row 0, A = -1: log-ratios -1 (r = 1/e < 0.8: left clip), 0 (r = 1: inside), 1 (r = e > delta 2.5: dual clip).
+    # Row 1, A = +2: log-ratios 1 (r = e > 1.2: right clip), -1 (r = 1/e, but A > 0: not clipped), 5 (padding).
+    log_ratio = torch.tensor([[-1.0, 0.0, 1.0], [1.0, -1.0, 5.0]])
+    advantages = torch.tensor([-1.0, 2.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
+    e = math.e
+    # |d loss / d logp|: left 0.5 * 0.8 * 1 = 0.4; inside r|A| = 1; dual 0; right 0.75 * 1.2 * 2 = 1.8;
+    # unclipped A > 0 below the range: r|A| = 2/e. Preserved = 0.4 + 1.8.
+    expected = dict(
+        left=1.0,
+        right=1.0,
+        dual=1.0,
+        ratio=1 / e + 1 + e + e + 1 / e,
+        preserved_grad_weight=2.2,
+        grad_weight=0.4 + 1 + 0 + 1.8 + 2 / e,
+        tokens=5.0,
+    )
+    got = named(diag.sums)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert math.isclose(got[key], value, rel_tol=1e-6), (key, got[key], value)
+    assert_close(diag.per_sequence, torch.tensor([[1 / 3, 0.0], [0.0, 1 / 2]]))
+    # The padding token's r = e^5 is masked out: max is e, min 1/e.
+    assert_close(diag.extremes, torch.tensor([1 / e, -e]))
+
+
+def test_masked_out_rows_count_nowhere_and_give_nan_shares():
+    # A row whose mask is all zero (a dropped group, or an empty completion) contributes no token to any sum, a NaN
+    # per-sequence share (skipped by TRL's nanmin / nanmax) and no ratio extreme.
+    log_ratio = torch.tensor([[-1.0, 0.0], [3.0, -3.0]])
+    advantages = torch.tensor([-1.0, 1.0])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
+    got = named(diag.sums)
+    assert got["tokens"] == 2.0 and got["left"] == 1.0 and got["right"] == 0.0
+    assert torch.isnan(diag.per_sequence[1]).all()
+    assert_close(diag.extremes, torch.tensor([math.exp(-1.0), -1.0]))
+
+
+def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
+    # GSPO: one (B, 1) log-ratio per sequence. Row 0: r = 1/e, A = -1 -> left clip, weight 0.4 on each of its
+    # tokens (mean 0.4). Row 1: r = e, A = 1 -> right clip, but it has no tokens, so it counts nowhere.
+    log_ratio = torch.tensor([[-1.0], [1.0]])
+    advantages = torch.tensor([[-1.0], [1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
+    got = named(diag.sums)
+    assert got["tokens"] == 1.0 and got["left"] == 1.0 and got["right"] == 0.0
+    assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
+    assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
+    assert_close(diag.per_sequence[0], torch.tensor([1.0, 0.0]))
+    assert torch.isnan(diag.per_sequence[1]).all()
+
+
+def test_without_delta_no_token_is_dual_clipped():
+    log_ratio = torch.tensor([[5.0]])  # r = e^5 with A < 0: plain surrogate, weight r|A|
+    diag = cegppo_diagnostics(log_ratio, torch.tensor([-1.0]), torch.ones(1, 1), **{**KWARGS, "delta": None})
+    got = named(diag.sums)
+    assert got["dual"] == 0.0 and got["preserved_grad_weight"] == 0.0
+    assert math.isclose(got["grad_weight"], math.exp(5.0), rel_tol=1e-6)
