@@ -51,7 +51,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--model", default=None, help="a saved checkpoint; default: build a tiny Llama")
-    parser.add_argument("--max_steps", type=int, default=4)
+    parser.add_argument("--max_steps", type=int, default=6)
     parser.add_argument("--steps_per_generation", type=int, default=2, help="optimizer steps per rollout batch")
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--max_completion_length", type=int, default=8)
