@@ -4,10 +4,10 @@ Runs `examples/vllm_cpu/train_vllm_cpu.py` (a tiny Llama, 6 optimizer steps, 2 p
 step is off-policy) in a subprocess and checks what it recorded against independent computations: vLLM's sampling
 log-probs reach the loss, TRL's importance-sampling (IS) ratio is the documented function of them and multiplies the
 CE-GPPO per-token loss, the ratio/clip metrics match the recorded log-probs, and the weights reach vLLM before every
-generation that follows an optimizer step.
+generation that follows an optimizer step, with full fine-tuning and with a LoRA adapter.
 
 Needs vLLM (`bash .ci/vllm_venv.sh`, then run pytest from that venv); skipped where `vllm` is not importable.
-About 2 minutes on 2 shared CPU cores (vLLM's start-up is most of it).
+About 2 minutes per run (full fine-tuning, LoRA) on 2 shared CPU cores; vLLM's start-up is most of it.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ pytestmark = pytest.mark.slow
 BF16_LOGP_TOL = 2e-2
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="module", params=[[], ["--lora", "--learning_rate", "3e-2"]], ids=["full", "lora"])
+def run(request, tmp_path_factory):
+    """One training run per parameter set: full fine-tuning, and a LoRA adapter (TRL merges it into vLLM's weights
+    at every sync; the higher learning rate makes the adapter move the policy as far as full fine-tuning does)."""
     out = tmp_path_factory.mktemp("vllm_cpu")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SCRIPT.parents[2]), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, str(SCRIPT), "--output_dir", str(out), "--record", str(out / "record.pt")]
+    cmd = [sys.executable, str(SCRIPT), "--output_dir", str(out), "--record", str(out / "record.pt"), *request.param]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     (out / "log.txt").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -47,6 +47,12 @@ def build_model(folder: str, seed: int = 0) -> str:
     return folder
 
 
+def lora_config(args):
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", required=True)
@@ -57,6 +63,7 @@ def parse_args(argv=None):
     parser.add_argument("--max_completion_length", type=int, default=8)
     parser.add_argument("--vllm_mode", default="colocate", choices=["colocate", "server"])
     parser.add_argument("--vllm_importance_sampling_mode", default="sequence_mask")
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (merged into vLLM's weights)")
     parser.add_argument("--record", default=None, help="torch.save the checked quantities to this file")
     parser.add_argument("--threads", type=int, default=1)
     return parser.parse_args(argv)
@@ -149,6 +156,7 @@ def main(argv=None) -> dict:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
+        peft_config=lora_config(args) if args.lora else None,
     )
     startup_s = time.time() - t0
 
