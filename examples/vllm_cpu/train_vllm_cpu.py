@@ -64,6 +64,7 @@ def parse_args(argv=None):
     parser.add_argument("--vllm_mode", default="colocate", choices=["colocate", "server"])
     parser.add_argument("--vllm_server_base_url", default=None, help="server mode: e.g. http://127.0.0.1:8000")
     parser.add_argument("--vllm_importance_sampling_mode", default="sequence_mask")
+    parser.add_argument("--vllm_enable_sleep_mode", action="store_true", help="not available on CPU (vLLM)")
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (merged into vLLM's weights)")
     parser.add_argument("--record", default=None, help="torch.save the checked quantities to this file")
     parser.add_argument("--threads", type=int, default=1)
@@ -108,6 +109,7 @@ def main(argv=None) -> dict:
         vllm_mode=args.vllm_mode,
         vllm_server_base_url=args.vllm_server_base_url,
         vllm_max_model_length=512,
+        vllm_enable_sleep_mode=args.vllm_enable_sleep_mode,
         vllm_importance_sampling_correction=True,
         vllm_importance_sampling_mode=args.vllm_importance_sampling_mode,
         model_init_kwargs={"dtype": torch.float32},
