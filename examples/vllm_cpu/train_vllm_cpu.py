@@ -129,8 +129,14 @@ def main(argv=None) -> dict:
                     logps, _, _ = self._get_per_token_logps_and_entropies(
                         model, ids, attention, inputs["completion_ids"].size(1)
                     )
-                keys = ("completion_mask", "advantages", "old_per_token_logps", "sampling_per_token_logps",
-                        "importance_sampling_ratio", "num_items_in_batch")
+                keys = (
+                    "completion_mask",
+                    "advantages",
+                    "old_per_token_logps",
+                    "sampling_per_token_logps",
+                    "importance_sampling_ratio",
+                    "num_items_in_batch",
+                )
                 call = {key: inputs[key].detach().clone() if key in inputs else None for key in keys}
                 call.update(step=self.state.global_step, per_token_logps=logps, loss=loss.detach().clone())
                 records["loss_calls"].append(call)
@@ -215,9 +221,25 @@ def main(argv=None) -> dict:
         torch.save(records, args.record)
     print(json.dumps(summary))
     for row in trainer.state.log_history:
-        print(json.dumps({k: v for k, v in row.items() if k in (
-            "step", "loss", "reward", "entropy", "cegppo/ratio/mean", "clip_ratio/region_mean",
-            "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/mean")}))
+        print(
+            json.dumps(
+                {
+                    k: v
+                    for k, v in row.items()
+                    if k
+                    in (
+                        "step",
+                        "loss",
+                        "reward",
+                        "entropy",
+                        "cegppo/ratio/mean",
+                        "clip_ratio/region_mean",
+                        "sampling/importance_sampling_ratio/mean",
+                        "sampling/sampling_logp_difference/mean",
+                    )
+                }
+            )
+        )
     return summary
 
 
