@@ -1,9 +1,10 @@
-"""Entropy study: do the CE-GPPO paper's entropy claims (§2, §4 of the reference sheet) hold on the quickstart task?
+"""First entropy study: do the CE-GPPO paper's entropy claims (arXiv 2509.20712, §4) hold on the quickstart task?
 
 Runs GRPO, DAPO clip-higher, CE-GPPO at several (β1, β2) and the paper's (0, 1) → (0.5, 1) switch from the same
 warmed-up tiny Llama on 2-digit addition, several seeds each, and writes the entropy, held-out accuracy and
 preserved-token plots, a markdown table with the paper's claims checked seed by seed, and the raw curves as JSON.
-Command line: `python examples/entropy_study.py` (or `python -m cegppo_trl.study`); `--help` lists the options.
+Command line (from the repository root): `python -m examples.entropy_study.addition`; `--help` lists the options.
+Results: docs/entropy-study.md.
 
 Fairness: every arm starts from the same cached model and uses the same training settings; only the method fields
 differ. Seed `s` fixes TRL's sampling and data order (`seed = data_seed = s`) in every arm, so arms are compared
@@ -33,14 +34,14 @@ SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
 
 
 def _cegppo(beta1: float, beta2: float) -> dict:
-    from .quickstart import baseline_overrides
+    from cegppo_trl.quickstart import baseline_overrides
 
     return {**baseline_overrides("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
 
 
 def _arms() -> dict[str, tuple[str, dict]]:
     """name -> (label, `CEGPPOConfig` overrides). Everything else is `STUDY_TRAINING`, shared by every arm."""
-    from .quickstart import baseline_overrides
+    from cegppo_trl.quickstart import baseline_overrides
 
     return {
         "grpo": ("GRPO (ε 0.2/0.2)", baseline_overrides("grpo")),
@@ -61,7 +62,7 @@ ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1
 
 # Shared by every arm, over the quickstart's TINY_MODEL_TRAINING (lr 1.5e-4 with a 20-step warm-up, 128 completions
 # per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
-# batch (128 prompts x 8 samples), as in the authors' runs (reference sheet §2), so most updates are off-policy.
+# batch (128 prompts x 8 samples), as in the authors' runs (docs/entropy-study.md, Setup): most updates off-policy.
 STUDY_TRAINING: dict = {"steps_per_generation": 8}
 
 # Default sweep and --quick, sized for 2 shared CPU cores: a 600-step run takes ~52 s with two running side by
@@ -80,7 +81,7 @@ _MODEL_CACHE: dict = {}
 
 def _model(warmup: dict, cache_dir: str | None):
     """The warmed-up model (built once, then loaded from the quickstart's cache), kept per process."""
-    from .quickstart import WarmupSettings, addition_task, build_default_model
+    from cegppo_trl.quickstart import WarmupSettings, addition_task, build_default_model
 
     key = (json.dumps(warmup, sort_keys=True), cache_dir)
     if key not in _MODEL_CACHE:
@@ -111,7 +112,7 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
 
     import torch
 
-    from .quickstart import quiet_libraries, run_training
+    from cegppo_trl.quickstart import quiet_libraries, run_training
 
     quiet_libraries()
     torch.set_num_threads(1)
@@ -557,7 +558,7 @@ def write_outputs(runs: list[dict], meta: dict, output_dir: Path) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python examples/entropy_study.py",
+        prog="python -m examples.entropy_study.addition",
         description="Test the CE-GPPO paper's entropy claims on the quickstart's tiny model and addition task: "
         "GRPO, DAPO clip-higher, CE-GPPO at (β1, β2) in {(0,1), (0.5,1), (0.75,1), (1,0.5), (1,1)} and the "
         "(0,1)->(0.5,1) switch at 58.5%, same data and budget for every arm, several seeds. Writes entropy.png, "
@@ -610,7 +611,7 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
 
     import torch
 
-    from .quickstart import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, WarmupSettings, quiet_libraries
+    from cegppo_trl.quickstart import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, WarmupSettings, quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(1)
@@ -636,7 +637,7 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
         "arm_overrides": {a: _arms()[a][1] for a in arms},
         "warmup": {k: info[k] for k in ("steps", "dev_accuracy", "num_parameters")},
         "workers": args.workers,
-        "command": "python examples/entropy_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m examples.entropy_study.addition " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     meta["wall_seconds"] = time.time() - started  # runs only; plotting adds a few seconds
     text = write_outputs(runs, meta, output_dir)

@@ -1,0 +1,541 @@
+"""Second entropy study: the CE-GPPO paper's entropy claims on a task where entropy has somewhere to go.
+
+Testbed (`testbed.py`): "write 4 digits whose sum is S, each followed by the running total" (`4/18:` ->
+`5:5, 4:9, 7:16, 2:18`), 19-23 tokens per completion with 84-670 correct answers per prompt, on the quickstart's
+tiny Llama warmed up on uniformly random correct answers. Every arm is `CEGPPOTrainer` with the same settings;
+only the method fields differ (`cegppo_trl.quickstart.baseline_overrides`, plus β, the switch or the controller).
+
+Three modes, all from the repository root:
+
+    python -m examples.entropy_study.digits --check      # discrimination check: GRPO only, is the testbed usable?
+    python -m examples.entropy_study.digits              # the sweep: every arm x seeds, claims (a)-(g)
+    python -m examples.entropy_study.digits --grid       # (h) stability: arms x learning rate x steps per batch
+    python -m examples.entropy_study.digits --quick      # a ~1 minute smoke run of the sweep (the test suite's)
+
+The claims, their metrics and the paired test are fixed in `CLAIMS` / `stats.py` before any sweep runs; the
+results and their discussion are in docs/entropy-study.md ("Second study").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "ARMS",
+    "CLAIMS",
+    "CONTROLLER_BAND",
+    "GRID_CLAIMS",
+    "check_claims",
+    "check_stability",
+    "main",
+    "run_arm",
+    "run_metrics",
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arms and settings (fixed before the sweep)
+# ----------------------------------------------------------------------------------------------------------------
+SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
+# Controller target band for the mean token entropy (nats): the warmed-up policy starts at ~0.42 and GRPO falls
+# to ~0.18 within 200 steps (discrimination check), so [0.30, 0.40] asks to keep most of the starting entropy.
+CONTROLLER_BAND = (0.30, 0.40)
+CONTROLLER = f"band={CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]},step=0.1,mode=both,beta1=0-1,beta2=0.5-1.5,every=8"
+MATCHED_REWARD = 0.5  # "at matched reward": entropy of the first rollout batch whose mean reward reaches this
+
+
+def _cegppo(beta1: float, beta2: float) -> dict:
+    from cegppo_trl.quickstart import baseline_overrides  # the one method -> config mapping
+
+    return {**baseline_overrides("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
+
+
+def arm_overrides() -> dict[str, tuple[str, dict]]:
+    """arm -> (label, `CEGPPOConfig` method fields); everything else is `training_settings()`."""
+    from cegppo_trl.quickstart import baseline_overrides
+
+    return {
+        "grpo": ("GRPO (ε 0.2/0.2)", baseline_overrides("grpo")),
+        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", baseline_overrides("dapo")),
+        "cegppo_0_1": ("CE-GPPO (0, 1)", _cegppo(0.0, 1.0)),
+        "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", _cegppo(0.5, 1.0)),
+        "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", _cegppo(0.75, 1.0)),
+        "cegppo_1_0.5": ("CE-GPPO (1, 0.5)", _cegppo(1.0, 0.5)),
+        "cegppo_1_1": ("CE-GPPO (1, 1)", _cegppo(1.0, 1.0)),
+        "switch": (
+            "CE-GPPO (0, 1) → (0.5, 1) at 58.5%",
+            {**_cegppo(0.0, 1.0), "gppo_beta1_schedule": f"piecewise:0,0.5@{SWITCH_AT * 100:g}%"},
+        ),
+        "controller": (
+            f"controller, band {CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]} around (0.5, 1)",
+            {**_cegppo(0.5, 1.0), "entropy_controller": CONTROLLER},
+        ),
+    }
+
+
+ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch",
+        "controller")  # fmt: skip
+
+
+def training_settings(learning_rate: float = 3e-4, steps_per_generation: int = 8) -> dict:
+    """Shared by every arm: the quickstart's tiny-model settings, 64 completions (8 prompts x 8 samples) per
+    optimizer step and `steps_per_generation` optimizer steps per rollout batch (off-policy after the first)."""
+    from cegppo_trl.quickstart import TINY_MODEL_TRAINING
+
+    return {**TINY_MODEL_TRAINING, "per_device_train_batch_size": 64, "steps_per_generation": steps_per_generation,
+            "learning_rate": learning_rate}  # fmt: skip
+
+
+# Measured on the shared 2-core machine (load ~8): 200 steps take ~5 min per run with two runs side by side.
+DEFAULTS = {"steps": 200, "seeds": "0,1,2,3,4", "probe_every": 40, "workers": 2}
+QUICK = {"steps": 16, "seeds": "0,1", "probe_every": 8, "arms": "grpo,cegppo_0.5_1,switch,controller"}
+GRID = {"arms": "grpo,cegppo_0_1,cegppo_0.5_1,cegppo_1_1", "lrs": "3e-4,1e-3", "spgs": "4,8", "seeds": "0,1,2"}
+CHECK = {"arms": "grpo", "seeds": "0"}
+OUTPUT_FILES = ("entropy.png", "reward.png", "diversity.png", "clipped.png", "controller.png", "results.md",
+                "curves.json")  # fmt: skip
+
+# ----------------------------------------------------------------------------------------------------------------
+# One run
+# ----------------------------------------------------------------------------------------------------------------
+_MODEL: dict = {}
+
+
+def _model(small: bool, cache_dir: str | None):
+    from .testbed import SMALL_TESTBED, TestbedSettings, build_testbed_model
+
+    key = (small, cache_dir)
+    if key not in _MODEL:
+        settings = TestbedSettings(**(SMALL_TESTBED if small else {}))
+        _MODEL[key] = build_testbed_model(settings, cache_dir=cache_dir, log=None)
+    return _MODEL[key]
+
+
+def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate: float = 3e-4,
+            steps_per_generation: int = 8, small: bool = False, cache_dir: str | None = None) -> dict:  # fmt: skip
+    """Train one arm with one seed from the shared warmed-up model (one torch thread); return its curves
+    (`runner.run_once`'s dict plus `arm`, `seed`, `learning_rate`, `steps_per_generation`)."""
+    import torch
+
+    from cegppo_trl.quickstart import quiet_libraries
+
+    from .runner import run_once
+    from .testbed import digit_task
+
+    quiet_libraries()
+    torch.set_num_threads(1)
+    model, tokenizer, _ = _model(small, cache_dir)
+    overrides = {**training_settings(learning_rate, steps_per_generation), **arm_overrides()[arm][1]}
+    curves = run_once(overrides, model=model, tokenizer=tokenizer, task=digit_task(), steps=steps, seed=seed,
+                      probe_every=probe_every)  # fmt: skip
+    return {"arm": arm, "seed": seed, "learning_rate": learning_rate, "steps_per_generation": steps_per_generation,
+            **curves}  # fmt: skip
+
+
+def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
+    """Every job (keyword arguments of `run_arm`), in `workers` spawned processes or in this one."""
+    results: list[dict] = []
+    start = time.perf_counter()
+
+    def done(c: dict) -> None:
+        results.append(c)
+        elapsed = time.perf_counter() - start
+        p = c["probe"]
+        log(f"  [{len(results):2d}/{len(jobs)}] {c['arm']:<14} seed {c['seed']} lr {c['learning_rate']:g} "
+            f"spg {c['steps_per_generation']}: entropy {c['entropy'][0]:.3f} -> {_tail(c['entropy']):.3f}, validity "
+            f"{p['validity'][0]:.1%} -> {p['validity'][-1]:.1%}, distinct correct {p['distinct_correct'][0]:.1f} -> "
+            f"{p['distinct_correct'][-1]:.1f}, {c['train_seconds']:.0f} s (elapsed {elapsed / 60:.1f} min)")  # fmt: skip
+
+    if workers <= 1:
+        for job in jobs:
+            done(run_arm(**job))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from .runner import one_thread_worker_init
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=one_thread_worker_init) as pool:
+            for future in as_completed([pool.submit(run_arm, **job) for job in jobs]):
+                done(future.result())
+    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], ARMS.index(c["arm"]))
+    return sorted(results, key=key)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-run scalars
+# ----------------------------------------------------------------------------------------------------------------
+def _tail(values: Sequence[float], frac: float = 0.1) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    n = max(1, round(len(values) * frac))
+    return statistics.fmean(values[-n:])
+
+
+def batch_means(values: Sequence[float], block: int) -> list[float]:
+    """Means over consecutive blocks of `block` steps (one rollout batch each; NaNs ignored, NaN if all are)."""
+    out = []
+    for i in range(0, len(values) // block * block, block):
+        chunk = [v for v in values[i : i + block] if not math.isnan(v)]
+        out.append(statistics.fmean(chunk) if chunk else math.nan)
+    return out
+
+
+def band_distance(h: float, band: tuple[float, float]) -> float:
+    """0 inside [low, high], else the distance to the nearer edge."""
+    return max(band[0] - h, 0.0, h - band[1])
+
+
+def run_metrics(c: dict) -> dict:
+    """Per-run scalars the claims compare (entropy per rollout batch, so the within-batch sawtooth averages out).
+
+    - `entropy_start` / `entropy_final`: mean entropy of the first rollout batch / of the last 10% of batches;
+      `entropy_abs_change`: |final - start|; `entropy_abs_change_after_switch`: |final - the batch before 58.5%|.
+    - `entropy_at_matched_reward`: entropy of the first batch whose mean reward reaches `MATCHED_REWARD` (NaN if
+      none does: that seed drops out of matched comparisons).
+    - `in_band`: share of batches whose entropy is inside `CONTROLLER_BAND`; `band_distance_final`: final
+      entropy's distance to the band.
+    - probe scalars at the start and end: `validity` (pass@1), `pass@8`, `distinct_correct`.
+    - `left_frac`, `right_frac`: mean clipped shares; `left_logratio_min`: the lowest per-step mean log-ratio of
+      left-clipped tokens (how far they were pushed below the rollout policy); `collapsed`: final probe validity
+      below half of the starting one.
+    """
+    spg = c["steps_per_generation"]
+    h = batch_means(c["entropy"], spg)
+    reward = batch_means(c["reward"], spg)
+    switch_batch = max(1, math.ceil(SWITCH_AT * len(h)))
+    matched = next((e for e, r in zip(h, reward) if not math.isnan(r) and r >= MATCHED_REWARD), math.nan)
+    p = c["probe"]
+    return {
+        "entropy_start": h[0],
+        "entropy_final": _tail(h),
+        "entropy_abs_change": abs(_tail(h) - h[0]),
+        "entropy_abs_change_after_switch": abs(_tail(h) - h[switch_batch - 1]),
+        "entropy_at_matched_reward": matched,
+        "reward_final": _tail(reward),
+        "in_band": statistics.fmean(band_distance(x, CONTROLLER_BAND) == 0 for x in h),
+        "band_distance_final": band_distance(_tail(h), CONTROLLER_BAND),
+        "validity_start": p["validity"][0],
+        "validity_final": p["validity"][-1],
+        "pass8_final": p["pass@8"][-1],
+        "distinct_correct_start": p["distinct_correct"][0],
+        "distinct_correct_final": p["distinct_correct"][-1],
+        "left_frac": statistics.fmean(c["left_frac"]),
+        "right_frac": statistics.fmean(c["right_frac"]),
+        "left_logratio_min": min(c["left_logratio"]),
+        "collapsed": float(p["validity"][-1] < 0.5 * p["validity"][0]),
+    }
+
+
+def summarize(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """arm -> metric -> per-seed values, seeds in ascending order (the pairing)."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for c in sorted(runs, key=lambda c: c["seed"]):
+        for k, v in run_metrics(c).items():
+            table.setdefault(c["arm"], {}).setdefault(k, []).append(v)
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The claims, fixed before the sweep: (id, text, [(left arm, metric, relation, right arm, metric), ...])
+# ----------------------------------------------------------------------------------------------------------------
+CLAIMS: list[tuple[str, str, list[tuple[str, str, str, str, str]]]] = [
+    ("a", "GRPO's entropy collapses: it falls, and ends below CE-GPPO (0.5, 1)", [
+        ("grpo", "entropy_final", "<", "grpo", "entropy_start"),
+        ("grpo", "entropy_final", "<", "cegppo_0.5_1", "entropy_final"),
+    ]),
+    ("b", "clip-higher keeps entropy higher than GRPO", [
+        ("dapo", "entropy_final", ">", "grpo", "entropy_final"),
+    ]),
+    ("c", "CE-GPPO (0.5, 1) ends between GRPO and DAPO and changes less than either", [
+        ("cegppo_0.5_1", "entropy_final", ">", "grpo", "entropy_final"),
+        ("cegppo_0.5_1", "entropy_final", "<", "dapo", "entropy_final"),
+        ("cegppo_0.5_1", "entropy_abs_change", "<", "grpo", "entropy_abs_change"),
+        ("cegppo_0.5_1", "entropy_abs_change", "<", "dapo", "entropy_abs_change"),
+    ]),
+    ("d", "larger β1 or smaller β2 → lower entropy, per step (final) and at matched reward", [
+        ("cegppo_0_1", "entropy_final", ">", "cegppo_0.5_1", "entropy_final"),
+        ("cegppo_0.5_1", "entropy_final", ">", "cegppo_0.75_1", "entropy_final"),
+        ("cegppo_0.75_1", "entropy_final", ">", "cegppo_1_1", "entropy_final"),
+        ("cegppo_1_0.5", "entropy_final", "<", "cegppo_1_1", "entropy_final"),
+        ("cegppo_0_1", "entropy_at_matched_reward", ">", "cegppo_0.5_1", "entropy_at_matched_reward"),
+        ("cegppo_0.5_1", "entropy_at_matched_reward", ">", "cegppo_0.75_1", "entropy_at_matched_reward"),
+        ("cegppo_0.75_1", "entropy_at_matched_reward", ">", "cegppo_1_1", "entropy_at_matched_reward"),
+        ("cegppo_1_0.5", "entropy_at_matched_reward", "<", "cegppo_1_1", "entropy_at_matched_reward"),
+    ]),
+    ("e", "the (0, 1) → (0.5, 1) switch changes entropy less after the switch than staying at (0, 1)", [
+        ("switch", "entropy_abs_change_after_switch", "<", "cegppo_0_1", "entropy_abs_change_after_switch"),
+    ]),
+    ("f", "the controller keeps entropy in its band longer, and ends nearer to it, than fixed β", [
+        ("controller", "in_band", ">", "cegppo_0.5_1", "in_band"),
+        ("controller", "in_band", ">", "grpo", "in_band"),
+        ("controller", "band_distance_final", "<", "cegppo_0.5_1", "band_distance_final"),
+    ]),
+    ("g", "diversity: CE-GPPO (0.5, 1) and DAPO keep more distinct correct answers than GRPO; pass@8 no lower", [
+        ("cegppo_0.5_1", "distinct_correct_final", ">", "grpo", "distinct_correct_final"),
+        ("dapo", "distinct_correct_final", ">", "grpo", "distinct_correct_final"),
+        ("cegppo_0.5_1", "pass8_final", ">", "grpo", "pass8_final"),
+    ]),
+]  # fmt: skip
+# (h) stability, the --grid table: per (learning rate, steps per batch), each arm against GRPO, paired by seed. The
+# hypothesis (from the issue's scouting run and this study's one-seed pilot): a constant-weight gradient on
+# left-clipped negative-advantage tokens (β1 > 0) removes PPO's trust region on that side, so those tokens are pushed
+# further below the rollout policy within a batch (lower min log r) and the policy loses validity where GRPO does
+# not. Collapse count: runs whose final probe validity is below half the starting one.
+GRID_CLAIMS = [("validity_final", "<", "grpo"), ("left_logratio_min", "<", "grpo")]
+
+
+def check_claims(table: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """Every comparison of `CLAIMS` whose arms ran, as `stats.paired_verdict` rows (plus `claim`, `text`)."""
+    from .stats import paired_verdict
+
+    rows = []
+    for cid, text, comparisons in CLAIMS:
+        for a, ma, rel, b, mb in comparisons:
+            if a in table and b in table:
+                rows.append({"claim": cid, "claim_text": text, "text": f"{a} {ma} {rel} {b} {mb}",
+                             **paired_verdict(table[a][ma], table[b][mb], rel)})  # fmt: skip
+    return rows
+
+
+def check_stability(table: dict[str, dict[str, list[float]]]) -> list[dict]:
+    """(h): every arm that ran against GRPO under `GRID_CLAIMS`, as `stats.paired_verdict` rows."""
+    from .stats import paired_verdict
+
+    return [{"claim": "h", "claim_text": "stability", "text": f"{a} {metric} {rel} {base} {metric}",
+             **paired_verdict(table[a][metric], table[base][metric], rel)}
+            for metric, rel, base in GRID_CLAIMS for a in table if a != base and base in table]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Outputs
+# ----------------------------------------------------------------------------------------------------------------
+def _fmt(values: Sequence[float], f: str = "{:.3f}") -> str:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return "n/a"
+    return f"{f.format(statistics.fmean(v))} ± {f.format(statistics.stdev(v) if len(v) > 1 else 0.0)}" + (
+        f" ({len(v)}/{len(values)})" if len(v) < len(values) else ""
+    )
+
+
+def write_markdown(runs: list[dict], meta: dict) -> str:
+    labels = {a: lab for a, (lab, _) in arm_overrides().items()}
+    intro = (
+        f"Command: `{meta['command']}`. {len(meta['seeds'])} seed(s) {meta['seeds']}, {meta['steps']} steps, "
+        f"wall time {meta['wall_seconds'] / 60:.1f} min, {meta['workers']} worker(s). Mean ± std over seeds; "
+        "entropy per rollout batch; probes: 32 samples at T = 1 for each of 13 fixed prompts."
+    )
+    lines = [f"# Second entropy study: results ({meta['mode']})", "", intro, ""]
+    groups: dict[tuple, list[dict]] = {}
+    for c in runs:
+        groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)
+    for (lr, spg), cs in groups.items():
+        table = summarize(cs)
+        header = (
+            "| arm | entropy start → final | H at reward ≥ 0.5 | in band | validity start → final | pass@8 final "
+            "| distinct correct start → final | left / right clipped | min left log r | collapsed |"
+        )
+        lines += [f"## lr {lr:g}, {spg} optimizer steps per rollout batch", "", header, "|---" * 10 + "|"]
+        for arm, m in table.items():
+            lines.append(
+                f"| {labels[arm]} | {_fmt(m['entropy_start'])} → {_fmt(m['entropy_final'])} "
+                f"| {_fmt(m['entropy_at_matched_reward'])} | {_fmt(m['in_band'], '{:.2f}')} "
+                f"| {_fmt(m['validity_start'], '{:.2f}')} → {_fmt(m['validity_final'], '{:.2f}')} "
+                f"| {_fmt(m['pass8_final'], '{:.2f}')} | {_fmt(m['distinct_correct_start'], '{:.1f}')} → "
+                f"{_fmt(m['distinct_correct_final'], '{:.1f}')} | {_fmt(m['left_frac'], '{:.3f}')} / "
+                f"{_fmt(m['right_frac'], '{:.3f}')} | {_fmt(m['left_logratio_min'], '{:.2f}')} "
+                f"| {int(sum(m['collapsed']))}/{len(m['collapsed'])} |"
+            )
+        header = (
+            "| claim | comparison | mean left vs right | difference (mean ± std) | seeds held "
+            "| p (sign-flip, one-sided) | verdict |"
+        )
+        lines += ["", header, "|---" * 7 + "|"]
+        rows = ([] if meta["mode"] == "grid" else check_claims(table)) + check_stability(table)
+        for r in rows:
+            lines.append(f"| ({r['claim']}) | {r['text']} | {r['mean_left']:.3f} vs {r['mean_right']:.3f} | "
+                         f"{r['mean_diff']:+.3f} ± {r['std_diff']:.3f} | {r['seeds_held']}/{r['n']} | {r['p']:.3f} "
+                         f"| {r['verdict']} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+_COLORS = {"grpo": "black", "dapo": "tab:gray", "cegppo_0_1": "#9ecae1", "cegppo_0.5_1": "#4292c6",
+           "cegppo_0.75_1": "#2171b5", "cegppo_1_1": "#08306b", "cegppo_1_0.5": "tab:red", "switch": "tab:purple",
+           "controller": "tab:green"}  # fmt: skip
+
+
+def write_plots(runs: list[dict], out: Path) -> None:
+    """entropy, reward, diversity (probe validity and distinct correct), clipped shares, controller β and band."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = {a: lab for a, (lab, _) in arm_overrides().items()}
+    first = (runs[0]["learning_rate"], runs[0]["steps_per_generation"])
+    runs = [c for c in runs if (c["learning_rate"], c["steps_per_generation"]) == first]  # the main setting
+    by: dict[str, list[dict]] = {}
+    for c in runs:
+        by.setdefault(c["arm"], []).append(c)
+    spg = first[1]
+    title = f"lr {first[0]:g}, {spg} steps per rollout batch, {len({c['seed'] for c in runs})} seed(s), mean ± std"
+
+    def band(ax, arm, ys, x, **kw):
+        y = np.array(ys, dtype=float)
+        mean = np.nanmean(y, axis=0)
+        std = np.nanstd(y, axis=0, ddof=1) if len(ys) > 1 else np.zeros_like(mean)
+        ax.plot(x, mean, color=_COLORS[arm], label=labels[arm], **kw)
+        ax.fill_between(x, mean - std, mean + std, color=_COLORS[arm], alpha=0.12, linewidth=0)
+
+    def figure(name, panels):
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), squeeze=False)
+        for ax, (key, ylabel, fn) in zip(axes[0], panels):
+            for arm, cs in by.items():
+                x, ys = fn(cs, key)
+                band(ax, arm, ys, x)
+            ax.set(xlabel="optimizer step", ylabel=ylabel)
+            ax.grid(alpha=0.3)
+        if name == "entropy.png":
+            for ax in axes[0]:
+                ax.axhspan(*CONTROLLER_BAND, color="tab:green", alpha=0.08, label="controller band")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+
+    def per_batch(cs, key):
+        ys = [batch_means(c[key], spg) for c in cs]
+        n = min(map(len, ys))
+        return [spg * (i + 0.5) for i in range(n)], [y[:n] for y in ys]
+
+    def probes(cs, key):
+        return cs[0]["probe"]["step"], [c["probe"][key] for c in cs]
+
+    figure("entropy.png", [("entropy", "mean token entropy (per rollout batch)", per_batch)])
+    figure("reward.png", [("reward", "training reward (per rollout batch)", per_batch)])
+    figure("diversity.png", [("validity", "probe validity (pass@1)", probes),
+                             ("distinct_correct", "distinct correct answers per prompt (of 32)", probes),
+                             ("pass@8", "probe pass@8", probes)])  # fmt: skip
+    figure("clipped.png", [("left_frac", "left-clipped share (A<0, r<1-ε)", per_batch),
+                           ("right_frac", "right-clipped share (A>0, r>1+ε)", per_batch),
+                           ("left_logratio", "mean log r of left-clipped tokens", per_batch)])  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    for c in by.get("controller", []):
+        axes[0].plot(c["steps"], c["beta1"], color="tab:green", alpha=0.6)
+        axes[0].plot(c["steps"], c["beta2"], color="tab:olive", alpha=0.6)
+        x, (y,) = per_batch([c], "entropy")
+        axes[1].plot(x, y, color="tab:green", alpha=0.6)
+    axes[0].set(xlabel="optimizer step", ylabel="β1 (green), β2 (olive)", title="controller arm, one line per seed")
+    axes[1].axhspan(*CONTROLLER_BAND, color="tab:green", alpha=0.1)
+    axes[1].set(xlabel="optimizer step", ylabel="entropy", title=f"entropy and the band {CONTROLLER_BAND}")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "controller.png", dpi=100)
+    plt.close(fig)
+
+
+def _rounded(v, digits: int = 5):
+    if isinstance(v, float):
+        return round(v, digits) if math.isfinite(v) else v
+    if isinstance(v, list):
+        return [_rounded(x, digits) for x in v]
+    if isinstance(v, dict):
+        return {k: _rounded(x, digits) for k, x in v.items()}
+    return v
+
+
+def write_outputs(runs: list[dict], meta: dict, out: Path) -> str:
+    """curves.json, the five PNGs and results.md from the same rounded curves (so --replot reproduces them)."""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [_rounded(c) for c in runs]
+    (out / "curves.json").write_text(json.dumps({"meta": meta, "runs": runs}, separators=(",", ":")))
+    write_plots(runs, out)
+    text = write_markdown(runs, meta)
+    (out / "results.md").write_text(text)
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m examples.entropy_study.digits", description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="discrimination check: GRPO only, seed 0")
+    mode.add_argument("--grid", action="store_true", help=f"(h) stability grid: arms {GRID['arms']} x lr "
+                      f"{GRID['lrs']} x steps per batch {GRID['spgs']}, seeds {GRID['seeds']}")  # fmt: skip
+    mode.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK['steps']} steps, seeds {QUICK['seeds']}, "
+                      f"arms {QUICK['arms']}, small model (numbers mean nothing)")  # fmt: skip
+    mode.add_argument("--replot", action="store_true", help="rewrite outputs from <output-dir>/curves.json")
+    p.add_argument("--output-dir", default="outputs/entropy_study_digits")
+    p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {DEFAULTS['steps']})")
+    p.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {DEFAULTS['seeds']})")
+    p.add_argument("--arms", default=None, help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--learning-rate", type=float, default=3e-4, help="(sweep and check) default 3e-4")
+    p.add_argument("--lrs", default=GRID["lrs"], help="(--grid) comma-separated learning rates")
+    p.add_argument("--spgs", default=GRID["spgs"], help="(--grid) comma-separated optimizer steps per rollout batch")
+    p.add_argument("--probe-every", type=int, default=None, help="steps between diversity probes (default 40)")
+    p.add_argument("--workers", type=int, default=DEFAULTS["workers"], help="processes, one torch thread each")
+    p.add_argument("--small-model", action="store_true", help="the ~30k-parameter test model (implied by --quick)")
+    p.add_argument("--cache-dir", default=None, help="model cache (default: the quickstart's)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
+    """Run the study (see `--help`); returns `{"meta", "runs"}` as written to curves.json."""
+    args = _parser().parse_args(argv)
+    out = Path(args.output_dir)
+    if args.replot:
+        data = json.loads((out / "curves.json").read_text())
+        write_outputs(data["runs"], data["meta"], out)
+        return data
+    mode = "check" if args.check else "grid" if args.grid else "quick" if args.quick else "sweep"
+    preset = {**DEFAULTS, **{"check": CHECK, "grid": GRID, "quick": QUICK}.get(mode, {})}
+    arms = (args.arms or preset.get("arms") or ",".join(ARMS)).split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"Unknown arm(s) {unknown}; choose from {list(ARMS)}.")
+    seeds = [int(s) for s in (args.seeds or preset["seeds"]).split(",")]
+    steps = args.steps or preset["steps"]
+    small = args.small_model or args.quick
+    settings = [(float(lr), int(spg)) for lr in args.lrs.split(",") for spg in args.spgs.split(",")] \
+        if args.grid else [(args.learning_rate, 8)]  # fmt: skip
+
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        started = time.time()
+        _, _, info = _model(small, args.cache_dir)  # built here once, so the workers only load it
+        every = args.probe_every or preset["probe_every"]
+        jobs = [{"arm": a, "seed": s, "steps": steps, "probe_every": every, "learning_rate": lr,
+                 "steps_per_generation": spg, "small": small, "cache_dir": args.cache_dir}
+                for lr, spg in settings for s in seeds for a in arms]  # fmt: skip
+        log(f"Second entropy study ({mode}): {len(jobs)} runs of {steps} steps, {args.workers} worker(s); model "
+            f"{info['num_parameters']:,} parameters, warm-up validity {info['probe_validity']:.1%}")  # fmt: skip
+        runs = _run_all(jobs, args.workers, log)
+        meta = {"mode": mode, "steps": steps, "seeds": seeds, "arms": arms, "settings": settings,
+                "training": training_settings(), "controller": CONTROLLER, "matched_reward": MATCHED_REWARD,
+                "warmup": {k: v for k, v in info.items() if k != "settings"}, "workers": args.workers,
+                "command": "python -m examples.entropy_study.digits " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "wall_seconds": time.time() - started}  # fmt: skip
+        text = write_outputs(runs, meta, out)
+        log("\n" + text)
+        return {"meta": meta, "runs": runs}
+    finally:
+        torch.set_num_threads(previous)
+
+
+if __name__ == "__main__":
+    main()

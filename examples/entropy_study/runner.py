@@ -1,0 +1,162 @@
+"""One RL run of the second study: `CEGPPOTrainer` on the digit-sum testbed, with probes and drift tracking.
+
+`StudyTrainer` adds one diagnostic that the library does not log (issue (h)): how far the log-probabilities of
+left-clipped tokens (A < 0, r < 1 - ε) have fallen below the rollout policy's, per optimizer step. It only reads the
+tensors the loss already computed; the loss, the gradients and the random stream are exactly `CEGPPOTrainer`'s.
+It lives here, not in the library, because it is a research probe (the study may not edit the trainer).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import tempfile
+import time
+
+import torch
+from transformers import TrainerCallback, set_seed
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+from .testbed import DigitTask, probe
+
+__all__ = ["PER_STEP_KEYS", "StudyTrainer", "run_once"]
+
+# TRL / CE-GPPO metric -> curve name, one value per optimizer step.
+PER_STEP_KEYS = {
+    "entropy": "entropy",
+    "reward": "reward",
+    "beta1": "cegppo/beta1",
+    "beta2": "cegppo/beta2",
+    "left_frac": "cegppo/preserved/left_frac",
+    "right_frac": "cegppo/preserved/right_frac",
+    "grad_share": "cegppo/preserved/grad_share",
+    "left_logratio": "study/left_logratio_mean",
+    "neg_logratio_min": "study/neg_logratio_min",
+    "neg_deep_frac": "study/neg_below_half_frac",
+}
+
+
+class StudyTrainer(CEGPPOTrainer):
+    """`CEGPPOTrainer` plus three read-only metrics of the negative-advantage tokens' log-ratio `log r`:
+
+    - `study/left_logratio_mean`: mean `log r` over left-clipped tokens (A < 0, r < 1 - ε), 0 when there are none;
+    - `study/neg_logratio_min`: the smallest `log r` among A < 0 tokens (the deepest push below the rollout policy);
+    - `study/neg_below_half_frac`: share of completion tokens with A < 0 and r < 0.5 (log-prob down by > 0.69).
+    """
+
+    _capture = False
+    _captured = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._capture:
+            self._captured = out[0].detach()
+        return out
+
+    def _compute_loss(self, model, inputs):
+        self._capture, self._captured = True, None
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self._capture = False
+        old = inputs.get("old_per_token_logps")
+        logps = self._captured
+        if logps is not None:
+            log_r = logps - (old if old is not None else logps)  # on-policy steps: r = 1 exactly
+            adv = inputs["advantages"]
+            adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+            mask = inputs["completion_mask"].bool()
+            neg = mask & (adv < 0)
+            left = neg & (log_r < math.log(1 - self.epsilon_low))
+            metrics = self._metrics["train" if model.training else "eval"]
+            metrics["study/left_logratio_mean"].append(log_r[left].mean().item() if left.any() else 0.0)
+            metrics["study/neg_logratio_min"].append(log_r[neg].min().item() if neg.any() else 0.0)
+            metrics["study/neg_below_half_frac"].append(
+                ((neg & (log_r < math.log(0.5))).sum() / mask.sum().clamp(min=1)).item()
+            )
+        self._captured = None
+        return loss
+
+
+class _ProbeCallback(TrainerCallback):
+    """Runs `probe` at step 0 and every `every` optimizer steps (and at the end), keeping `(step, stats)`."""
+
+    def __init__(self, tokenizer, task: DigitTask, every: int, samples: int):
+        self.tokenizer, self.task, self.every, self.samples = tokenizer, task, every, samples
+        self.records: list[dict] = []
+
+    def _probe(self, model, step: int) -> None:
+        stats = probe(model, self.tokenizer, self.task.probe_sums, samples=self.samples,
+                      max_new_tokens=self.task.max_completion_length)  # fmt: skip
+        self.records.append({"step": step, **stats})
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._probe(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self._probe(model, state.global_step)
+
+
+def run_once(
+    overrides: dict,
+    *,
+    model,
+    tokenizer,
+    task: DigitTask,
+    steps: int,
+    seed: int,
+    probe_every: int,
+    probe_samples: int = 32,
+) -> dict:
+    """Train a deep copy of `model` with `CEGPPOConfig(**overrides)` for `steps` optimizer steps.
+
+    Seed `seed` fixes TRL's sampling and data order (`seed = data_seed`), so arms are paired by seed.
+
+    Returns:
+        `{"steps": [...], <PER_STEP_KEYS>: [...], "probe": {"steps", "validity", "pass@8", "distinct_correct",
+        "distinct"}, "train_seconds", "collapsed"}`; per-step lists have one value per optimizer step (NaN when a
+        metric was not logged that step: the reward is logged on every step of this setup).
+    """
+    set_seed(seed)
+    settings = {
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "use_cpu": True,
+        "bf16": False,
+        "disable_tqdm": True,
+        "max_completion_length": task.max_completion_length,
+        **overrides,
+    }
+    with tempfile.TemporaryDirectory() as output_dir:
+        args = CEGPPOConfig(output_dir=output_dir, max_steps=steps, seed=seed, data_seed=seed, **settings)
+        trainer = StudyTrainer(
+            model=copy.deepcopy(model), reward_funcs=task.reward_fn, args=args, train_dataset=task.train,
+            processing_class=tokenizer,
+        )  # fmt: skip
+        probes = _ProbeCallback(tokenizer, task, probe_every, probe_samples)
+        trainer.add_callback(probes)
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+    per_step = [h for h in trainer.state.log_history if "loss" in h]
+    curves: dict = {"steps": [int(h["step"]) for h in per_step]}
+    for name, key in PER_STEP_KEYS.items():
+        curves[name] = [float(h[key]) if h.get(key) is not None else math.nan for h in per_step]
+    curves["probe"] = {k: [r[k] for r in probes.records] for k in probes.records[0]}
+    curves["train_seconds"] = seconds
+    return curves
+
+
+def one_thread_worker_init() -> None:
+    """Worker processes: one torch thread each (two threads per process slow down badly on shared cores)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
