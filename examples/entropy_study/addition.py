@@ -34,18 +34,18 @@ SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
 
 
 def _cegppo(beta1: float, beta2: float) -> dict:
-    from cegppo_trl.quickstart import baseline_overrides
+    from cegppo_trl.baselines import method_config
 
-    return {**baseline_overrides("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
+    return {**method_config("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
 
 
 def _arms() -> dict[str, tuple[str, dict]]:
     """name -> (label, `CEGPPOConfig` overrides). Everything else is `STUDY_TRAINING`, shared by every arm."""
-    from cegppo_trl.quickstart import baseline_overrides
+    from cegppo_trl.baselines import method_config
 
     return {
-        "grpo": ("GRPO (ε 0.2/0.2)", baseline_overrides("grpo")),
-        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", baseline_overrides("dapo")),
+        "grpo": ("GRPO (ε 0.2/0.2)", method_config("grpo")),
+        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", method_config("dapo")),
         "cegppo_0_1": ("CE-GPPO (0, 1)", _cegppo(0.0, 1.0)),
         "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", _cegppo(0.5, 1.0)),
         "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", _cegppo(0.75, 1.0)),

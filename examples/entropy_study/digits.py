@@ -3,7 +3,7 @@
 Testbed (`testbed.py`): "write 4 digits whose sum is S, each followed by the running total" (`4/18:` ->
 `5:5, 4:9, 7:16, 2:18`), 19-23 tokens per completion with 84-670 correct answers per prompt, on the quickstart's
 tiny Llama warmed up on uniformly random correct answers. Every arm is `CEGPPOTrainer` with the same settings;
-only the method fields differ (`cegppo_trl.quickstart.baseline_overrides`, plus β, the switch or the controller).
+only the method fields differ (`cegppo_trl.baselines.method_config`, plus β, the switch or the controller).
 
 Three modes, all from the repository root:
 
@@ -51,18 +51,18 @@ MATCHED_REWARD = 0.5  # "at matched reward": entropy of the first rollout batch 
 
 
 def _cegppo(beta1: float, beta2: float) -> dict:
-    from cegppo_trl.quickstart import baseline_overrides  # the one method -> config mapping
+    from cegppo_trl.baselines import method_config  # the one method -> config mapping
 
-    return {**baseline_overrides("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
+    return {**method_config("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
 
 
 def arm_overrides() -> dict[str, tuple[str, dict]]:
     """arm -> (label, `CEGPPOConfig` method fields); everything else is `training_settings()`."""
-    from cegppo_trl.quickstart import baseline_overrides
+    from cegppo_trl.baselines import method_config
 
     return {
-        "grpo": ("GRPO (ε 0.2/0.2)", baseline_overrides("grpo")),
-        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", baseline_overrides("dapo")),
+        "grpo": ("GRPO (ε 0.2/0.2)", method_config("grpo")),
+        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", method_config("dapo")),
         "cegppo_0_1": ("CE-GPPO (0, 1)", _cegppo(0.0, 1.0)),
         "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", _cegppo(0.5, 1.0)),
         "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", _cegppo(0.75, 1.0)),
