@@ -39,6 +39,7 @@ def _run(cmd, tmp: Path) -> dict[str, tuple[dict, list]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(),
                     reason="torchrun not installed")  # fmt: skip
 def test_two_processes_match_one_process(tmp_path):

@@ -107,6 +107,7 @@ def _finite_numbers(history):
     return [v for entry in history for v in entry.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
+@pytest.mark.slow
 def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
     out = tmp_path / "out"
     summary = main(["--fast", "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
@@ -135,6 +136,7 @@ def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
     assert any(h["cegppo/ratio/min"] < 1.0 or h["cegppo/ratio/max"] > 1.0 for h in steps)
 
 
+@pytest.mark.slow
 def test_fast_quickstart_runs_a_baseline(tmp_path):
     summary = main(
         ["--fast", "--baseline", "grpo", "--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"),
@@ -151,6 +153,7 @@ def test_dataset_without_model_is_refused_with_a_clear_message(capsys):
     assert "--dataset needs --model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path):
     # The code paths of `--model <Hub id>` and `--dataset <Hub id>`, offline: a saved model and a JSONL file.
     tokenizer = build_char_tokenizer()

@@ -20,6 +20,7 @@ def test_piecewise_schedule_switches_beta1_at_the_boundary(make_trainer):
     assert all(h["cegppo/beta2"] == 1.0 for h in _step_logs(trainer))
 
 
+@pytest.mark.slow
 def test_schedule_resolves_against_the_epoch_computed_total(make_trainer):
     # 32 prompts x 4 generations / 8 per step = 16 steps in one epoch; no max_steps given.
     trainer = make_trainer(num_iterations=2, num_train_epochs=1, gppo_beta2_schedule="linear:1->2")
