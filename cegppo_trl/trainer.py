@@ -154,6 +154,14 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # beta1 / beta2 for the current optimizer step
     # ------------------------------------------------------------------------------------------------------------
+    def cegppo_coefficients(self) -> dict[str, float | None]:
+        """Keyword arguments of `cegppo_per_token_loss` at the current optimizer step: the clip range, this step's
+        (beta1, beta2) and the dual-clip constant."""
+        beta1, beta2 = self.current_gppo_betas()
+        return dict(
+            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta1=beta1, beta2=beta2, delta=self.args.delta
+        )
+
     def current_gppo_betas(self) -> tuple[float, float]:
         """(beta1, beta2) used by the loss at the current optimizer step: the schedules' nominal values, moved by
         the entropy controller when one is configured. Constant within an optimizer step."""
@@ -527,16 +535,12 @@ class CEGPPOTrainer(GRPOTrainer):
             # --- CE-GPPO begin: the gradient-preserving surrogate (Eq. 8) replaces -min(r A, clip(r) A) and the ---
             # two-sided `delta` clamp, which for A < 0 is the authors' dual clip. A sequence-level (GSPO) ratio is a
             # (B, 1) log-ratio: clipped sequences keep beta * bound * A * grad(mean log-ratio).
-            beta1, beta2 = self.current_gppo_betas()
+            coefficients = self.cegppo_coefficients()
             per_token_loss = cegppo_per_token_loss(
                 log_importance_weights,
                 log_importance_weights.new_zeros(()),  # already a log-ratio; a 0-d zero avoids a (B, T) copy
                 advantages,
-                epsilon_low=self.epsilon_low,
-                epsilon_high=self.epsilon_high,
-                beta1=beta1,
-                beta2=beta2,
-                delta=self.args.delta,
+                **coefficients,
             )
             # --- CE-GPPO end ---
         elif self.loss_type == "sapo":
@@ -676,7 +680,7 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
             # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
             # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
-            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, beta1, beta2)
+            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients)
             # --- CE-GPPO end ---
         elif self.loss_type == "cispo":
             is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
@@ -686,28 +690,19 @@ class CEGPPOTrainer(GRPOTrainer):
 
         return loss
 
-    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, beta1, beta2) -> None:
+    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients) -> None:
         """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`: one `reduce` and two `gather`s
         (each a host synchronisation) over all processes; TRL's `log()` then averages them over the logging window."""
         metrics = self._metrics[mode]
-        metrics["cegppo/beta1"].append(beta1)
-        metrics["cegppo/beta2"].append(beta2)
+        metrics["cegppo/beta1"].append(coefficients["beta1"])
+        metrics["cegppo/beta2"].append(coefficients["beta2"])
         if self.entropy_controller is not None:
             low, high = self.entropy_controller.target
             metrics["cegppo/controller/target_low"].append(low)
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
-        diagnostics = cegppo_diagnostics(
-            log_ratio,
-            advantages,
-            mask,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta1=beta1,
-            beta2=beta2,
-            delta=self.args.delta,
-        )
+        diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients)
         totals = dict(zip(DIAGNOSTIC_SUMS, self.accelerator.reduce(diagnostics.sums, reduction="sum").tolist()))
         per_sequence = self.accelerator.gather(diagnostics.per_sequence)  # [B * processes, 2]
         ratio_min, neg_ratio_max = self.accelerator.gather(diagnostics.extremes).view(-1, 2).amin(dim=0).tolist()
