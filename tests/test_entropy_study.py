@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is a folder beside the package, importable from the repository root
     sys.path.insert(0, str(ROOT))
 
-from examples.entropy_study import addition, digits, stats, testbed  # noqa: E402
+from examples.entropy_study import addition, digits, stats, testbed
 
 pytest.importorskip("matplotlib")
 
@@ -199,7 +199,7 @@ def test_pass_at_k():
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    model, tokenizer, info = testbed.build_testbed_model(testbed.TestbedSettings(**testbed.SMALL_TESTBED),
+    model, tokenizer, _ = testbed.build_testbed_model(testbed.TestbedSettings(**testbed.SMALL_TESTBED),
                                                          cache_dir=cache, log=None)  # fmt: skip
     return model, tokenizer, cache
 
