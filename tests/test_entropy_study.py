@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is a folder beside the package, importable from the repository root
     sys.path.insert(0, str(ROOT))
 
-from examples.entropy_study import addition, digits, stats, testbed  # noqa: E402
+from examples.entropy_study import addition, digits, stats, testbed
 
 pytest.importorskip("matplotlib")
 
@@ -199,7 +199,7 @@ def test_pass_at_k():
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    model, tokenizer, info = testbed.build_testbed_model(testbed.TestbedSettings(**testbed.SMALL_TESTBED),
+    model, tokenizer, _ = testbed.build_testbed_model(testbed.TestbedSettings(**testbed.SMALL_TESTBED),
                                                          cache_dir=cache, log=None)  # fmt: skip
     return model, tokenizer, cache
 
@@ -218,18 +218,18 @@ def test_probe_uses_a_private_rng(small_model):
 # ----------------------------------------------------------------------------------------------------------------
 # Second study: a short run through the command line
 # ----------------------------------------------------------------------------------------------------------------
-QUICK_STEPS = 16  # two rollout batches: the switch (58.5% -> step 10) and one controller update (every 8) happen
+QUICK_STEPS = 16  # --quick: two rollout batches, so the switch (58.5% -> step 10) and a controller update happen
 
 
 def test_digits_quick_run_writes_curves_with_the_right_keys_and_shapes(small_model, tmp_path):
     _, _, cache = small_model
     out = tmp_path / "digits"
-    data = digits.main(["--quick", "--steps", str(QUICK_STEPS), "--seeds", "0", "--arms", "grpo,switch,controller",
-                        "--workers", "1", "--cache-dir", str(cache), "--output-dir", str(out)], **QUIET)  # fmt: skip
+    data = digits.main(["--quick", "--cache-dir", str(cache), "--output-dir", str(out)], **QUIET)
     for name in digits.OUTPUT_FILES:
         assert (out / name).stat().st_size > 0, name
     written = json.loads((out / "curves.json").read_text())
     assert written["meta"]["steps"] == QUICK_STEPS and written["meta"]["mode"] == "quick"
+    assert written["meta"]["seeds"] == [0] and written["meta"]["workers"] == 1
     by = {r["arm"]: r for r in data["runs"]}
     assert set(by) == {"grpo", "switch", "controller"}
     for run in data["runs"]:

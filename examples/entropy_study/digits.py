@@ -92,9 +92,10 @@ def training_settings(learning_rate: float = 3e-4, steps_per_generation: int = 8
             "learning_rate": learning_rate}  # fmt: skip
 
 
-# Measured on the shared 2-core machine (load ~8): 200 steps take ~5 min per run with two runs side by side.
+# Measured on the shared 2-core machine (load 8-12, two runs side by side): a 160-step run takes 1-5.5 min, so the
+# full design (45 runs of 200 steps) needs 1.5-3 h; docs/entropy-study.md ran a reduced sweep.
 DEFAULTS = {"steps": 200, "seeds": "0,1,2,3,4", "probe_every": 40, "workers": 2}
-QUICK = {"steps": 16, "seeds": "0,1", "probe_every": 8, "arms": "grpo,cegppo_0.5_1,switch,controller"}
+QUICK = {"steps": 16, "seeds": "0", "probe_every": 8, "arms": "grpo,switch,controller", "workers": 1}
 GRID = {"arms": "grpo,cegppo_0_1,cegppo_0.5_1,cegppo_1_1", "lrs": "3e-4,1e-3", "spgs": "4,8", "seeds": "0,1,2"}
 CHECK = {"arms": "grpo", "seeds": "0"}
 OUTPUT_FILES = ("entropy.png", "reward.png", "diversity.png", "clipped.png", "controller.png", "results.md",
@@ -485,7 +486,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lrs", default=GRID["lrs"], help="(--grid) comma-separated learning rates")
     p.add_argument("--spgs", default=GRID["spgs"], help="(--grid) comma-separated optimizer steps per rollout batch")
     p.add_argument("--probe-every", type=int, default=None, help="steps between diversity probes (default 40)")
-    p.add_argument("--workers", type=int, default=DEFAULTS["workers"], help="processes, one torch thread each")
+    p.add_argument("--workers", type=int, default=None, help="processes, one torch thread each (default 2; --quick 1)")
     p.add_argument("--small-model", action="store_true", help="the ~30k-parameter test model (implied by --quick)")
     p.add_argument("--cache-dir", default=None, help="model cache (default: the quickstart's)")
     return p
@@ -507,6 +508,7 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         raise SystemExit(f"Unknown arm(s) {unknown}; choose from {list(ARMS)}.")
     seeds = [int(s) for s in (args.seeds or preset["seeds"]).split(",")]
     steps = args.steps or preset["steps"]
+    workers = args.workers or preset["workers"]
     small = args.small_model or args.quick
     settings = [(float(lr), int(spg)) for lr in args.lrs.split(",") for spg in args.spgs.split(",")] \
         if args.grid else [(args.learning_rate, 8)]  # fmt: skip
@@ -524,10 +526,10 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
                 for lr, spg in settings for s in seeds for a in arms]  # fmt: skip
         log(f"Second entropy study ({mode}): {len(jobs)} runs of {steps} steps, {args.workers} worker(s); model "
             f"{info['num_parameters']:,} parameters, warm-up validity {info['probe_validity']:.1%}")  # fmt: skip
-        runs = _run_all(jobs, args.workers, log)
+        runs = _run_all(jobs, workers, log)
         meta = {"mode": mode, "steps": steps, "seeds": seeds, "arms": arms, "settings": settings,
                 "training": training_settings(), "controller": CONTROLLER, "matched_reward": MATCHED_REWARD,
-                "warmup": {k: v for k, v in info.items() if k != "settings"}, "workers": args.workers,
+                "warmup": {k: v for k, v in info.items() if k != "settings"}, "workers": workers,
                 "command": "python -m examples.entropy_study.digits " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "wall_seconds": time.time() - started}  # fmt: skip
         text = write_outputs(runs, meta, out)
