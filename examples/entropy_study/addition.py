@@ -33,27 +33,27 @@ __all__ = ["ARMS", "CLAIMS", "STUDY_TRAINING", "check_claims", "main", "run_arm"
 SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
 
 
-def _cegppo(beta1: float, beta2: float) -> dict:
+def cegppo_arm(beta1: float, beta2: float) -> dict:
     from cegppo_trl.baselines import method_config
 
     return {**method_config("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
 
 
-def _arms() -> dict[str, tuple[str, dict]]:
+def arm_overrides() -> dict[str, tuple[str, dict]]:
     """name -> (label, `CEGPPOConfig` overrides). Everything else is `STUDY_TRAINING`, shared by every arm."""
     from cegppo_trl.baselines import method_config
 
     return {
         "grpo": ("GRPO (ε 0.2/0.2)", method_config("grpo")),
         "dapo": ("DAPO clip-higher (ε 0.2/0.28)", method_config("dapo")),
-        "cegppo_0_1": ("CE-GPPO (0, 1)", _cegppo(0.0, 1.0)),
-        "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", _cegppo(0.5, 1.0)),
-        "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", _cegppo(0.75, 1.0)),
-        "cegppo_1_0.5": ("CE-GPPO (1, 0.5)", _cegppo(1.0, 0.5)),
-        "cegppo_1_1": ("CE-GPPO (1, 1)", _cegppo(1.0, 1.0)),
+        "cegppo_0_1": ("CE-GPPO (0, 1)", cegppo_arm(0.0, 1.0)),
+        "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", cegppo_arm(0.5, 1.0)),
+        "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", cegppo_arm(0.75, 1.0)),
+        "cegppo_1_0.5": ("CE-GPPO (1, 0.5)", cegppo_arm(1.0, 0.5)),
+        "cegppo_1_1": ("CE-GPPO (1, 1)", cegppo_arm(1.0, 1.0)),
         "switch": (
             "CE-GPPO (0, 1) → (0.5, 1) at 58.5%",
-            {**_cegppo(0.0, 1.0), "gppo_beta1_schedule": f"piecewise:0,0.5@{SWITCH_AT * 100:g}%"},
+            {**cegppo_arm(0.0, 1.0), "gppo_beta1_schedule": f"piecewise:0,0.5@{SWITCH_AT * 100:g}%"},
         ),
     }
 
@@ -117,7 +117,7 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
     quiet_libraries()
     torch.set_num_threads(1)
     model, tokenizer, task, _ = _model(warmup, cache_dir)
-    overrides = {**STUDY_TRAINING, **_arms()[arm][1]}
+    overrides = {**STUDY_TRAINING, **arm_overrides()[arm][1]}
     with tempfile.TemporaryDirectory() as trainer_dir:  # TRL's output_dir; nothing is saved there
         result = run_training(
             overrides, model=copy.deepcopy(model), tokenizer=tokenizer, task=task, max_steps=steps, seed=seed,
@@ -335,7 +335,7 @@ def check_claims(table: dict[str, dict[str, list[float]]]) -> list[dict]:
 # Outputs
 # ----------------------------------------------------------------------------------------------------------------
 def _labels() -> dict[str, str]:
-    return {name: label for name, (label, _) in _arms().items()}
+    return {name: label for name, (label, _) in arm_overrides().items()}
 
 
 def write_markdown(runs: list[dict], meta: dict, path: Path) -> str:
@@ -634,7 +634,7 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
         "steps_per_generation": training["steps_per_generation"],
         "num_heldout": len(task.heldout),
         "training": training,
-        "arm_overrides": {a: _arms()[a][1] for a in arms},
+        "arm_overrides": {a: arm_overrides()[a][1] for a in arms},
         "warmup": {k: info[k] for k in ("steps", "dev_accuracy", "num_parameters")},
         "workers": args.workers,
         "command": "python -m examples.entropy_study.addition " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -27,6 +27,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .addition import SWITCH_AT
+from .addition import arm_overrides as first_study_arms
+from .addition import cegppo_arm
+
 __all__ = [
     "ARMS",
     "CLAIMS",
@@ -42,7 +46,6 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------------
 # Arms and settings (fixed before the sweep)
 # ----------------------------------------------------------------------------------------------------------------
-SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
 # Controller target band for the mean token entropy (nats): the warmed-up policy starts at ~0.42 and GRPO falls
 # to ~0.18 within 200 steps (discrimination check), so [0.30, 0.40] asks to keep most of the starting entropy.
 CONTROLLER_BAND = (0.30, 0.40)
@@ -50,31 +53,14 @@ CONTROLLER = f"band={CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]},step=0.1,mode=both
 MATCHED_REWARD = 0.5  # "at matched reward": entropy of the first rollout batch whose mean reward reaches this
 
 
-def _cegppo(beta1: float, beta2: float) -> dict:
-    from cegppo_trl.baselines import method_config  # the one method -> config mapping
-
-    return {**method_config("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
-
-
 def arm_overrides() -> dict[str, tuple[str, dict]]:
-    """arm -> (label, `CEGPPOConfig` method fields); everything else is `training_settings()`."""
-    from cegppo_trl.baselines import method_config
-
+    """arm -> (label, `CEGPPOConfig` method fields): the first study's arms plus the entropy controller; everything
+    else is `training_settings()`."""
     return {
-        "grpo": ("GRPO (ε 0.2/0.2)", method_config("grpo")),
-        "dapo": ("DAPO clip-higher (ε 0.2/0.28)", method_config("dapo")),
-        "cegppo_0_1": ("CE-GPPO (0, 1)", _cegppo(0.0, 1.0)),
-        "cegppo_0.5_1": ("CE-GPPO (0.5, 1)", _cegppo(0.5, 1.0)),
-        "cegppo_0.75_1": ("CE-GPPO (0.75, 1)", _cegppo(0.75, 1.0)),
-        "cegppo_1_0.5": ("CE-GPPO (1, 0.5)", _cegppo(1.0, 0.5)),
-        "cegppo_1_1": ("CE-GPPO (1, 1)", _cegppo(1.0, 1.0)),
-        "switch": (
-            "CE-GPPO (0, 1) → (0.5, 1) at 58.5%",
-            {**_cegppo(0.0, 1.0), "gppo_beta1_schedule": f"piecewise:0,0.5@{SWITCH_AT * 100:g}%"},
-        ),
+        **first_study_arms(),
         "controller": (
             f"controller, band {CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]} around (0.5, 1)",
-            {**_cegppo(0.5, 1.0), "entropy_controller": CONTROLLER},
+            {**cegppo_arm(0.5, 1.0), "entropy_controller": CONTROLLER},
         ),
     }
 
