@@ -59,7 +59,10 @@ class CEGPPOConfig(GRPOConfig):
         default=0.5,
         metadata={
             "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (NA&LP). "
-            "Larger beta1 makes policy entropy fall faster (exploitation). Paper default 0.5; 0.75 for 7B."
+            "Larger beta1 makes policy entropy fall faster (exploitation). Paper default 0.5; 0.75 for 7B. "
+            "Caution: beta1 > 0 keeps pushing left-clipped tokens down, with no trust region on that side; in a small "
+            "study (8 optimizer steps per rollout batch, lr 3e-4, tiny model) every beta1 > 0 arm lost its accuracy "
+            "where GRPO did not (docs/entropy-study.md). With many steps per batch or a large lr, start from 0."
         },
     )
     gppo_beta2: float = field(
