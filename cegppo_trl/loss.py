@@ -39,8 +39,11 @@ def _ratio_and_advantages(
     # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
     dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
     adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
-    ratio = torch.sub(per_token_logps.to(dtype), old_per_token_logps.to(dtype)).exp_()  # [B, T]; inf past ~88.7
-    return ratio, adv
+    if per_token_logps.dtype == dtype:
+        log_ratio = per_token_logps - old_per_token_logps.to(dtype)  # [B, T]
+    else:  # bf16 / fp16 log-probs: one fp32 copy, subtracted in place
+        log_ratio = per_token_logps.to(dtype).sub_(old_per_token_logps)
+    return log_ratio.exp_(), adv  # the ratio, inf past a log-ratio of ~88.7 in fp32
 
 
 def _regions(
