@@ -149,9 +149,12 @@ def plot(output_dir: Path, window: int = 8) -> list[Path]:
         ("entropy", "token entropy (nats)"),
         ("reward", "mean reward (per rollout batch)"),
         ("clip_ratio/low_mean", "share clipped left (A<0, r<1-ε)"),
+        ("completions/mean_length", "mean completion length (tokens, per rollout batch)"),
         ("clip_ratio/high_mean", "share clipped right (A>0, r>1+ε)"),
+        ("cegppo/preserved/grad_share", "gradient-weight share of clipped tokens (0 for GRPO)"),
     ]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    panels = [panels[i] for i in (0, 1, 3, 2, 4, 5)]  # top row: entropy, reward, length; bottom: clipping
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7))
     for ax, (key, label) in zip(axes.flat, panels):
         for arm, run in runs.items():
             pts = [(s["step"], s[key]) for s in run["steps"][:common] if key in s]
@@ -160,7 +163,8 @@ def plot(output_dir: Path, window: int = 8) -> list[Path]:
             xs, ys = zip(*pts)
             name = f"{arm.upper() if arm == 'grpo' else 'CE-GPPO'} (β1={run['beta1']}, β2={run['beta2']})"
             ax.plot(xs, ys, alpha=0.25)
-            ax.plot(xs, _smooth(list(ys), window if key != "reward" else 1), label=name, color=ax.lines[-1].get_color())
+            per_batch = key in ("reward", "completions/mean_length")  # logged once per rollout batch
+            ax.plot(xs, _smooth(list(ys), 1 if per_batch else window), label=name, color=ax.lines[-1].get_color())
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
