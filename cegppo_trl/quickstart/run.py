@@ -476,7 +476,9 @@ def _smollm2_setup(args: argparse.Namespace, num_heldout: int | None):
     training = dict(SMOLLM2_TRAINING)
     if args.fast:  # 2 prompts x 4 samples, 2 optimizer steps on them
         training.update(per_device_train_batch_size=4, num_generations=4, steps_per_generation=2)
-    task = chat_addition_task(num_digits=1, num_heldout=num_heldout or (8 if args.fast else 40), seed=0)
+    task = chat_addition_task(
+        num_digits=1, num_heldout=num_heldout or (8 if args.fast else 40), max_completion_length=8 if args.fast else 16
+    )
     return model, tokenizer, f"SmolLM2-135M-Instruct ({path})", training, task
 
 

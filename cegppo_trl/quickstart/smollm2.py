@@ -28,12 +28,13 @@ __all__ = [
 
 _INTEGER = re.compile(r"-?\d+")
 
-# Training settings for `--model smollm2` on CPU (two cores): 8 prompts x 8 samples per rollout batch, 16-token
-# answers, 4 optimizer steps of 16 completions per batch (off-policy, so the ratio leaves 1 and clipping happens).
+# Training settings for `--model smollm2` on CPU (two cores), the CE-GPPO arm of examples/real_model_entropy.py:
+# 4 prompts x 8 samples per rollout batch, <= 16-token answers, 8 optimizer steps of 4 completions per batch (the
+# paper's 8 steps per batch: off-policy, so the ratio leaves 1 and clipping happens), constant lr 1e-5.
 SMOLLM2_TRAINING: dict = {
-    "per_device_train_batch_size": 16,
+    "per_device_train_batch_size": 4,
     "gradient_accumulation_steps": 1,
-    "steps_per_generation": 4,
+    "steps_per_generation": 8,
     "num_generations": 8,
     "temperature": 1.0,
     "learning_rate": 1e-5,
@@ -45,8 +46,8 @@ SMOLLM2_TRAINING: dict = {
 }
 
 
-# Optimizer steps of the default `--model smollm2` run: 8 rollout batches.
-SMOLLM2_STEPS = 32
+# Optimizer steps of the default `--model smollm2` run: 6 rollout batches.
+SMOLLM2_STEPS = 48
 
 
 def chat_addition_is_correct(completion: str, solution: str) -> bool:
