@@ -227,8 +227,10 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
     return paired_times(calls, reps, min_block_s=0.05)
 
 
-def compare(reps: int, steps: int, warmup: int, output_dir: str, verbose: bool = True, **kwargs) -> dict:
-    """Paired timing (CE-GPPO / GRPO) over `reps` repetitions plus one profiled run each for peak memory."""
+def compare(
+    reps: int, steps: int, warmup: int, output_dir: str, verbose: bool = True, memory_reps: int = 3, **kwargs
+) -> dict:
+    """Paired timing (CE-GPPO / GRPO) over `reps` repetitions plus `memory_reps` profiled runs each for peak memory."""
     runs = {name: [] for name in TRAINERS}
     names = list(TRAINERS)
     for rep in range(reps):
@@ -243,7 +245,7 @@ def compare(reps: int, steps: int, warmup: int, output_dir: str, verbose: bool =
     # Peak memory, paired the same way; a first profiled run is discarded (one-off lazy allocations).
     peak_memory(names[0], output_dir, 4, **kwargs)
     memory = {name: [] for name in names}
-    for rep in range(min(reps, 3)):
+    for rep in range(min(reps, memory_reps)):
         for name in names if rep % 2 == 0 else reversed(names):
             memory[name].append(peak_memory(name, output_dir, 4, **kwargs))
     pairs = list(zip(runs["cegppo"], runs["grpo"]))
@@ -283,7 +285,17 @@ def main(argv=None):
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--output-dir", default="/tmp/cegppo_bench_train_step")
+    parser.add_argument(
+        "--model",
+        choices=["tiny", "smollm2"],
+        default="tiny",
+        help="tiny: the local tiny Llama; smollm2: SmolLM2-135M-Instruct (cegppo_trl.models.smollm2_checkpoint), "
+        "fp32, 2 reps x 4 steps and 2 threads unless given",
+    )
+    parser.add_argument("--memory-reps", type=int, default=3, help="paired profiled runs for peak memory")
     args = parser.parse_args(argv)
+    if args.model == "smollm2":
+        return smollm2_main(args)
 
     quiet()
     torch.set_num_threads(args.threads)
@@ -327,6 +339,43 @@ def main(argv=None):
         f"| mean completion length | {result['completion_length']['cegppo']:.1f} "
         f"| {result['completion_length']['grpo']:.1f} | |"
     )
+    return result
+
+
+def smollm2_main(args) -> dict:
+    """The paired comparison on SmolLM2-135M-Instruct: same prompts (plain text), batch, seed and off-policy layout."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cegppo_trl.models import smollm2_checkpoint
+
+    quiet()
+    torch.set_num_threads(args.threads if args.threads != 1 else 2)
+    path = smollm2_checkpoint()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    reps, steps, warmup = args.reps or 2, args.steps or 4, 0
+    length = args.completion_length if args.completion_length != 32 else 16
+    print(
+        f"# bench_train_step --model smollm2: {datetime.date.today()} | {platform.machine()} | torch "
+        f"{torch.__version__} | threads={torch.get_num_threads()} | reps={reps} x {steps} steps | SmolLM2-135M-Instruct "
+        f"fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} generations, {length} completion "
+        f"tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
+    )
+    result = compare(
+        reps, steps, warmup, args.output_dir, memory_reps=args.memory_reps, completion_length=length,
+        num_generations=args.num_generations, tokenizer=tokenizer, learning_rate=1e-5,
+        model_factory=lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+    )  # fmt: skip
+    print("| | CE-GPPO | GRPO (dapo) | CE-GPPO / GRPO (median of paired ratios) |\n|---|---|---|---|")
+    print(f"| time per optimizer step (s) | {result['step_ms']['cegppo'] / 1e3:.2f} | "
+          f"{result['step_ms']['grpo'] / 1e3:.2f} | {result['step_ratio']:.3f}x |")  # fmt: skip
+    print(f"| of which `_compute_loss` (s) | {result['loss_ms']['cegppo'] / 1e3:.2f} | "
+          f"{result['loss_ms']['grpo'] / 1e3:.2f} | {result['loss_ratio']:.3f}x |")  # fmt: skip
+    same_ms, same_ratio = result["same_batch_ms"], result["same_batch_ratio"]
+    print(f"| `_compute_loss` + backward, identical batch (s) | {same_ms['cegppo'] / 1e3:.2f} | "
+          f"{same_ms['grpo'] / 1e3:.2f} | {same_ratio['cegppo']:.3f}x |")  # fmt: skip
+    print(f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.0f} | "
+          f"{result['memory_mib']['grpo']:.0f} | {result['memory_ratio']:.3f}x |")  # fmt: skip
     return result
 
 

