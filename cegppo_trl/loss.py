@@ -103,7 +103,11 @@ def _value_and_grad_weight(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
     ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
-    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    regions = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
+    return _table(ratio, adv, *regions, epsilon_low, epsilon_high, beta1, beta2, delta)
+
+
+def _table(ratio, adv, left, right, dual, epsilon_low, epsilon_high, beta1, beta2, delta):
     # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. r is capped per row: at delta for A < 0
     # (the dual clip's constant -delta * A; infinite without one) and at the largest finite float for A >= 0, so
     # that A == 0 gives exactly 0 where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
@@ -168,9 +172,8 @@ def cegppo_diagnostics(
     """
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
     left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
-    _, grad_weight = _value_and_grad_weight(
-        log_ratio, log_ratio.new_zeros(()), advantages, epsilon_low, epsilon_high, beta1, beta2, delta
-    )
+    # The kernel's own gradient weight, from the same ratio and regions.
+    _, grad_weight = _table(ratio, adv, left, right, dual, epsilon_low, epsilon_high, beta1, beta2, delta)
     grad_weight = grad_weight.abs()  # [B, T]
     if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         weight = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
