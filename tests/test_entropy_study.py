@@ -97,6 +97,7 @@ def fake_run(arm: str, seed: int, batch_entropy: list[float], batch_reward: list
         "entropy": [h for h in batch_entropy for _ in range(SPG)],
         "reward": [x for r in batch_reward for x in [r] + [math.nan] * (SPG - 1)],
         "left_frac": [0.02] * n, "right_frac": [0.01] * n, "left_logratio": [-0.3] * (n - 1) + [-2.5],
+        "lowp_clipped_frac": [math.nan, 0.1, 0.3] * (n // 3) + [0.2] * (n % 3),
         "probe": {"step": [0, n], "validity": list(validity), "pass@8": [0.7, 0.9],
                   "distinct_correct": list(distinct)},
     }  # fmt: skip
@@ -116,6 +117,10 @@ def test_run_metrics_from_known_curves():
     assert m["entropy_abs_change_after_switch"] == pytest.approx(abs(0.17 - h[switch_batch - 1]))
     assert m["left_logratio_min"] == -2.5 and m["left_frac"] == pytest.approx(0.02)
     assert m["collapsed"] == 1.0  # validity 0.2 -> 0.05 is below half
+    assert m["lowp_clipped_frac"] == pytest.approx((0.1 + 0.3) * 26 / 54 + 0.2 * 2 / 54)  # NaN steps ignored
+    old = fake_run("grpo", 0, h, r)
+    del old["lowp_clipped_frac"]  # curves recorded before the metric existed
+    assert math.isnan(digits.run_metrics(old)["lowp_clipped_frac"])
     assert math.isnan(digits.run_metrics(fake_run("grpo", 0, h, [0.1] * 10))["entropy_at_matched_reward"])
 
 
@@ -238,6 +243,8 @@ def test_digits_quick_run_writes_curves_with_the_right_keys_and_shapes(small_mod
             assert len(run[key]) == QUICK_STEPS and all(math.isfinite(v) for v in run[key]), (run["arm"], key)
         assert all(v <= 0 for v in run["left_logratio"] + run["neg_logratio_min"])  # log r of pushed-down tokens
         assert run["left_logratio"][0] == 0.0  # the first step of a batch is on-policy: r = 1, nothing clipped
+        assert run["lowp_clipped_frac"][0] == 0.0  # likewise among the low-probability tokens
+        assert all(0.0 <= v <= 1.0 for v in run["lowp_clipped_frac"] if not math.isnan(v))
         assert run["probe"]["step"] == [0, 8, 16]
         for key in ("validity", "pass@8", "distinct_correct", "distinct"):
             assert len(run["probe"][key]) == 3

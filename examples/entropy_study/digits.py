@@ -164,6 +164,11 @@ def _tail(values: Sequence[float], frac: float = 0.1) -> float:
     return statistics.fmean(values[-n:])
 
 
+def _nanmean(values: Sequence[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(values) if values else math.nan
+
+
 def batch_means(values: Sequence[float], block: int) -> list[float]:
     """Means over consecutive blocks of `block` steps (one rollout batch each; NaNs ignored, NaN if all are)."""
     out = []
@@ -189,8 +194,9 @@ def run_metrics(c: dict) -> dict:
       entropy's distance to the band.
     - probe scalars at the start and end: `validity` (pass@1), `pass@8`, `distinct_correct`.
     - `left_frac`, `right_frac`: mean clipped shares; `left_logratio_min`: the lowest per-step mean log-ratio of
-      left-clipped tokens (how far they were pushed below the rollout policy); `collapsed`: final probe validity
-      below half of the starting one.
+      left-clipped tokens (how far they were pushed below the rollout policy); `lowp_clipped_frac`: mean clipped
+      share among tokens sampled with probability < 0.5 (NaN for runs recorded before it existed); `collapsed`:
+      final probe validity below half of the starting one.
     """
     spg = c["steps_per_generation"]
     h = batch_means(c["entropy"], spg)
@@ -215,6 +221,7 @@ def run_metrics(c: dict) -> dict:
         "left_frac": statistics.fmean(c["left_frac"]),
         "right_frac": statistics.fmean(c["right_frac"]),
         "left_logratio_min": min(c["left_logratio"]),
+        "lowp_clipped_frac": _nanmean(c.get("lowp_clipped_frac", [])),
         "collapsed": float(p["validity"][-1] < 0.5 * p["validity"][0]),
     }
 
@@ -326,9 +333,10 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
         table = summarize(cs)
         header = (
             "| arm | entropy start → final | H at reward ≥ 0.5 | in band | validity start → final | pass@8 final "
-            "| distinct correct start → final | left / right clipped | min left log r | collapsed |"
+            "| distinct correct start → final | left / right clipped | clipped, p < 0.5 tokens | min left log r "
+            "| collapsed |"
         )
-        lines += [f"## lr {lr:g}, {spg} optimizer steps per rollout batch", "", header, "|---" * 10 + "|"]
+        lines += [f"## lr {lr:g}, {spg} optimizer steps per rollout batch", "", header, "|---" * 11 + "|"]
         for arm, m in table.items():
             lines.append(
                 f"| {labels[arm]} | {_fmt(m['entropy_start'])} → {_fmt(m['entropy_final'])} "
@@ -336,7 +344,8 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
                 f"| {_fmt(m['validity_start'], '{:.2f}')} → {_fmt(m['validity_final'], '{:.2f}')} "
                 f"| {_fmt(m['pass8_final'], '{:.2f}')} | {_fmt(m['distinct_correct_start'], '{:.1f}')} → "
                 f"{_fmt(m['distinct_correct_final'], '{:.1f}')} | {_fmt(m['left_frac'], '{:.3f}')} / "
-                f"{_fmt(m['right_frac'], '{:.3f}')} | {_fmt(m['left_logratio_min'], '{:.2f}')} "
+                f"{_fmt(m['right_frac'], '{:.3f}')} | {_fmt(m['lowp_clipped_frac'], '{:.3f}')} "
+                f"| {_fmt(m['left_logratio_min'], '{:.2f}')} "
                 f"| {int(sum(m['collapsed']))}/{len(m['collapsed'])} |"
             )
         header = (

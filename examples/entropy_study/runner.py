@@ -36,6 +36,7 @@ PER_STEP_KEYS = {
     "left_logratio": "study/left_logratio_mean",
     "neg_logratio_min": "study/neg_logratio_min",
     "neg_deep_frac": "study/neg_below_half_frac",
+    "lowp_clipped_frac": "study/lowp_clipped_frac",
 }
 
 
@@ -44,7 +45,9 @@ class StudyTrainer(CEGPPOTrainer):
 
     - `study/left_logratio_mean`: mean `log r` over left-clipped tokens (A < 0, r < 1 - ε), 0 when there are none;
     - `study/neg_logratio_min`: the smallest `log r` among A < 0 tokens (the deepest push below the rollout policy);
-    - `study/neg_below_half_frac`: share of completion tokens with A < 0 and r < 0.5 (log-prob down by > 0.69).
+    - `study/neg_below_half_frac`: share of completion tokens with A < 0 and r < 0.5 (log-prob down by > 0.69);
+    - `study/lowp_clipped_frac`: the clipped share (A < 0, r < 1 - ε or A > 0, r > 1 + ε) among the tokens the
+      rollout policy sampled with probability < 0.5, the paper's "low-probability tokens" (NaN on on-policy steps).
     """
 
     _capture = False
@@ -77,6 +80,12 @@ class StudyTrainer(CEGPPOTrainer):
             metrics["study/neg_below_half_frac"].append(
                 ((neg & (log_r < math.log(0.5))).sum() / mask.sum().clamp(min=1)).item()
             )
+            if old is not None:
+                low_p = mask & (old < math.log(0.5))
+                clipped = left | (mask & (adv > 0) & (log_r > math.log(1 + self.epsilon_high)))
+                metrics["study/lowp_clipped_frac"].append(
+                    ((clipped & low_p).sum() / low_p.sum()).item() if low_p.any() else math.nan
+                )
         self._captured = None
         return loss
 
