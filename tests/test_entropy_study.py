@@ -153,6 +153,52 @@ def test_claim_verdicts_are_computed_from_the_curves():
     assert stability["cegppo_0.5_1 left_logratio_min < grpo left_logratio_min"]["verdict"] == "failed"  # equal
 
 
+def _at(run: dict, lr: float, spg: int) -> dict:
+    return {**run, "learning_rate": lr, "steps_per_generation": spg}
+
+
+def test_stability_map_cells_are_mean_final_validity_and_collapsed_seeds():
+    h, r = [0.4] * 10, [0.3] * 10
+    runs = [_at(fake_run("grpo", s, h, r, validity=(0.2, v)), 3e-4, 8) for s, v in [(1, 0.6), (2, 0.05)]]
+    runs += [_at(fake_run("cegppo_0.5_1", s, h, r, validity=(0.2, v)), 1e-3, 8) for s, v in [(1, 0.0), (2, 0.3)]]
+    text = digits.stability_map(runs)
+    grpo, ce = text.split("**CE-GPPO (0.5, 1)**")
+    assert "| 0.0003 | 0.33 (1/2) |" in grpo and "| 0.001 | not run |" in grpo  # (0.6 + 0.05) / 2; 0.05 < 0.1
+    assert "| 0.001 | 0.15 (1/2) |" in ce and "| 0.0003 | not run |" in ce
+
+
+def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup_seconds: float = 70.0) -> Path:
+    folder = root / name
+    folder.mkdir()
+    meta = {"mode": name, "steps": steps, "command": f"cmd {name}", "wall_seconds": 60.0, "workers": 2,
+            "warmup": {"steps": 400, "probe_validity": 0.22, "seconds": warmup_seconds, "cached": False}}  # fmt: skip
+    (folder / "curves.json").write_text(json.dumps({"meta": meta, "runs": runs}))
+    return folder
+
+
+def test_merge_pairs_runs_from_several_folders_and_refuses_what_cannot_be_paired(tmp_path):
+    h, r = [0.4] * 10, [0.3] * 10
+    grid = _curves_dir(tmp_path, "grid", [_at(fake_run("grpo", 1, h, r), 1e-3, 8)])
+    sweep = _curves_dir(tmp_path, "sweep", [fake_run("grpo", 1, h, r), fake_run("cegppo_1_1", 2, h, r)],
+                        warmup_seconds=3.0)  # a cached warm-up: its wall time does not matter
+    data = digits.merge_curves([grid, sweep])
+    assert data["meta"]["mode"] == "grid" and data["meta"]["wall_seconds"] == 120.0
+    assert data["meta"]["sources"] == ["cmd grid", "cmd sweep"] and data["meta"]["seeds"] == [1, 2]
+    assert [(c["arm"], c["seed"], c["learning_rate"]) for c in data["runs"]] == [
+        ("grpo", 1, 3e-4), ("cegppo_1_1", 2, 3e-4), ("grpo", 1, 1e-3)]  # fmt: skip
+    assert [c["arm"] for c in digits.merge_curves([grid, sweep], arms=["cegppo_1_1"])["runs"]] == ["cegppo_1_1"]
+    other = _curves_dir(tmp_path, "other", [fake_run("dapo", 1, h, r)], steps=160)
+    with pytest.raises(SystemExit, match="'steps' differs"):
+        digits.merge_curves([grid, other])
+    again = _curves_dir(tmp_path, "again", [fake_run("grpo", 1, h, r)])
+    with pytest.raises(SystemExit, match="repeat runs"):
+        digits.merge_curves([sweep, again])
+    out = tmp_path / "merged"
+    digits.main(["--merge", str(grid), str(sweep), "--output-dir", str(out)], **QUIET)
+    assert "(h) stability map" in (out / "results.md").read_text()
+    assert (out / "stability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_every_claim_names_known_arms_and_metrics():
     metrics = set(digits.run_metrics(fake_run("grpo", 0, [0.4] * 10, [0.5] * 10)))
     for _, _, comparisons in digits.CLAIMS:
