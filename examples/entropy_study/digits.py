@@ -87,7 +87,7 @@ QUICK = {"steps": 16, "seeds": "0", "probe_every": 8, "arms": "grpo,switch,contr
 # GRPO's exact step.
 GRID = {"arms": "grpo,cegppo_0_1,cegppo_0.5_1,cegppo_1_1", "lrs": "1e-4,3e-4,1e-3", "spgs": "2,4,8",
         "seeds": "1,2,3,4,5"}  # fmt: skip
-CHECK = {"arms": "grpo", "seeds": "0"}
+CHECK = {"arms": "grpo", "seeds": "0", "steps": 200}
 MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the sweep; the grid's plots show this point
 OUTPUT_FILES = ("entropy.png", "reward.png", "diversity.png", "clipped.png", "controller.png", "stability.png",
                 "results.md", "curves.json")  # fmt: skip
