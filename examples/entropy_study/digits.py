@@ -327,6 +327,26 @@ def _settings(runs: list[dict]) -> tuple[list[float], list[int]]:
     return sorted({c["learning_rate"] for c in runs}), sorted({c["steps_per_generation"] for c in runs})
 
 
+# The proposed warning (docs/entropy-study.md, "(h) Stability"): some optimizer step's mean log r of left-clipped
+# tokens below this. Read off the sweep at lr 3e-4 / 8 steps per batch, then fixed before the grid ran, which tests it.
+GUARD_THRESHOLD = -1.5
+
+
+def guard_check(runs: list[dict], threshold: float = GUARD_THRESHOLD) -> dict[str, int]:
+    """The warning rule as a collapse detector over `runs`: counts of (warned, collapsed) outcomes, and the runs
+    where the warning came at or before the first probe that showed the collapse."""
+    counts = {"warned_collapsed": 0, "warned_stable": 0, "silent_collapsed": 0, "silent_stable": 0, "in_time": 0}
+    for c in runs:
+        collapsed = bool(run_metrics(c)["collapsed"])
+        warned_at = next((s for s, x in zip(c["steps"], c["left_logratio"]) if x < threshold), None)
+        counts[f"{'warned' if warned_at is not None else 'silent'}_{'collapsed' if collapsed else 'stable'}"] += 1
+        if collapsed and warned_at is not None:
+            p = c["probe"]
+            first = next(s for s, v in zip(p["step"], p["validity"]) if v < 0.5 * p["validity"][0])
+            counts["in_time"] += warned_at <= first
+    return counts
+
+
 def stability_map(runs: list[dict]) -> str:
     """(h) at a glance: per arm, a learning rate x steps-per-batch table of final probe validity (mean over seeds)
     and how many seeds collapsed (final validity below half the starting one)."""
@@ -359,7 +379,13 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
     if meta.get("sources"):
         lines += ["Merged from the runs of:", "", *[f"- `{cmd}`" for cmd in meta["sources"]], ""]
     if meta["mode"] == "grid":
-        lines += [stability_map(runs), ""]
+        g = guard_check(runs)
+        lines += [stability_map(runs), "",
+                  f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse detector "
+                  f"over these {len(runs)} runs: warned and collapsed {g['warned_collapsed']} (warned no later than "
+                  f"the first probe that showed it: {g['in_time']}), warned but stable {g['warned_stable']}, "
+                  f"collapsed without a warning {g['silent_collapsed']}, stable and silent {g['silent_stable']}.",
+                  ""]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for c in runs:
         groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)
