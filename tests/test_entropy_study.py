@@ -183,6 +183,21 @@ def test_guard_check_counts_warnings_against_collapses():
         "warned_collapsed": 2, "warned_stable": 1, "silent_collapsed": 1, "silent_stable": 1, "in_time": 1}  # fmt: skip
 
 
+def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it():
+    from examples.entropy_study.runner import left_cutoff_logps
+
+    old = torch.zeros(2, 3)
+    # Row 0, A < 0: r = 0.1 (below 0.25: cut), r = 0.5 (left-clipped but above the cut-off), r = 1.
+    # Row 1, A > 0: r = 0.1 is not cut, whatever the ratio: the guard only bounds the push on A < 0 tokens.
+    logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
+    out = left_cutoff_logps(logps, old, torch.tensor([-1.0, 1.0]), cutoff=0.25)
+    torch.testing.assert_close(out, logps.detach())  # values unchanged
+    (grad,) = torch.autograd.grad(out.sum(), logps)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
+    assert set(digits.GUARD_ARMS) <= set(digits.arm_overrides()) and not set(digits.GUARD_ARMS) & set(digits.ARMS)
+    assert all(digits.arm_overrides()[a][1]["study_left_cutoff"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
+
+
 def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup_seconds: float = 70.0) -> Path:
     folder = root / name
     folder.mkdir()
