@@ -124,15 +124,18 @@ def _table(ratio, adv, left, right, dual, epsilon_low, epsilon_high, beta1, beta
 
 
 # Names of `CEGPPODiagnostics.sums`, in order. Token counts and sums over the (masked) completion tokens.
-DIAGNOSTIC_SUMS = ("left", "right", "dual", "ratio", "preserved_grad_weight", "grad_weight", "tokens")
+DIAGNOSTIC_SUMS = (
+    "left", "right", "dual", "ratio", "preserved_grad_weight", "grad_weight", "left_log_ratio", "tokens"
+)  # fmt: skip
 
 
 class CEGPPODiagnostics(NamedTuple):
     """Local statistics of one micro-batch (one process): reduce `sums` with a sum, gather the other two.
 
     Attributes:
-        sums: ``(7,)``, see `DIAGNOSTIC_SUMS`: tokens in each region, sum of the ratio, sum of ``|d loss / d logp|``
-            over preserved (left/right-clipped) tokens and over all tokens, and the token count.
+        sums: ``(8,)``, see `DIAGNOSTIC_SUMS`: tokens in each region, sum of the ratio, sum of ``|d loss / d logp|``
+            over preserved (left/right-clipped) tokens and over all tokens, sum of ``log r`` over left-clipped tokens
+            (how far β1 has pushed them below the rollout policy), and the token count.
         per_sequence: ``(B, 2)``, share of each sequence's tokens in the left / right region (NaN for a sequence
             without tokens), for TRL's ``clip_ratio/low_min`` and ``clip_ratio/high_max``.
         extremes: ``(2,)``, ``(min ratio, -max ratio)`` (``inf`` without tokens): gather, then take the minimum.
@@ -183,9 +186,11 @@ def cegppo_diagnostics(
     left, right = left.to(ratio.dtype), right.to(ratio.dtype)
     dual = torch.zeros_like(left) if dual is None else dual.to(ratio.dtype)
     preserved = (left + right) * grad_weight  # the regions are disjoint
+    left_log_ratio = left * log_ratio.to(ratio.dtype)
     sums = torch.stack(
-        [(x * weight).sum() for x in (left, right, dual, ratio, preserved, grad_weight)] + [weight.sum()]
-    )  # [7]
+        [(x * weight).sum() for x in (left, right, dual, ratio, preserved, grad_weight, left_log_ratio)]
+        + [weight.sum()]
+    )  # [8]
     tokens_per_sequence = weight.sum(-1)  # [B]
     per_sequence = torch.stack([(left * weight).sum(-1), (right * weight).sum(-1)], dim=1) / tokens_per_sequence[
         :, None

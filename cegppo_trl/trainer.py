@@ -716,6 +716,9 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics["clip_ratio/high_max"].append(nanmax(per_sequence[:, 1]).item())
         metrics["cegppo/preserved/left_frac"].append(totals["left"] / count)
         metrics["cegppo/preserved/right_frac"].append(totals["right"] / count)
+        if totals["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift
+            # far below log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
+            metrics["cegppo/preserved/left_log_ratio"].append(totals["left_log_ratio"] / totals["left"])
         # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
         share = totals["preserved_grad_weight"] / max(totals["grad_weight"], 1e-12)
         metrics["cegppo/preserved/grad_share"].append(share)

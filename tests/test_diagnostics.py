@@ -36,6 +36,7 @@ def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation
         ratio=1 / e + 1 + e + e + 1 / e,
         preserved_grad_weight=2.2,
         grad_weight=0.4 + 1 + 0 + 1.8 + 2 / e,
+        left_log_ratio=-1.0,  # the one left-clipped token's log r
         tokens=5.0,
     )
     got = named(diag.sums)
@@ -69,6 +70,7 @@ def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
     diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
     got = named(diag.sums)
     assert got["tokens"] == 1.0 and got["left"] == 1.0 and got["right"] == 0.0
+    assert got["left_log_ratio"] == -1.0  # row 0 once; row 1 is right-clipped and has no tokens anyway
     assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
     assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
     assert_close(diag.per_sequence[0], torch.tensor([1.0, 0.0]))

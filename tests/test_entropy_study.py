@@ -167,6 +167,37 @@ def test_stability_map_cells_are_mean_final_validity_and_collapsed_seeds():
     assert "| 0.001 | 0.15 (1/2) |" in ce and "| 0.0003 | not run |" in ce
 
 
+def test_guard_check_counts_warnings_against_collapses():
+    h, r = [0.4] * 10, [0.3] * 10
+    late = fake_run("cegppo_1_1", 1, h, r, validity=(0.2, 0.05))  # log r -0.3 ... then -2.5 at step 80: too late
+    late["probe"] = {**late["probe"], "step": [0, 40, 80], "validity": [0.2, 0.05, 0.05]}
+    early = fake_run("cegppo_1_1", 2, h, r, validity=(0.2, 0.05))
+    early["left_logratio"] = [-0.3] * 10 + [-2.0] * 70  # crosses at step 11, before the probe at 40 that shows it
+    early["probe"] = {**early["probe"], "step": [0, 40, 80], "validity": [0.2, 0.05, 0.05]}
+    stable = fake_run("grpo", 3, h, r, validity=(0.2, 0.6))
+    stable["left_logratio"] = [-0.3] * 80
+    silent = fake_run("grpo", 4, h, r, validity=(0.2, 0.05))
+    silent["left_logratio"] = [-1.4] * 80
+    false_alarm = fake_run("grpo", 5, h, r, validity=(0.2, 0.6))
+    assert digits.guard_check([late, early, stable, silent, false_alarm]) == {
+        "warned_collapsed": 2, "warned_stable": 1, "silent_collapsed": 1, "silent_stable": 1, "in_time": 1}  # fmt: skip
+
+
+def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it():
+    from examples.entropy_study.runner import left_cutoff_logps
+
+    old = torch.zeros(2, 3)
+    # Row 0, A < 0: r = 0.1 (below 0.25: cut), r = 0.5 (left-clipped but above the cut-off), r = 1.
+    # Row 1, A > 0: r = 0.1 is not cut, whatever the ratio: the guard only bounds the push on A < 0 tokens.
+    logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
+    out = left_cutoff_logps(logps, old, torch.tensor([-1.0, 1.0]), cutoff=0.25)
+    torch.testing.assert_close(out, logps.detach())  # values unchanged
+    (grad,) = torch.autograd.grad(out.sum(), logps)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
+    assert set(digits.GUARD_ARMS) <= set(digits.arm_overrides()) and not set(digits.GUARD_ARMS) & set(digits.ARMS)
+    assert all(digits.arm_overrides()[a][1]["study_left_cutoff"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
+
+
 def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup_seconds: float = 70.0) -> Path:
     folder = root / name
     folder.mkdir()

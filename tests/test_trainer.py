@@ -4,6 +4,7 @@ TRL's machinery around the surrogate is untouched, and training runs, changes pa
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -196,6 +197,11 @@ def test_training_steps_change_parameters_and_log_metrics(make_trainer):
     second_passes = logs[1::2]
     assert any(h["cegppo/ratio/max"] > 1.0 for h in second_passes)
     assert any(h["cegppo/preserved/left_frac"] + h["cegppo/preserved/right_frac"] > 0 for h in second_passes)
+    # The left-clipped tokens' mean log r is logged only when there are some, and is then below log(1 - ε).
+    assert "cegppo/preserved/left_log_ratio" not in logs[0]
+    assert all((h["cegppo/preserved/left_frac"] > 0) == ("cegppo/preserved/left_log_ratio" in h) for h in logs)
+    drift = [h["cegppo/preserved/left_log_ratio"] for h in logs if "cegppo/preserved/left_log_ratio" in h]
+    assert drift and all(x < math.log(0.8) for x in drift)
 
 
 @pytest.mark.parametrize("keep", [None, [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]])
@@ -239,6 +245,7 @@ def test_clip_and_cegppo_metrics_equal_values_computed_from_the_batch(make_train
         "cegppo/ratio/min": ratio[valid].min().item(),
         "cegppo/ratio/mean": ratio[valid].mean().item(),
         "cegppo/ratio/max": ratio[valid].max().item(),
+        "cegppo/preserved/left_log_ratio": (logp.detach() - old)[left & valid].mean().item(),
     }
     for name, value in expected.items():
         assert metrics[name] == pytest.approx(value, rel=1e-5, abs=1e-7), name

@@ -62,11 +62,22 @@ def arm_overrides() -> dict[str, tuple[str, dict]]:
             f"controller, band {CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]} around (0.5, 1)",
             {**cegppo_arm(0.5, 1.0), "entropy_controller": CONTROLLER},
         ),
-    }
+        **{
+            f"cegppo_{b1:g}_{b2:g}_cut": (f"CE-GPPO ({b1:g}, {b2:g}) + left cut-off r < {LEFT_CUTOFF:g}",
+                                         {**cegppo_arm(b1, b2), "study_left_cutoff": LEFT_CUTOFF})
+            for b1, b2 in ((0.5, 1.0), (1.0, 1.0))
+        },
+    }  # fmt: skip
 
 
 ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch",
         "controller")  # fmt: skip
+# Not claim arms (not in the default sweep): the proposed guard of docs/entropy-study.md, a left analogue of the dual
+# clip that drops the gradient of A < 0 tokens once r < LEFT_CUTOFF (`runner.left_cutoff_logps`). The cut-off is the
+# value the docs proposed before the guard was tried; run with --arms after the sweep, so they are exploratory.
+LEFT_CUTOFF = 0.25
+GUARD_ARMS = ("cegppo_0.5_1_cut", "cegppo_1_1_cut")
+KNOWN_ARMS = ARMS + GUARD_ARMS
 
 
 def training_settings(learning_rate: float = 3e-4, steps_per_generation: int = 8) -> dict:
@@ -87,7 +98,7 @@ QUICK = {"steps": 16, "seeds": "0", "probe_every": 8, "arms": "grpo,switch,contr
 # GRPO's exact step.
 GRID = {"arms": "grpo,cegppo_0_1,cegppo_0.5_1,cegppo_1_1", "lrs": "1e-4,3e-4,1e-3", "spgs": "2,4,8",
         "seeds": "1,2,3,4,5"}  # fmt: skip
-CHECK = {"arms": "grpo", "seeds": "0"}
+CHECK = {"arms": "grpo", "seeds": "0", "steps": 200}
 MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the sweep; the grid's plots show this point
 OUTPUT_FILES = ("entropy.png", "reward.png", "diversity.png", "clipped.png", "controller.png", "stability.png",
                 "results.md", "curves.json")  # fmt: skip
@@ -156,7 +167,7 @@ def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=one_thread_worker_init) as pool:
             for future in as_completed([pool.submit(run_arm, **job) for job in jobs]):
                 done(future.result())
-    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], ARMS.index(c["arm"]))
+    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], KNOWN_ARMS.index(c["arm"]))
     return sorted(results, key=key)
 
 
@@ -327,13 +338,33 @@ def _settings(runs: list[dict]) -> tuple[list[float], list[int]]:
     return sorted({c["learning_rate"] for c in runs}), sorted({c["steps_per_generation"] for c in runs})
 
 
+# The proposed warning (docs/entropy-study.md, "(h) Stability"): some optimizer step's mean log r of left-clipped
+# tokens below this. Read off the sweep at lr 3e-4 / 8 steps per batch, then fixed before the grid ran, which tests it.
+GUARD_THRESHOLD = -1.5
+
+
+def guard_check(runs: list[dict], threshold: float = GUARD_THRESHOLD) -> dict[str, int]:
+    """The warning rule as a collapse detector over `runs`: counts of (warned, collapsed) outcomes, and the runs
+    where the warning came at or before the first probe that showed the collapse."""
+    counts = {"warned_collapsed": 0, "warned_stable": 0, "silent_collapsed": 0, "silent_stable": 0, "in_time": 0}
+    for c in runs:
+        collapsed = bool(run_metrics(c)["collapsed"])
+        warned_at = next((s for s, x in zip(c["steps"], c["left_logratio"]) if x < threshold), None)
+        counts[f"{'warned' if warned_at is not None else 'silent'}_{'collapsed' if collapsed else 'stable'}"] += 1
+        if collapsed and warned_at is not None:
+            p = c["probe"]
+            first = next(s for s, v in zip(p["step"], p["validity"]) if v < 0.5 * p["validity"][0])
+            counts["in_time"] += warned_at <= first
+    return counts
+
+
 def stability_map(runs: list[dict]) -> str:
     """(h) at a glance: per arm, a learning rate x steps-per-batch table of final probe validity (mean over seeds)
     and how many seeds collapsed (final validity below half the starting one)."""
     labels = {a: lab for a, (lab, _) in arm_overrides().items()}
     lrs, spgs = _settings(runs)
     lines = ["## (h) stability map: final probe validity, mean over seeds (collapsed seeds / seeds)", ""]
-    for arm in [a for a in ARMS if any(c["arm"] == a for c in runs)]:
+    for arm in [a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)]:
         lines += [f"**{labels[arm]}**", "", "| lr \\ steps per batch | " + " | ".join(map(str, spgs)) + " |",
                   "|---" * (len(spgs) + 1) + "|"]  # fmt: skip
         for lr in lrs:
@@ -359,7 +390,13 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
     if meta.get("sources"):
         lines += ["Merged from the runs of:", "", *[f"- `{cmd}`" for cmd in meta["sources"]], ""]
     if meta["mode"] == "grid":
-        lines += [stability_map(runs), ""]
+        g = guard_check(runs)
+        lines += [stability_map(runs), "",
+                  f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse detector "
+                  f"over these {len(runs)} runs: warned and collapsed {g['warned_collapsed']} (warned no later than "
+                  f"the first probe that showed it: {g['in_time']}), warned but stable {g['warned_stable']}, "
+                  f"collapsed without a warning {g['silent_collapsed']}, stable and silent {g['silent_stable']}.",
+                  ""]  # fmt: skip
     groups: dict[tuple, list[dict]] = {}
     for c in runs:
         groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)
@@ -398,7 +435,7 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
 
 _COLORS = {"grpo": "black", "dapo": "tab:gray", "cegppo_0_1": "#9ecae1", "cegppo_0.5_1": "#4292c6",
            "cegppo_0.75_1": "#2171b5", "cegppo_1_1": "#08306b", "cegppo_1_0.5": "tab:red", "switch": "tab:purple",
-           "controller": "tab:green"}  # fmt: skip
+           "controller": "tab:green", "cegppo_0.5_1_cut": "tab:orange", "cegppo_1_1_cut": "tab:brown"}  # fmt: skip
 
 
 def write_plots(runs: list[dict], out: Path) -> None:
@@ -482,7 +519,7 @@ def write_stability_plot(runs: list[dict], out: Path, plt, np) -> None:
     learning rate x steps-per-batch grid, plus the lowest per-step mean log r of left-clipped tokens."""
     labels = {a: lab for a, (lab, _) in arm_overrides().items()}
     lrs, spgs = _settings(runs)
-    arms = [a for a in ARMS if any(c["arm"] == a for c in runs)]
+    arms = [a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)]
     fig, axes = plt.subplots(2, len(arms), figsize=(3.6 * len(arms), 6.4), squeeze=False)
     for j, arm in enumerate(arms):
         for i, (key, cmap, vmin, vmax) in enumerate([("validity_final", "RdYlGn", 0.0, 0.7),
@@ -557,9 +594,9 @@ def merge_curves(folders: Sequence[Path], arms: Sequence[str] | None = None) -> 
         raise SystemExit(f"The folders repeat runs {duplicates}; merge each (arm, seed, lr, steps per batch) once.")
     meta.update(sources=[data["meta"]["command"] for data in datas],
                 wall_seconds=sum(data["meta"]["wall_seconds"] for data in datas),
-                seeds=sorted({c["seed"] for c in runs}), arms=[a for a in ARMS if any(c["arm"] == a for c in runs)],
+                seeds=sorted({c["seed"] for c in runs}), arms=[a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)],
                 settings=sorted({(c["learning_rate"], c["steps_per_generation"]) for c in runs}))  # fmt: skip
-    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], ARMS.index(c["arm"]))
+    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], KNOWN_ARMS.index(c["arm"]))
     return {"meta": meta, "runs": sorted(runs, key=key)}
 
 
@@ -578,7 +615,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="outputs/entropy_study_digits")
     p.add_argument("--steps", type=int, default=None, help=f"optimizer steps per run (default {DEFAULTS['steps']})")
     p.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {DEFAULTS['seeds']})")
-    p.add_argument("--arms", default=None, help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--arms", default=None, help=f"comma-separated subset of {','.join(ARMS)} (the default), or "
+                   f"the guard arms {','.join(GUARD_ARMS)}")  # fmt: skip
     p.add_argument("--learning-rate", type=float, default=3e-4, help="(sweep and check) default 3e-4")
     p.add_argument("--lrs", default=GRID["lrs"], help="(--grid) comma-separated learning rates")
     p.add_argument("--spgs", default=GRID["spgs"], help="(--grid) comma-separated optimizer steps per rollout batch")
@@ -607,9 +645,9 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
     mode = "check" if args.check else "grid" if args.grid else "quick" if args.quick else "sweep"
     preset = {**DEFAULTS, **{"check": CHECK, "grid": GRID, "quick": QUICK}.get(mode, {})}
     arms = (args.arms or preset.get("arms") or ",".join(ARMS)).split(",")
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in KNOWN_ARMS]
     if unknown:
-        raise SystemExit(f"Unknown arm(s) {unknown}; choose from {list(ARMS)}.")
+        raise SystemExit(f"Unknown arm(s) {unknown}; choose from {list(KNOWN_ARMS)}.")
     seeds = [int(s) for s in (args.seeds or preset["seeds"]).split(",")]
     steps = args.steps or preset["steps"]
     workers = args.workers or preset["workers"]

@@ -2,7 +2,8 @@
 
 `StudyTrainer` adds one diagnostic that the library does not log (issue (h)): how far the log-probabilities of
 left-clipped tokens (A < 0, r < 1 - ε) have fallen below the rollout policy's, per optimizer step. It only reads the
-tensors the loss already computed; the loss, the gradients and the random stream are exactly `CEGPPOTrainer`'s.
+tensors the loss already computed; the loss, the gradients and the random stream are exactly `CEGPPOTrainer`'s,
+except in the guard arms, which also test the proposed left cut-off (`left_cutoff_logps`).
 It lives here, not in the library, because it is a research probe (the study may not edit the trainer).
 """
 
@@ -22,7 +23,7 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 from .testbed import DigitTask, probe
 
-__all__ = ["PER_STEP_KEYS", "StudyTrainer", "run_once"]
+__all__ = ["PER_STEP_KEYS", "StudyTrainer", "left_cutoff_logps", "run_once"]
 
 # TRL / CE-GPPO metric -> curve name, one value per optimizer step.
 PER_STEP_KEYS = {
@@ -40,8 +41,20 @@ PER_STEP_KEYS = {
 }
 
 
+def left_cutoff_logps(
+    logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, cutoff: float
+) -> torch.Tensor:
+    """The proposed left-side guard, as an input transform: tokens with A < 0 whose ratio r = exp(logps - old) has
+    fallen below `cutoff` keep their value but lose their gradient (a left analogue of the dual clip). Applied to the
+    log-probs before the loss, it leaves every other token's loss and gradient exactly as they were."""
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    cut = (adv < 0) & (logps.detach() - old_logps < math.log(cutoff))
+    return torch.where(cut, logps.detach(), logps)
+
+
 class StudyTrainer(CEGPPOTrainer):
-    """`CEGPPOTrainer` plus three read-only metrics of the negative-advantage tokens' log-ratio `log r`:
+    """`CEGPPOTrainer` (with `left_cutoff` set: plus the proposed left cut-off) and read-only metrics of the
+    negative-advantage tokens' log-ratio `log r`:
 
     - `study/left_logratio_mean`: mean `log r` over left-clipped tokens (A < 0, r < 1 - ε), 0 when there are none;
     - `study/neg_logratio_min`: the smallest `log r` among A < 0 tokens (the deepest push below the rollout policy);
@@ -52,19 +65,24 @@ class StudyTrainer(CEGPPOTrainer):
 
     _capture = False
     _captured = None
+    _inputs = None
+    left_cutoff: float | None = None  # the proposed guard (`left_cutoff_logps`); None: CEGPPOTrainer unchanged
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._capture:
+            old = self._inputs.get("old_per_token_logps")
+            if self.left_cutoff is not None and old is not None:
+                out = (left_cutoff_logps(out[0], old, self._inputs["advantages"], self.left_cutoff), *out[1:])
             self._captured = out[0].detach()
         return out
 
     def _compute_loss(self, model, inputs):
-        self._capture, self._captured = True, None
+        self._capture, self._captured, self._inputs = True, None, inputs
         try:
             loss = super()._compute_loss(model, inputs)
         finally:
-            self._capture = False
+            self._capture, self._inputs = False, None
         old = inputs.get("old_per_token_logps")
         logps = self._captured
         if logps is not None:
@@ -131,6 +149,8 @@ def run_once(
         metric was not logged that step: the reward is logged on every step of this setup).
     """
     set_seed(seed)
+    overrides = dict(overrides)
+    left_cutoff = overrides.pop("study_left_cutoff", None)  # not a CEGPPOConfig field: the study's guard
     settings = {
         "logging_steps": 1,
         "save_strategy": "no",
@@ -147,6 +167,7 @@ def run_once(
             model=copy.deepcopy(model), reward_funcs=task.reward_fn, args=args, train_dataset=task.train,
             processing_class=tokenizer,
         )  # fmt: skip
+        trainer.left_cutoff = left_cutoff
         probes = _ProbeCallback(tokenizer, task, probe_every, probe_samples)
         trainer.add_callback(probes)
         trainer.remove_callback(PrinterCallback)
