@@ -195,6 +195,13 @@ def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it(
     (grad,) = torch.autograd.grad(out.sum(), logps)
     torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
     assert set(digits.GUARD_ARMS) <= set(digits.arm_overrides()) and not set(digits.GUARD_ARMS) & set(digits.ARMS)
+    h, r = [0.4] * 10, [0.3] * 10
+    runs = [fake_run(arm, seed, h, r, validity=(0.2, v)) for seed in range(1, 6)
+            for arm, v in (("grpo", 0.6), ("cegppo_1_1", 0.01 * seed), ("cegppo_1_1_cut", 0.4))]  # fmt: skip
+    rows = {row["text"]: row for row in digits.check_stability(digits.summarize(runs))}
+    guard = rows["cegppo_1_1_cut validity_final > cegppo_1_1 validity_final"]
+    assert guard["verdict"] == "held" and guard["seeds_held"] == 5
+    assert rows["cegppo_1_1_cut validity_final < grpo validity_final"]["verdict"] == "held"
     assert all(digits.arm_overrides()[a][1]["study_left_cutoff"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
 
 

@@ -314,12 +314,15 @@ def check_claims(table: dict[str, dict[str, list[float]]]) -> list[dict]:
 
 
 def check_stability(table: dict[str, dict[str, list[float]]]) -> list[dict]:
-    """(h): every arm that ran against GRPO under `GRID_CLAIMS`, as `stats.paired_verdict` rows."""
+    """(h): every arm that ran against GRPO under `GRID_CLAIMS`, then each guard arm against the same β without the
+    guard (higher final validity, shallower drift; exploratory), as `stats.paired_verdict` rows."""
     from .stats import paired_verdict
 
+    pairs = [(metric, rel, a, base) for metric, rel, base in GRID_CLAIMS for a in table if a != base and base in table]
+    pairs += [(metric, ">", a, a.removesuffix("_cut")) for metric, _, _ in GRID_CLAIMS for a in GUARD_ARMS
+              if a in table and a.removesuffix("_cut") in table]  # fmt: skip
     return [{"claim": "h", "claim_text": "stability", "text": f"{a} {metric} {rel} {base} {metric}",
-             **paired_verdict(table[a][metric], table[base][metric], rel)}
-            for metric, rel, base in GRID_CLAIMS for a in table if a != base and base in table]  # fmt: skip
+             **paired_verdict(table[a][metric], table[base][metric], rel)} for metric, rel, a, base in pairs]
 
 
 # ----------------------------------------------------------------------------------------------------------------
