@@ -1,7 +1,8 @@
 """One RL run of the second study: `CEGPPOTrainer` on the digit-sum testbed, with probes and drift tracking.
 
-`StudyTrainer` adds one diagnostic that the library does not log (issue (h)): how far the log-probabilities of
-left-clipped tokens (A < 0, r < 1 - ε) have fallen below the rollout policy's, per optimizer step. It only reads the
+`StudyTrainer` adds diagnostics for claim (h): how far the log-probabilities of left-clipped tokens (A < 0,
+r < 1 - ε) have fallen below the rollout policy's, per optimizer step (the library has since adopted this one as
+`cegppo/preserved/left_log_ratio`; the study keeps its own so that older curves line up), and more. It only reads the
 tensors the loss already computed; the loss, the gradients and the random stream are exactly `CEGPPOTrainer`'s,
 except in the guard arms, which also test the proposed left cut-off (`left_cutoff_logps`).
 It lives here, not in the library, because it is a research probe (the study may not edit the trainer).
@@ -60,7 +61,8 @@ class StudyTrainer(CEGPPOTrainer):
     - `study/neg_logratio_min`: the smallest `log r` among A < 0 tokens (the deepest push below the rollout policy);
     - `study/neg_below_half_frac`: share of completion tokens with A < 0 and r < 0.5 (log-prob down by > 0.69);
     - `study/lowp_clipped_frac`: the clipped share (A < 0, r < 1 - ε or A > 0, r > 1 + ε) among the tokens the
-      rollout policy sampled with probability < 0.5, the paper's "low-probability tokens" (NaN on on-policy steps).
+      rollout policy sampled with probability < 0.5, the paper's "low-probability tokens" (0 on a batch's first,
+      on-policy step; not logged when the run never computes old log-probs).
     """
 
     _capture = False
