@@ -24,6 +24,7 @@ import math
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -78,9 +79,10 @@ ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1
 LEFT_CUTOFF = 0.25
 GUARD_ARMS = ("cegppo_0.5_1_cut", "cegppo_1_1_cut")
 KNOWN_ARMS = ARMS + GUARD_ARMS
+MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the sweep; the grid's plots show this point
 
 
-def training_settings(learning_rate: float = 3e-4, steps_per_generation: int = 8) -> dict:
+def training_settings(learning_rate: float = MAIN_SETTING[0], steps_per_generation: int = MAIN_SETTING[1]) -> dict:
     """Shared by every arm: the quickstart's tiny-model settings, 64 completions (8 prompts x 8 samples) per
     optimizer step and `steps_per_generation` optimizer steps per rollout batch (off-policy after the first)."""
     from cegppo_trl.quickstart import TINY_MODEL_TRAINING
@@ -99,7 +101,6 @@ QUICK = {"steps": 16, "seeds": "0", "probe_every": 8, "arms": "grpo,switch,contr
 GRID = {"arms": "grpo,cegppo_0_1,cegppo_0.5_1,cegppo_1_1", "lrs": "1e-4,3e-4,1e-3", "spgs": "2,4,8",
         "seeds": "1,2,3,4,5"}  # fmt: skip
 CHECK = {"arms": "grpo", "seeds": "0", "steps": 200}
-MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the sweep; the grid's plots show this point
 OUTPUT_FILES = ("entropy.png", "reward.png", "diversity.png", "clipped.png", "controller.png", "stability.png",
                 "results.md", "curves.json")  # fmt: skip
 
@@ -119,8 +120,9 @@ def _model(small: bool, cache_dir: str | None):
     return _MODEL[key]
 
 
-def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate: float = 3e-4,
-            steps_per_generation: int = 8, small: bool = False, cache_dir: str | None = None) -> dict:  # fmt: skip
+def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate: float = MAIN_SETTING[0],
+            steps_per_generation: int = MAIN_SETTING[1], small: bool = False,
+            cache_dir: str | None = None) -> dict:  # fmt: skip
     """Train one arm with one seed from the shared warmed-up model (one torch thread); return its curves
     (`runner.run_once`'s dict plus `arm`, `seed`, `learning_rate`, `steps_per_generation`)."""
     import torch
@@ -167,8 +169,16 @@ def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=one_thread_worker_init) as pool:
             for future in as_completed([pool.submit(run_arm, **job) for job in jobs]):
                 done(future.result())
-    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], KNOWN_ARMS.index(c["arm"]))
-    return sorted(results, key=key)
+    return sorted(results, key=_run_order)
+
+
+def _run_order(c: dict) -> tuple:
+    """Runs sorted by setting, then seed, then arm (the order of tables and curves.json)."""
+    return c["learning_rate"], c["steps_per_generation"], c["seed"], KNOWN_ARMS.index(c["arm"])
+
+
+def _command(argv: Sequence[str] | None) -> str:
+    return "python -m examples.entropy_study.digits " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -337,8 +347,15 @@ def _fmt(values: Sequence[float], f: str = "{:.3f}") -> str:
     )
 
 
-def _settings(runs: list[dict]) -> tuple[list[float], list[int]]:
-    return sorted({c["learning_rate"] for c in runs}), sorted({c["steps_per_generation"] for c in runs})
+def _grid_cells(runs: list[dict]) -> tuple[list[str], list[float], list[int], dict[tuple, list[dict]]]:
+    """The arms, learning rates and steps per batch that ran, and `run_metrics` of the runs in each
+    (arm, lr, steps per batch) cell (absent: not run)."""
+    cells: dict[tuple, list[dict]] = {}
+    for c in runs:
+        cells.setdefault((c["arm"], c["learning_rate"], c["steps_per_generation"]), []).append(run_metrics(c))
+    arms = [a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)]
+    lrs = sorted({c["learning_rate"] for c in runs})
+    return arms, lrs, sorted({c["steps_per_generation"] for c in runs}), cells
 
 
 # The proposed warning (docs/entropy-study.md, "(h) Stability"): some optimizer step's mean log r of left-clipped
@@ -365,19 +382,18 @@ def stability_map(runs: list[dict]) -> str:
     """(h) at a glance: per arm, a learning rate x steps-per-batch table of final probe validity (mean over seeds)
     and how many seeds collapsed (final validity below half the starting one)."""
     labels = {a: lab for a, (lab, _) in arm_overrides().items()}
-    lrs, spgs = _settings(runs)
+    arms, lrs, spgs, cells = _grid_cells(runs)
     lines = ["## (h) stability map: final probe validity, mean over seeds (collapsed seeds / seeds)", ""]
-    for arm in [a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)]:
+    for arm in arms:
         lines += [f"**{labels[arm]}**", "", "| lr \\ steps per batch | " + " | ".join(map(str, spgs)) + " |",
                   "|---" * (len(spgs) + 1) + "|"]  # fmt: skip
         for lr in lrs:
-            cells = []
+            row = []
             for spg in spgs:
-                ms = [run_metrics(c) for c in runs
-                      if (c["arm"], c["learning_rate"], c["steps_per_generation"]) == (arm, lr, spg)]  # fmt: skip
-                cells.append(f"{statistics.fmean(m['validity_final'] for m in ms):.2f} "
+                ms = cells.get((arm, lr, spg), [])
+                row.append(f"{statistics.fmean(m['validity_final'] for m in ms):.2f} "
                              f"({int(sum(m['collapsed'] for m in ms))}/{len(ms)})" if ms else "not run")  # fmt: skip
-            lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+            lines.append(f"| {lr:g} | " + " | ".join(row) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -526,8 +542,7 @@ def write_stability_plot(runs: list[dict], out: Path, plt, np) -> None:
     """stability.png: per arm, final probe validity (colour, mean over seeds) and collapsed seeds over the
     learning rate x steps-per-batch grid, plus the lowest per-step mean log r of left-clipped tokens."""
     labels = {a: lab for a, (lab, _) in arm_overrides().items()}
-    lrs, spgs = _settings(runs)
-    arms = [a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)]
+    arms, lrs, spgs, cells = _grid_cells(runs)
     fig, axes = plt.subplots(2, len(arms), figsize=(3.6 * len(arms), 6.4), squeeze=False)
     for j, arm in enumerate(arms):
         for i, (key, cmap, vmin, vmax) in enumerate([("validity_final", "RdYlGn", 0.0, 0.7),
@@ -536,8 +551,7 @@ def write_stability_plot(runs: list[dict], out: Path, plt, np) -> None:
             text = {}
             for a, lr in enumerate(lrs):
                 for b, spg in enumerate(spgs):
-                    ms = [run_metrics(c) for c in runs
-                          if (c["arm"], c["learning_rate"], c["steps_per_generation"]) == (arm, lr, spg)]  # fmt: skip
+                    ms = cells.get((arm, lr, spg))
                     if ms:
                         grid[a, b] = statistics.fmean(m[key] for m in ms)
                         collapsed = int(sum(m["collapsed"] for m in ms))
@@ -596,16 +610,16 @@ def merge_curves(folders: Sequence[Path], arms: Sequence[str] | None = None) -> 
                 raise SystemExit(f"{d}: '{key}' differs from {folders[0]}'s; runs from different setups cannot be "
                                  "paired.")  # fmt: skip
     runs = [c for data in datas for c in data["runs"] if arms is None or c["arm"] in arms]
-    keys = [(c["arm"], c["seed"], c["learning_rate"], c["steps_per_generation"]) for c in runs]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    counts = Counter((c["arm"], c["seed"], c["learning_rate"], c["steps_per_generation"]) for c in runs)
+    duplicates = sorted(k for k, n in counts.items() if n > 1)
     if duplicates:
         raise SystemExit(f"The folders repeat runs {duplicates}; merge each (arm, seed, lr, steps per batch) once.")
     meta.update(sources=[data["meta"]["command"] for data in datas],
                 wall_seconds=sum(data["meta"]["wall_seconds"] for data in datas),
-                seeds=sorted({c["seed"] for c in runs}), arms=[a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)],
+                seeds=sorted({c["seed"] for c in runs}),
+                arms=[a for a in KNOWN_ARMS if any(c["arm"] == a for c in runs)],
                 settings=sorted({(c["learning_rate"], c["steps_per_generation"]) for c in runs}))  # fmt: skip
-    key = lambda c: (c["learning_rate"], c["steps_per_generation"], c["seed"], KNOWN_ARMS.index(c["arm"]))
-    return {"meta": meta, "runs": sorted(runs, key=key)}
+    return {"meta": meta, "runs": sorted(runs, key=_run_order)}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -625,7 +639,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {DEFAULTS['seeds']})")
     p.add_argument("--arms", default=None, help=f"comma-separated subset of {','.join(ARMS)} (the default), or "
                    f"the guard arms {','.join(GUARD_ARMS)}")  # fmt: skip
-    p.add_argument("--learning-rate", type=float, default=3e-4, help="(sweep and check) default 3e-4")
+    p.add_argument("--learning-rate", type=float, default=MAIN_SETTING[0],
+                   help=f"(sweep and check) default {MAIN_SETTING[0]:g}")  # fmt: skip
     p.add_argument("--lrs", default=GRID["lrs"], help="(--grid) comma-separated learning rates")
     p.add_argument("--spgs", default=GRID["spgs"], help="(--grid) comma-separated optimizer steps per rollout batch")
     p.add_argument("--probe-every", type=int, default=None, help="steps between diversity probes (default 40)")
@@ -645,9 +660,7 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         return data
     if args.merge:
         data = merge_curves([Path(d) for d in args.merge], arms=args.arms.split(",") if args.arms else None)
-        data["meta"]["command"] = "python -m examples.entropy_study.digits " + " ".join(
-            argv if argv is not None else sys.argv[1:]
-        )
+        data["meta"]["command"] = _command(argv)
         write_outputs(data["runs"], data["meta"], out)
         return data
     mode = "check" if args.check else "grid" if args.grid else "quick" if args.quick else "sweep"
@@ -661,7 +674,7 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
     workers = args.workers or preset["workers"]
     small = args.small_model or args.quick
     settings = [(float(lr), int(spg)) for lr in args.lrs.split(",") for spg in args.spgs.split(",")] \
-        if args.grid else [(args.learning_rate, 8)]  # fmt: skip
+        if args.grid else [(args.learning_rate, MAIN_SETTING[1])]  # fmt: skip
 
     import torch
 
@@ -680,7 +693,7 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         meta = {"mode": mode, "steps": steps, "seeds": seeds, "arms": arms, "settings": settings,
                 "training": training_settings(), "controller": CONTROLLER, "matched_reward": MATCHED_REWARD,
                 "warmup": {k: v for k, v in info.items() if k != "settings"}, "workers": workers,
-                "command": "python -m examples.entropy_study.digits " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "command": _command(argv),
                 "wall_seconds": time.time() - started}  # fmt: skip
         text = write_outputs(runs, meta, out)
         log("\n" + text)
