@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from .checkpoints import CEGPPO_STATE_FILE, RESUME_COMPARED_FIELDS, changed_settings  # noqa: F401 (re-exported)
 from .config import CEGPPOConfig
 from .rewards import REWARD_FUNCS, get_reward_func
 
@@ -28,15 +29,6 @@ logger = logging.getLogger(__name__)
 
 # Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
 _NONE_STRINGS = ("", "none", "null")
-# CE-GPPO settings compared with a checkpoint's `training_args.bin` when resuming.
-RESUME_COMPARED_FIELDS = (
-    "gppo_beta1",
-    "gppo_beta2",
-    "gppo_beta1_schedule",
-    "gppo_beta2_schedule",
-    "entropy_controller",
-    "max_steps",
-)
 CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
@@ -444,32 +436,26 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
 
 
 def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> list[str]:
-    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields."""
-    import torch
+    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields.
 
-    from .trainer import CEGPPO_STATE_FILE
-
-    differing: list[str] = []
-    path = os.path.join(checkpoint, "training_args.bin")
-    if os.path.exists(path):
-        try:
-            saved = torch.load(path, weights_only=False)
-        except Exception as error:  # an unreadable file should not block resuming
-            logger.warning("Could not read %s to compare settings: %s", path, error)
-            saved = None
-        if saved is not None:
-            for name in RESUME_COMPARED_FIELDS:
-                before, now = getattr(saved, name, None), getattr(training_args, name, None)
-                if before != now:
-                    differing.append(f"{name}: {before!r} -> {now!r}")
-    has_state = os.path.exists(os.path.join(checkpoint, CEGPPO_STATE_FILE))
-    if training_args.entropy_controller is None and has_state and not any(d.startswith("entropy_") for d in differing):
-        differing.append("entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)")
+    The checkpoint's settings come from its `cegppo_state.json` (plain JSON). `training_args.bin` is never read: it
+    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds.
+    """
+    differing = changed_settings(checkpoint, training_args)
+    if differing is None:
+        logger.warning(
+            "Resuming from %s, which has no CE-GPPO settings in %s (written by another trainer or an older "
+            "cegppo-trl): nothing to compare them with. The resumed run follows the current settings.",
+            checkpoint,
+            CEGPPO_STATE_FILE,
+        )
+        return []
     if differing:
         logger.warning(
-            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's training_args.bin: %s. The "
-            "resumed run follows the new settings.",
+            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's (%s): %s. The resumed run "
+            "follows the new settings.",
             checkpoint,
+            CEGPPO_STATE_FILE,
             "; ".join(differing),
         )
     return differing
