@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 from typing import Any
 
 CEGPPO_STATE_FILE = "cegppo_state.json"
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
 CEGPPO_STATE_FORMAT = 1
 # CE-GPPO settings compared with the checkpoint's when resuming (a change is allowed, and named in a warning).
 RESUME_COMPARED_FIELDS = (
@@ -83,3 +86,69 @@ def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     if dropped and not any(d.startswith("entropy_controller:") for d in differing):
         differing.append("entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)")
     return differing if isinstance(saved, dict) or differing else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoint folders of an output directory
+# ----------------------------------------------------------------------------------------------------------------
+def checkpoint_folders(output_dir: str) -> list[str]:
+    """The `checkpoint-<step>` folders of `output_dir`, oldest step first (none when it does not exist)."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    if not output_dir or not os.path.isdir(output_dir):
+        return []
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    steps = {}
+    for name in os.listdir(output_dir):
+        match = pattern.match(name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            steps[os.path.join(output_dir, name)] = int(match.group(1))
+    return sorted(steps, key=steps.get)
+
+
+def remove_checkpoints(output_dir: str) -> list[str]:
+    """Delete every `checkpoint-*` folder of `output_dir` (an earlier run's, when starting over); returns them."""
+    folders = checkpoint_folders(output_dir)
+    for folder in folders:
+        shutil.rmtree(folder)
+    return folders
+
+
+def trainer_state(checkpoint: str) -> dict[str, Any] | None:
+    """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def check_resume_length(checkpoint: str, max_steps: int, num_train_epochs: float) -> None:
+    """Refuse to resume a checkpoint that the configured run length has already reached (read from JSON only).
+
+    Raises:
+        ValueError: naming the checkpoint's step (or epoch), the setting, and the fix.
+    """
+    state = trainer_state(checkpoint)
+    if state is None:
+        return
+    step = int(state.get("global_step", 0))
+    if max_steps > 0 and step >= max_steps:
+        raise ValueError(finished_resume_message(checkpoint, step, max_steps))
+    epoch = state.get("epoch")
+    if max_steps <= 0 and isinstance(epoch, (int, float)) and epoch >= num_train_epochs:
+        raise ValueError(
+            f"`num_train_epochs={num_train_epochs}` but {checkpoint} is already at epoch {epoch:g} (global step "
+            f"{step}): resuming it would train 0 steps and save that checkpoint's weights as the final model. Set "
+            f"`num_train_epochs` above {epoch:g} (or `max_steps` above {step}) to train on."
+        )
+
+
+def finished_resume_message(checkpoint: str, global_step: int, max_steps: int) -> str:
+    """Why resuming `checkpoint` at `global_step` with `max_steps` is refused: it would train nothing."""
+    return (
+        f"`max_steps={max_steps}` but {checkpoint} is already at global step {global_step}: resuming it would train "
+        f"0 steps and save that checkpoint's weights as the final model. `max_steps` counts the whole run, not the "
+        f"steps after the checkpoint: set it above {global_step} to train on, or resume an earlier checkpoint."
+    )

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .checkpoints import CEGPPO_STATE_FILE, RESUME_COMPARED_FIELDS, changed_settings  # noqa: F401 (re-exported)
+from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
+    CEGPPO_STATE_FILE,
+    RESUME_COMPARED_FIELDS,
+    changed_settings,
+    check_resume_length,
+    remove_checkpoints,
+)
 from .config import CEGPPOConfig
 from .rewards import REWARD_FUNCS, get_reward_func
 
@@ -99,7 +105,7 @@ class CEGPPOScriptArguments(ScriptArguments):
         default=False,
         metadata={
             "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "overwritten. Without it such a run is refused."
+            "deleted before training. Without it such a run is refused."
         },
     )
 
@@ -306,8 +312,20 @@ def main(
     check_quantization(model_args)
     check_launch(training_args)
     training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
-    if training_args.resume_from_checkpoint is not None:
-        warn_on_changed_settings(training_args.resume_from_checkpoint, training_args)
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None:
+        check_resume_length(checkpoint, training_args.max_steps, training_args.num_train_epochs)
+        warn_on_changed_settings(checkpoint, training_args)
+    elif script_args.overwrite_output_dir and training_args.should_save:
+        # Starting over: an earlier run's later checkpoints would otherwise survive for `last` to resume.
+        removed = remove_checkpoints(training_args.output_dir)
+        if removed:
+            logger.warning(
+                "`overwrite_output_dir`: removed the earlier run's checkpoints from %s (%s), so that "
+                "`--resume_from_checkpoint last` can only pick up this run's.",
+                training_args.output_dir,
+                ", ".join(os.path.basename(folder) for folder in removed),
+            )
     reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
 
     model_init_kwargs = dict(
@@ -409,8 +427,8 @@ def check_launch(training_args: CEGPPOConfig) -> None:
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
     """The checkpoint to resume from: `true`/`last` is the latest in `output_dir`, `false`/`none` is none.
 
-    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir`: it would
-    overwrite some of them and leave a stale later one that `last` would pick up.
+    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir` (then
+    `main` deletes them): it would overwrite some of them and leave a stale later one that `last` would pick up.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -430,7 +448,7 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
         raise ValueError(
             f"`output_dir` {output_dir} already holds checkpoints (latest: {os.path.basename(last)}). Resume with "
             "`--resume_from_checkpoint last`, pick another `--output_dir`, or pass `--overwrite_output_dir true` to "
-            "start over in it."
+            "delete them and start over in it."
         )
     return value
 

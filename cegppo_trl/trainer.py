@@ -22,7 +22,7 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from .checkpoints import CEGPPO_STATE_FILE, read_state, state_record, write_state
+from .checkpoints import CEGPPO_STATE_FILE, finished_resume_message, read_state, state_record, write_state
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
 from .loss import DIAGNOSTIC_SUMS, cegppo_diagnostics, cegppo_per_token_loss
@@ -249,6 +249,10 @@ class CEGPPOTrainer(GRPOTrainer):
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that
+        # would train 0 steps (and let `save_model` write the checkpoint's weights as the final model) stops here.
+        if checkpoint is not None and self.state.global_step >= self.state.max_steps:
+            raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.entropy_controller is None or checkpoint is None:
             return

@@ -138,3 +138,62 @@ def test_resume_without_controller_state_is_an_error(make_trainer, tmp_path):
     with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
     with pytest.raises(FileNotFoundError, match="cegppo_state.json holds no controller state"):
         with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 20.1: overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if `main` gets as far as building the trainer (which loads the model)."""
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model started loading before the refusal")
+
+    monkeypatch.setattr(CEGPPOTrainer, "__init__", refuse)
+
+
+def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
+    model_dir, data_file, tmp_path, caplog
+):
+    train(*smoke_args(model_dir, data_file, tmp_path, "--max_steps", "3"))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--overwrite_output_dir", "true"))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]  # this run's only
+    assert "removed the earlier run's checkpoints" in caplog.text
+    assert "(checkpoint-1, checkpoint-2, checkpoint-3)" in caplog.text
+
+    trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
+    assert trainer.args.resume_from_checkpoint == str(tmp_path / "checkpoint-1")
+    assert trainer.state.global_step == 2
+
+
+def _fake_checkpoint(output_dir: Path, step: int) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
+    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
+    return folder
+
+
+@pytest.mark.parametrize("max_steps", ["184", "4"])
+def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
+    max_steps, model_dir, data_file, tmp_path, no_model_loading
+):
+    _fake_checkpoint(tmp_path, 184)
+    refused = (
+        rf"`max_steps={max_steps}` but .*checkpoint-184 is already at global step 184: resuming it would train 0 "
+        r"steps and save that checkpoint's weights as the final model.*set it above 184"
+    )
+    with pytest.raises(ValueError, match=refused):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", max_steps))
+
+
+def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    again = make_trainer(num_iterations=2, max_steps=2)
+    with pytest.raises(ValueError, match=r"`max_steps=2` but .*checkpoint-2 is already at global step 2"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
