@@ -22,6 +22,7 @@ import datetime
 import functools
 import gc
 import itertools
+import os
 import platform
 import statistics
 import subprocess
@@ -236,12 +237,20 @@ def _format_row(row) -> str:
 
 
 def load_previous(rev: str) -> Callable:
-    """`cegppo_per_token_loss` from `cegppo_trl/loss.py` at git revision `rev` (needs a git checkout)."""
+    """`cegppo_per_token_loss` from `cegppo_trl/loss.py` at git revision `rev` (needs a git checkout).
+
+    `exec` runs code, but only this repository's own history (the git repo this file is in, whatever the working
+    directory), on request (`--previous`): the same trust as `git checkout rev` and importing it.
+    """
     source = subprocess.run(
-        ["git", "show", f"{rev}:cegppo_trl/loss.py"], capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:cegppo_trl/loss.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
     ).stdout
     module = types.ModuleType(f"cegppo_loss_{rev}")
-    exec(compile(source, f"{rev}:cegppo_trl/loss.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:cegppo_trl/loss.py", "exec"), module.__dict__)  # noqa: S102 (see docstring)
     return module.cegppo_per_token_loss
 
 

@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
+    CEGPPO_STATE_FILE,
+    RESUME_COMPARED_FIELDS,
+    changed_settings,
+    check_resume_length,
+    remove_checkpoints,
+)
 from .config import CEGPPOConfig
 from .rewards import REWARD_FUNCS, get_reward_func
 
@@ -28,15 +35,6 @@ logger = logging.getLogger(__name__)
 
 # Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
 _NONE_STRINGS = ("", "none", "null")
-# CE-GPPO settings compared with a checkpoint's `training_args.bin` when resuming.
-RESUME_COMPARED_FIELDS = (
-    "gppo_beta1",
-    "gppo_beta2",
-    "gppo_beta1_schedule",
-    "gppo_beta2_schedule",
-    "entropy_controller",
-    "max_steps",
-)
 CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
@@ -107,7 +105,7 @@ class CEGPPOScriptArguments(ScriptArguments):
         default=False,
         metadata={
             "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "overwritten. Without it such a run is refused."
+            "deleted before training. Without it such a run is refused."
         },
     )
 
@@ -314,8 +312,20 @@ def main(
     check_quantization(model_args)
     check_launch(training_args)
     training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
-    if training_args.resume_from_checkpoint is not None:
-        warn_on_changed_settings(training_args.resume_from_checkpoint, training_args)
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None:
+        check_resume_length(checkpoint, training_args.max_steps, training_args.num_train_epochs)
+        warn_on_changed_settings(checkpoint, training_args)
+    elif script_args.overwrite_output_dir and training_args.should_save:
+        # Starting over: an earlier run's later checkpoints would otherwise survive for `last` to resume.
+        removed = remove_checkpoints(training_args.output_dir)
+        if removed:
+            logger.warning(
+                "`overwrite_output_dir`: removed the earlier run's checkpoints from %s (%s), so that "
+                "`--resume_from_checkpoint last` can only pick up this run's.",
+                training_args.output_dir,
+                ", ".join(os.path.basename(folder) for folder in removed),
+            )
     reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
 
     model_init_kwargs = dict(
@@ -417,8 +427,8 @@ def check_launch(training_args: CEGPPOConfig) -> None:
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
     """The checkpoint to resume from: `true`/`last` is the latest in `output_dir`, `false`/`none` is none.
 
-    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir`: it would
-    overwrite some of them and leave a stale later one that `last` would pick up.
+    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir` (then
+    `main` deletes them): it would overwrite some of them and leave a stale later one that `last` would pick up.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -438,38 +448,32 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
         raise ValueError(
             f"`output_dir` {output_dir} already holds checkpoints (latest: {os.path.basename(last)}). Resume with "
             "`--resume_from_checkpoint last`, pick another `--output_dir`, or pass `--overwrite_output_dir true` to "
-            "start over in it."
+            "delete them and start over in it."
         )
     return value
 
 
 def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> list[str]:
-    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields."""
-    import torch
+    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields.
 
-    from .trainer import CEGPPO_STATE_FILE
-
-    differing: list[str] = []
-    path = os.path.join(checkpoint, "training_args.bin")
-    if os.path.exists(path):
-        try:
-            saved = torch.load(path, weights_only=False)
-        except Exception as error:  # an unreadable file should not block resuming
-            logger.warning("Could not read %s to compare settings: %s", path, error)
-            saved = None
-        if saved is not None:
-            for name in RESUME_COMPARED_FIELDS:
-                before, now = getattr(saved, name, None), getattr(training_args, name, None)
-                if before != now:
-                    differing.append(f"{name}: {before!r} -> {now!r}")
-    has_state = os.path.exists(os.path.join(checkpoint, CEGPPO_STATE_FILE))
-    if training_args.entropy_controller is None and has_state and not any(d.startswith("entropy_") for d in differing):
-        differing.append("entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)")
+    The checkpoint's settings come from its `cegppo_state.json` (plain JSON). `training_args.bin` is never read: it
+    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds.
+    """
+    differing = changed_settings(checkpoint, training_args)
+    if differing is None:
+        logger.warning(
+            "Resuming from %s, which has no CE-GPPO settings in %s (written by another trainer or an older "
+            "cegppo-trl): nothing to compare them with. The resumed run follows the current settings.",
+            checkpoint,
+            CEGPPO_STATE_FILE,
+        )
+        return []
     if differing:
         logger.warning(
-            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's training_args.bin: %s. The "
-            "resumed run follows the new settings.",
+            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's (%s): %s. The resumed run "
+            "follows the new settings.",
             checkpoint,
+            CEGPPO_STATE_FILE,
             "; ".join(differing),
         )
     return differing

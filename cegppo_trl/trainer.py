@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import textwrap
 import warnings
@@ -23,6 +22,7 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from .checkpoints import CEGPPO_STATE_FILE, finished_resume_message, read_state, state_record, write_state
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
 from .loss import DIAGNOSTIC_SUMS, cegppo_diagnostics, cegppo_per_token_loss
@@ -38,7 +38,6 @@ TRL_COMPUTE_LOSS_SHA256 = {
     "1.16.0": "4bd33316bd88db5b545d01d1570cacde3879f2fb9b02fa21941439a13bc16f19",
 }
 SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
-CEGPPO_STATE_FILE = "cegppo_state.json"  # controller state, saved in every checkpoint
 
 
 def trl_compute_loss_sha256() -> str:
@@ -238,34 +237,33 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
-        # Written before `super()`, which pushes the finished folder to the Hub (hub_strategy "checkpoint" /
-        # "all_checkpoints"): a state file added afterwards would be missing from the pushed copy.
-        if self.entropy_controller is not None and self.args.should_save:
+        # `cegppo_state.json` (the CE-GPPO settings a resumed run is compared with, and the controller state) is
+        # written before `super()`, which pushes the finished folder to the Hub (hub_strategy "checkpoint" /
+        # "all_checkpoints"): a file added afterwards would be missing from the pushed copy.
+        if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
-                json.dump({"controller": self.entropy_controller.state_dict()}, f)
+            controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
+            write_state(folder, state_record(self.args, controller))
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that
+        # would train 0 steps (and let `save_model` write the checkpoint's weights as the final model) stops here.
+        if checkpoint is not None and self.state.global_step >= self.state.max_steps:
+            raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.entropy_controller is None or checkpoint is None:
             return
-        path = os.path.join(checkpoint, CEGPPO_STATE_FILE)
-        if not os.path.exists(path):
+        state = read_state(checkpoint)
+        if state is None or "controller" not in state:
             raise FileNotFoundError(
-                f"Resuming with `entropy_controller` set, but {path} is missing: the checkpoint was written without "
-                "a controller, so its state cannot be restored. Resume with the settings the run was started with."
+                f"Resuming with `entropy_controller` set, but {os.path.join(checkpoint, CEGPPO_STATE_FILE)} holds no "
+                "controller state: the checkpoint was written without a controller, so its state cannot be "
+                "restored. Resume with the settings the run was started with."
             )
-        with open(path) as f:
-            state = json.load(f)
-        controller_state = state["controller"]
-        if "window" in state:  # cegppo-trl 0.1 kept the controller's window beside its state
-            keys = ("window_entropy_sum", "window_tokens", "window_steps")
-            controller_state = {**controller_state, **dict(zip(keys, state["window"]))}
-        self.entropy_controller.load_state_dict(controller_state)
+        self.entropy_controller.load_state_dict(state["controller"])
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)

@@ -285,28 +285,3 @@ def test_prompt_template_without_placeholder_is_refused():
 
     with pytest.raises(ValueError, match=r"`prompt_template` must contain `\{prompt\}`"):
         CEGPPOScriptArguments(dataset_name="x", prompt_template="Answer in a box.")
-
-
-def test_resuming_a_controller_checkpoint_without_the_controller_warns_naming_the_fields(tmp_path, caplog):
-    import torch
-
-    from cegppo_trl import CEGPPOConfig
-    from cegppo_trl.scripts import warn_on_changed_settings
-    from cegppo_trl.trainer import CEGPPO_STATE_FILE
-
-    controller = "band=0.3-0.6,step=0.05"
-    checkpoint = tmp_path / "checkpoint-4"
-    checkpoint.mkdir()
-    torch.save(CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_controller=controller),
-               checkpoint / "training_args.bin")  # fmt: skip
-    (checkpoint / CEGPPO_STATE_FILE).write_text("{}")
-    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, gppo_beta1=0.75)
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        differing = warn_on_changed_settings(str(checkpoint), now)
-    assert differing == ["gppo_beta1: 0.5 -> 0.75", f"entropy_controller: {controller!r} -> None"]
-    assert "differ from the checkpoint's training_args.bin" in caplog.text
-
-    (checkpoint / "training_args.bin").unlink()  # without the saved settings, the controller state still counts
-    assert warn_on_changed_settings(str(checkpoint), now) == [
-        "entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)"
-    ]

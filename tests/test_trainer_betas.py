@@ -140,14 +140,6 @@ def test_resume_reproduces_betas_and_losses(make_trainer, tmp_path):
     assert resumed.entropy_controller.state_dict() == full.entropy_controller.state_dict()
 
 
-def test_resume_without_controller_state_is_an_error(make_trainer, tmp_path):
-    plain = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
-    plain.train()
-    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
-    with pytest.raises(FileNotFoundError, match="cegppo_state.json is missing"):
-        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-
-
 def test_invalid_schedule_and_controller_specs_name_the_field(tmp_path):
     from cegppo_trl import CEGPPOConfig
 

@@ -1,0 +1,199 @@
+"""Resuming from checkpoints: nothing unpickled, settings compared from plain JSON, the controller state restored.
+
+Runs offline on a tiny local Llama saved to disk (`cegppo_trl.tiny`) and a small `.jsonl` file, through the same
+`cegppo_trl.scripts.main` the `cegppo train` command calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from pathlib import Path
+
+import pytest
+
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, RESUME_COMPARED_FIELDS
+from cegppo_trl.scripts import main as train
+from cegppo_trl.scripts import parse_args, warn_on_changed_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "add.jsonl"
+    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def smoke_args(model_dir, data_file, output_dir, *extra):
+    return parse_args(
+        ["--config", str(SMOKE), "--model_name_or_path", model_dir, "--dataset_name", data_file,
+         "--output_dir", str(output_dir), "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1",
+         "--disable_tqdm", "true", *extra]
+    )  # fmt: skip
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this creates `marker`: what a hostile `training_args.bin` could do instead of touching a file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 24: resuming never unpickles anything from the checkpoint
+# ----------------------------------------------------------------------------------------------------------------
+def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_path, caplog):
+    train(*smoke_args(model_dir, data_file, tmp_path))
+    checkpoint = tmp_path / "checkpoint-1"
+    marker = tmp_path / "PWNED"
+    (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
+    pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
+    assert marker.exists()
+    marker.unlink()
+
+    resumed_args = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        trainer = train(*resumed_args)
+    assert not marker.exists(), "resuming unpickled the checkpoint's training_args.bin"
+    assert trainer.state.global_step == 2  # resumed at step 1, one more step
+    assert "max_steps: 1 -> 2" in caplog.text  # the settings were still compared, from cegppo_state.json
+
+
+def test_every_checkpoint_records_the_compared_settings_as_json(make_trainer, tmp_path):
+    trainer = make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1, gppo_beta1=0.25)
+    trainer.train()
+    state = json.loads((tmp_path / "checkpoint-1" / CEGPPO_STATE_FILE).read_text())
+    assert state["settings"] == {name: getattr(trainer.args, name) for name in RESUME_COMPARED_FIELDS}
+    assert state["settings"]["gppo_beta1"] == 0.25 and state["settings"]["max_steps"] == 1
+    assert "controller" not in state  # no controller, no controller state
+
+
+def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None = None) -> Path:
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    if settings is not None or controller is not None:
+        state = {"format": 1}
+        if settings is not None:
+            state["settings"] = settings
+        if controller is not None:
+            state["controller"] = controller
+        (folder / CEGPPO_STATE_FILE).write_text(json.dumps(state))
+    return folder
+
+
+def test_changed_settings_are_named_from_cegppo_state_json(tmp_path, caplog):
+    controller = "band=0.3-0.6,step=0.05"
+    before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_controller=controller)
+    settings = {name: getattr(before, name) for name in RESUME_COMPARED_FIELDS}
+    checkpoint = _checkpoint(tmp_path, settings, controller={"offset1": 0.0})
+    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, gppo_beta1=0.75)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        differing = warn_on_changed_settings(str(checkpoint), now)
+    assert differing == ["gppo_beta1: 0.5 -> 0.75", f"entropy_controller: {controller!r} -> None"]
+    assert "differ from the checkpoint's (cegppo_state.json)" in caplog.text
+
+
+def test_dropped_controller_state_counts_as_a_change_without_recorded_settings(tmp_path):
+    checkpoint = _checkpoint(tmp_path, controller={"offset1": 0.0})
+    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    assert warn_on_changed_settings(str(checkpoint), now) == [
+        "entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)"
+    ]
+
+
+def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_warning(tmp_path, caplog):
+    checkpoint = _checkpoint(tmp_path)
+    (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(tmp_path / "PWNED")))
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        differing = warn_on_changed_settings(str(checkpoint), CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
+    assert differing == []
+    assert not (tmp_path / "PWNED").exists()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "nothing to compare" in warnings[0].getMessage()
+
+
+def test_resume_without_controller_state_is_an_error(make_trainer, tmp_path):
+    plain = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
+    plain.train()
+    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
+    with pytest.raises(FileNotFoundError, match="cegppo_state.json holds no controller state"):
+        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 20.1: overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if `main` gets as far as building the trainer (which loads the model)."""
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model started loading before the refusal")
+
+    monkeypatch.setattr(CEGPPOTrainer, "__init__", refuse)
+
+
+def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
+    model_dir, data_file, tmp_path, caplog
+):
+    train(*smoke_args(model_dir, data_file, tmp_path, "--max_steps", "3"))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--overwrite_output_dir", "true"))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]  # this run's only
+    assert "removed the earlier run's checkpoints" in caplog.text
+    assert "(checkpoint-1, checkpoint-2, checkpoint-3)" in caplog.text
+
+    trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
+    assert trainer.args.resume_from_checkpoint == str(tmp_path / "checkpoint-1")
+    assert trainer.state.global_step == 2
+
+
+def _fake_checkpoint(output_dir: Path, step: int) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
+    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
+    return folder
+
+
+@pytest.mark.parametrize("max_steps", ["184", "4"])
+def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
+    max_steps, model_dir, data_file, tmp_path, no_model_loading
+):
+    _fake_checkpoint(tmp_path, 184)
+    refused = (
+        rf"`max_steps={max_steps}` but .*checkpoint-184 is already at global step 184: resuming it would train 0 "
+        r"steps and save that checkpoint's weights as the final model.*set it above 184"
+    )
+    with pytest.raises(ValueError, match=refused):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", max_steps))
+
+
+def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    again = make_trainer(num_iterations=2, max_steps=2)
+    with pytest.raises(ValueError, match=r"`max_steps=2` but .*checkpoint-2 is already at global step 2"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
