@@ -106,6 +106,36 @@ def checkpoint_folders(output_dir: str) -> list[str]:
     return sorted(steps, key=steps.get)
 
 
+def incomplete_reason(checkpoint: str) -> str | None:
+    """Why `checkpoint` is not a complete checkpoint (e.g. the run was killed while saving it), or None if it is.
+
+    Complete means `trainer_state.json` is readable JSON (and so is `cegppo_state.json`, when there is one). That
+    is enough because of the order of the writes: `CEGPPOTrainer` writes `cegppo_state.json` first (atomically),
+    then transformers writes the weights, optimizer, scheduler and RNG states, and `trainer_state.json` last. A
+    folder pushed to the Hub (`hub_strategy="checkpoint"`) is pushed after all of them, so it is complete too.
+    """
+    if trainer_state(checkpoint) is None:
+        missing = not os.path.exists(os.path.join(checkpoint, TRAINER_STATE_FILE))
+        return f"{TRAINER_STATE_FILE} is {'missing' if missing else 'not readable JSON'}"
+    try:
+        read_state(checkpoint)
+    except ValueError:
+        return f"{CEGPPO_STATE_FILE} is not readable JSON"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str) -> tuple[str | None, dict[str, str]]:
+    """The newest complete checkpoint of `output_dir` (None if there is none), and the newer incomplete folders
+    it passed over, each with the reason it is incomplete."""
+    skipped: dict[str, str] = {}
+    for folder in reversed(checkpoint_folders(output_dir)):
+        reason = incomplete_reason(folder)
+        if reason is None:
+            return folder, skipped
+        skipped[folder] = reason
+    return None, skipped
+
+
 def remove_checkpoints(output_dir: str) -> list[str]:
     """Delete every `checkpoint-*` folder of `output_dir` (an earlier run's, when starting over); returns them."""
     folders = checkpoint_folders(output_dir)

@@ -197,3 +197,91 @@ def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_pat
     again = make_trainer(num_iterations=2, max_steps=2)
     with pytest.raises(ValueError, match=r"`max_steps=2` but .*checkpoint-2 is already at global step 2"):
         again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 20.3: a run killed while saving a checkpoint resumes from the newest complete one
+# ----------------------------------------------------------------------------------------------------------------
+def _resolve(output_dir: Path, value: str):
+    from cegppo_trl.scripts import resolve_checkpoint
+
+    return resolve_checkpoint(CEGPPOConfig(output_dir=str(output_dir), use_cpu=True, resume_from_checkpoint=value))
+
+
+def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
+    _fake_checkpoint(tmp_path, 3)
+    (tmp_path / "checkpoint-4").mkdir()  # killed after the weights: no trainer_state.json
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
+    _fake_checkpoint(tmp_path, 5)
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_st')  # killed while writing it
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
+    assert "the newest complete checkpoint; skipped the newer incomplete" in caplog.text
+    assert "checkpoint-5 (trainer_state.json is not readable JSON)" in caplog.text
+    assert "checkpoint-4 (trainer_state.json is missing)" in caplog.text
+
+    with pytest.raises(ValueError, match=r"is an incomplete checkpoint \(trainer_state.json is missing\).*Resume "
+                       r".*checkpoint-3, the newest complete checkpoint beside it"):  # fmt: skip
+        _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
+
+    (tmp_path / "checkpoint-3" / CEGPPO_STATE_FILE).write_text("{")
+    with pytest.raises(ValueError, match=r"every `checkpoint-\*` folder there is incomplete: checkpoint-5 .*; "
+                       r"checkpoint-4 .*; checkpoint-3 \(cegppo_state.json is not readable JSON\)"):  # fmt: skip
+        _resolve(tmp_path, "last")
+
+
+def _weights_but_no_trainer_state(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists() and not (folder / "trainer_state.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_checkpoint(
+    model_dir, data_file, tmp_path, caplog
+):
+    """A real SIGKILL in the middle of a checkpoint save, as a preempted cluster job gets. The training process is
+    frozen (SIGSTOP) as soon as a `checkpoint-N` folder without `trainer_state.json` is seen, and killed only if
+    the folder is still incomplete then, so every run of this test kills a save half-way."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "cegppo_trl.cli", "train", "--config", str(SMOKE), "--model_name_or_path", model_dir,
+           "--dataset_name", data_file, "--output_dir", str(tmp_path), "--max_steps", "500", "--save_strategy",
+           "steps", "--save_steps", "1", "--disable_tqdm", "true"]  # fmt: skip
+    log = open(tmp_path.parent / f"{tmp_path.name}-train.log", "w")
+    process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    partial, attempts = None, 0
+    try:
+        deadline = time.monotonic() + 240
+        while partial is None and time.monotonic() < deadline and process.poll() is None:
+            folders = sorted(tmp_path.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+            # A save after the first, past the weights (the case that breaks `get_last_checkpoint`: a folder with
+            # model files and no trainer state); each save gives one chance, most are caught.
+            if len(folders) >= 2 and _weights_but_no_trainer_state(folders[-1]):
+                process.send_signal(signal.SIGSTOP)
+                attempts += 1
+                if _weights_but_no_trainer_state(folders[-1]):
+                    partial = folders[-1]
+                    process.kill()
+                else:
+                    process.send_signal(signal.SIGCONT)
+            time.sleep(0.0005)
+    finally:
+        process.kill()
+        process.wait()
+        log.close()
+    assert partial is not None, (tmp_path.parent / f"{tmp_path.name}-train.log").read_text()[-3000:]
+    step = int(partial.name.split("-")[1])
+    assert _weights_but_no_trainer_state(partial)  # really half-written after the kill
+
+    resumed = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", str(step))
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        trainer = train(*resumed)
+    assert trainer.args.resume_from_checkpoint == str(tmp_path / f"checkpoint-{step - 1}")
+    assert f"skipped the newer incomplete {partial.name} (trainer_state.json is missing)" in caplog.text
+    assert trainer.state.global_step == step
+    assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
