@@ -88,6 +88,30 @@ def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     return differing if isinstance(saved, dict) or differing else None
 
 
+
+# Checkpoints whose fresh controller start was already announced in this process (`main` warns before the model
+# loads; the trainer, which also serves the Python API, then does not warn a second time).
+FRESH_CONTROLLER_ANNOUNCED: set[str] = set()
+
+
+def fresh_controller_note(checkpoint: str, args: Any) -> str | None:
+    """The warning for resuming with `entropy_controller` set from a checkpoint without controller state, else None.
+
+    Such a resume starts the controller fresh, as at step 0 of a run: no offset on the (scheduled) nominal β values
+    and an empty measurement window. Every other CE-GPPO setting may change on resume too, with a warning.
+    """
+    if getattr(args, "entropy_controller", None) is None:
+        return None
+    state = read_state(checkpoint)
+    if state is not None and "controller" in state:
+        return None
+    return (
+        f"{checkpoint} holds no entropy-controller state (that run had no `entropy_controller`), so the controller "
+        "starts fresh at the resumed step: no offset on the nominal beta1/beta2 and an empty measurement window. To "
+        "continue the run as it was, resume without `entropy_controller`."
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Checkpoint folders of an output directory
 # ----------------------------------------------------------------------------------------------------------------

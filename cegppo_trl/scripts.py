@@ -18,9 +18,11 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     CEGPPO_STATE_FILE,
+    FRESH_CONTROLLER_ANNOUNCED,
     RESUME_COMPARED_FIELDS,
     changed_settings,
     check_resume_length,
+    fresh_controller_note,
     incomplete_reason,
     last_complete_checkpoint,
     remove_checkpoints,
@@ -489,23 +491,27 @@ def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> li
     """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields.
 
     The checkpoint's settings come from its `cegppo_state.json` (plain JSON). `training_args.bin` is never read: it
-    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds.
+    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds. One warning covers
+    everything, including a controller that starts fresh because the checkpoint has no controller state.
     """
     differing = changed_settings(checkpoint, training_args)
     if differing is None:
-        logger.warning(
-            "Resuming from %s, which has no CE-GPPO settings in %s (written by another trainer or an older "
-            "cegppo-trl): nothing to compare them with. The resumed run follows the current settings.",
-            checkpoint,
-            CEGPPO_STATE_FILE,
+        message = (
+            f"Resuming from {checkpoint}, which has no CE-GPPO settings in {CEGPPO_STATE_FILE} (written by another "
+            "trainer or an older cegppo-trl): nothing to compare them with. The resumed run follows the current "
+            "settings."
         )
-        return []
-    if differing:
-        logger.warning(
-            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's (%s): %s. The resumed run "
-            "follows the new settings.",
-            checkpoint,
-            CEGPPO_STATE_FILE,
-            "; ".join(differing),
+    elif differing:
+        message = (
+            f"Resuming from {checkpoint} with CE-GPPO settings that differ from the checkpoint's "
+            f"({CEGPPO_STATE_FILE}): {'; '.join(differing)}. The resumed run follows the new settings."
         )
-    return differing
+    else:
+        message = f"Resuming from {checkpoint}."
+    controller_note = fresh_controller_note(checkpoint, training_args)
+    if controller_note is not None:
+        message += " " + controller_note
+        FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
+    if differing != [] or controller_note is not None:
+        logger.warning(message)
+    return differing or []

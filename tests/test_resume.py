@@ -132,12 +132,48 @@ def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_warnin
     assert len(warnings) == 1 and "nothing to compare" in warnings[0].getMessage()
 
 
-def test_resume_without_controller_state_is_an_error(make_trainer, tmp_path):
-    plain = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
-    plain.train()
-    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
-    with pytest.raises(FileNotFoundError, match="cegppo_state.json holds no controller state"):
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 20.4: a controller set now, none in the checkpoint: it starts fresh, with one warning given before loading
+# ----------------------------------------------------------------------------------------------------------------
+def _fresh_controller_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "holds no entropy-controller state" in r.getMessage()]
+
+
+def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_fresh(
+    model_dir, data_file, tmp_path, caplog, monkeypatch
+):
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    train(*smoke_args(model_dir, data_file, tmp_path))  # no controller
+    warned_before_loading = []
+    original_init = CEGPPOTrainer.__init__
+
+    def init(self, *args, **kwargs):
+        warned_before_loading.append(len(_fresh_controller_warnings(caplog)))
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(CEGPPOTrainer, "__init__", init)
+    controller = "band=0-0.1,step=0.1,mode=beta1,beta1=0-1,every=1,damping=0"
+    with caplog.at_level(logging.WARNING):
+        trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last",
+                                    "--max_steps", "2", "--entropy_controller", controller))  # fmt: skip
+    warnings = _fresh_controller_warnings(caplog)
+    assert warned_before_loading == [1] and len(warnings) == 1, warnings
+    assert f"entropy_controller: None -> {controller!r}" in warnings[0]  # the same, single message
+    assert "the controller starts fresh at the resumed step" in warnings[0]
+    assert trainer.state.global_step == 2
+    # Fresh: the one update (step 2) is its first, one step of 0.1 up from the nominal beta1 (entropy above band).
+    state = trainer.entropy_controller.state_dict()
+    assert state["num_updates"] == 1 and state["offset_beta1"] == pytest.approx(0.1)
+
+
+def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    with_controller = make_trainer(num_iterations=2, max_steps=3, entropy_controller="band=1-2")
+    with caplog.at_level(logging.WARNING):
         with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert len(_fresh_controller_warnings(caplog)) == 1
+    assert with_controller.state.global_step == 3
 
 
 # ----------------------------------------------------------------------------------------------------------------
