@@ -108,8 +108,9 @@ class CEGPPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if args is not None and not isinstance(args, CEGPPOConfig):
             raise TypeError(
-                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Build it with "
-                "`CEGPPOConfig(**your_grpo_config.to_dict())` or pass the CE-GPPO fields directly."
+                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Convert it with "
+                "`CEGPPOConfig.from_grpo_config(your_grpo_config, gppo_beta1=..., gppo_beta2=...)`, or build a "
+                "`CEGPPOConfig` directly (it takes every GRPOConfig field)."
             )
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -277,40 +282,34 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     """A real SIGKILL in the middle of a checkpoint save, as a preempted cluster job gets. The training process is
     frozen (SIGSTOP) as soon as a `checkpoint-N` folder without `trainer_state.json` is seen, and killed only if
     the folder is still incomplete then, so every run of this test kills a save half-way."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "cegppo_trl.cli", "train", "--config", str(SMOKE), "--model_name_or_path", model_dir,
            "--dataset_name", data_file, "--output_dir", str(tmp_path), "--max_steps", "500", "--save_strategy",
            "steps", "--save_steps", "1", "--disable_tqdm", "true"]  # fmt: skip
-    log = open(tmp_path.parent / f"{tmp_path.name}-train.log", "w")
-    process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log_path = tmp_path.parent / f"{tmp_path.name}-train.log"
     partial, attempts = None, 0
-    try:
-        deadline = time.monotonic() + 240
-        while partial is None and time.monotonic() < deadline and process.poll() is None:
-            folders = sorted(tmp_path.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-            # A save after the first, past the weights (the case that breaks `get_last_checkpoint`: a folder with
-            # model files and no trainer state); each save gives one chance, most are caught.
-            if len(folders) >= 2 and _weights_but_no_trainer_state(folders[-1]):
-                process.send_signal(signal.SIGSTOP)
-                attempts += 1
-                if _weights_but_no_trainer_state(folders[-1]):
-                    partial = folders[-1]
-                    process.kill()
-                else:
-                    process.send_signal(signal.SIGCONT)
-            time.sleep(0.0005)
-    finally:
-        process.kill()
-        process.wait()
-        log.close()
-    assert partial is not None, (tmp_path.parent / f"{tmp_path.name}-train.log").read_text()[-3000:]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while partial is None and time.monotonic() < deadline and process.poll() is None:
+                folders = sorted(tmp_path.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+                # A save after the first, past the weights (the case that breaks `get_last_checkpoint`: a folder
+                # with model files and no trainer state); each save gives one chance, most are caught.
+                if len(folders) >= 2 and _weights_but_no_trainer_state(folders[-1]):
+                    process.send_signal(signal.SIGSTOP)
+                    attempts += 1
+                    if _weights_but_no_trainer_state(folders[-1]):
+                        partial = folders[-1]
+                        process.kill()
+                    else:
+                        process.send_signal(signal.SIGCONT)
+                time.sleep(0.0005)
+        finally:
+            process.kill()
+            process.wait()
+    assert partial is not None, f"no save caught half-way in {attempts} tries: " + log_path.read_text()[-3000:]
     step = int(partial.name.split("-")[1])
     assert _weights_but_no_trainer_state(partial)  # really half-written after the kill
 
