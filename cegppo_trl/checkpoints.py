@@ -1,9 +1,9 @@
 """What a CE-GPPO checkpoint holds beside transformers' files, read back as plain JSON only.
 
 Every checkpoint the trainer writes has a `cegppo_state.json`: the CE-GPPO settings a resumed run is compared with
-(`RESUME_COMPARED_FIELDS`) and, with an entropy controller, the controller's state. Resuming never unpickles anything
-from a checkpoint (`training_args.bin` is a pickle: reading it would run whatever code it holds), so a checkpoint from
-someone else is as safe to resume as its safetensors weights and JSON files.
+(`RESUME_COMPARED_FIELDS`) and, with an entropy controller, the controller's state. Resuming never unpickles
+anything in a checkpoint (`training_args.bin` is a pickle: reading it would run whatever code it holds), so a
+checkpoint from someone else is as safe to resume as its safetensors weights and JSON files.
 """
 
 from __future__ import annotations

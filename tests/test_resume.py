@@ -65,11 +65,14 @@ class _RunsCodeWhenUnpickled:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 24: resuming never unpickles anything from the checkpoint
+# Resuming never unpickles anything from the checkpoint
 # ----------------------------------------------------------------------------------------------------------------
 def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_path, caplog):
-    train(*smoke_args(model_dir, data_file, tmp_path))
+    first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
+    state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
+    assert state == {"format": 1, "settings": {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS}}
+    assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
     marker = tmp_path / "PWNED"
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
     pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
@@ -84,13 +87,12 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     assert "max_steps: 1 -> 2" in caplog.text  # the settings were still compared, from cegppo_state.json
 
 
-def test_every_checkpoint_records_the_compared_settings_as_json(make_trainer, tmp_path):
-    trainer = make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1, gppo_beta1=0.25)
-    trainer.train()
-    state = json.loads((tmp_path / "checkpoint-1" / CEGPPO_STATE_FILE).read_text())
-    assert state["settings"] == {name: getattr(trainer.args, name) for name in RESUME_COMPARED_FIELDS}
-    assert state["settings"]["gppo_beta1"] == 0.25 and state["settings"]["max_steps"] == 1
-    assert "controller" not in state  # no controller, no controller state
+def _fake_checkpoint(output_dir: Path, step: int) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
+    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
+    return folder
 
 
 def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None = None) -> Path:
@@ -138,7 +140,7 @@ def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_warnin
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 20.4: a controller set now, none in the checkpoint: it starts fresh, with one warning given before loading
+# A controller set now, none in the checkpoint: it starts fresh, with one warning given before loading
 # ----------------------------------------------------------------------------------------------------------------
 def _fresh_controller_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "holds no entropy-controller state" in r.getMessage()]
@@ -173,16 +175,16 @@ def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_
 
 
 def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
-    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
-    with_controller = make_trainer(num_iterations=2, max_steps=3, entropy_controller="band=1-2")
+    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
+    with_controller = make_trainer(num_iterations=2, max_steps=2, entropy_controller="band=1-2")
     with caplog.at_level(logging.WARNING):
-        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert len(_fresh_controller_warnings(caplog)) == 1
-    assert with_controller.state.global_step == 3
+    assert with_controller.state.global_step == 2
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 20.1: overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
+# Overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def no_model_loading(monkeypatch):
@@ -198,26 +200,17 @@ def no_model_loading(monkeypatch):
 def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
     model_dir, data_file, tmp_path, caplog
 ):
-    train(*smoke_args(model_dir, data_file, tmp_path, "--max_steps", "3"))
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
-
+    for step in (2, 20, 184):  # an earlier, longer run's checkpoints
+        _fake_checkpoint(tmp_path, step)
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         train(*smoke_args(model_dir, data_file, tmp_path, "--overwrite_output_dir", "true"))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]  # this run's only
     assert "removed the earlier run's checkpoints" in caplog.text
-    assert "(checkpoint-1, checkpoint-2, checkpoint-3)" in caplog.text
+    assert "(checkpoint-2, checkpoint-20, checkpoint-184)" in caplog.text
 
     trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
     assert trainer.args.resume_from_checkpoint == str(tmp_path / "checkpoint-1")
     assert trainer.state.global_step == 2
-
-
-def _fake_checkpoint(output_dir: Path, step: int) -> Path:
-    folder = output_dir / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
-    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
-    return folder
 
 
 @pytest.mark.parametrize("max_steps", ["184", "4"])
@@ -234,14 +227,14 @@ def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
 
 
 def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):
-    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
-    again = make_trainer(num_iterations=2, max_steps=2)
-    with pytest.raises(ValueError, match=r"`max_steps=2` but .*checkpoint-2 is already at global step 2"):
-        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
+    again = make_trainer(num_iterations=2, max_steps=1)
+    with pytest.raises(ValueError, match=r"`max_steps=1` but .*checkpoint-1 is already at global step 1"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 20.3: a run killed while saving a checkpoint resumes from the newest complete one
+# A run killed while saving a checkpoint resumes from the newest complete one
 # ----------------------------------------------------------------------------------------------------------------
 def _resolve(output_dir: Path, value: str):
     from cegppo_trl.scripts import resolve_checkpoint
