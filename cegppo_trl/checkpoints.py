@@ -28,6 +28,9 @@ RESUME_COMPARED_FIELDS = (
 )
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Reading and writing the state files (JSON only)
+# ----------------------------------------------------------------------------------------------------------------
 def state_record(args: Any, controller_state: dict | None) -> dict[str, Any]:
     """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`)."""
     record: dict[str, Any] = {
@@ -67,6 +70,19 @@ def read_state(checkpoint: str) -> dict[str, Any] | None:
     return state
 
 
+def trainer_state(checkpoint: str) -> dict[str, Any] | None:
+    """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a resumed run is told: changed settings, a fresh controller, a run already finished
+# ----------------------------------------------------------------------------------------------------------------
 def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     """The CE-GPPO settings of `args` that differ from the checkpoint's, as `name: old -> new` lines.
 
@@ -86,7 +102,6 @@ def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     if dropped and not any(d.startswith("entropy_controller:") for d in differing):
         differing.append("entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)")
     return differing if isinstance(saved, dict) or differing else None
-
 
 
 # Checkpoints whose fresh controller start was already announced in this process (`main` warns before the model
@@ -112,8 +127,38 @@ def fresh_controller_note(checkpoint: str, args: Any) -> str | None:
     )
 
 
+def check_resume_length(checkpoint: str, max_steps: int, num_train_epochs: float) -> None:
+    """Refuse to resume a checkpoint that the configured run length has already reached (read from JSON only).
+
+    Raises:
+        ValueError: naming the checkpoint's step (or epoch), the setting, and the fix.
+    """
+    state = trainer_state(checkpoint)
+    if state is None:
+        return
+    step = int(state.get("global_step", 0))
+    if max_steps > 0 and step >= max_steps:
+        raise ValueError(finished_resume_message(checkpoint, step, max_steps))
+    epoch = state.get("epoch")
+    if max_steps <= 0 and isinstance(epoch, (int, float)) and epoch >= num_train_epochs:
+        raise ValueError(
+            f"`num_train_epochs={num_train_epochs}` but {checkpoint} is already at epoch {epoch:g} (global step "
+            f"{step}): resuming it would train 0 steps and save that checkpoint's weights as the final model. Set "
+            f"`num_train_epochs` above {epoch:g} (or `max_steps` above {step}) to train on."
+        )
+
+
+def finished_resume_message(checkpoint: str, global_step: int, max_steps: int) -> str:
+    """Why resuming `checkpoint` at `global_step` with `max_steps` is refused: it would train nothing."""
+    return (
+        f"`max_steps={max_steps}` but {checkpoint} is already at global step {global_step}: resuming it would train "
+        f"0 steps and save that checkpoint's weights as the final model. `max_steps` counts the whole run, not the "
+        f"steps after the checkpoint: set it above {global_step} to train on, or resume an earlier checkpoint."
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# Checkpoint folders of an output directory
+# Checkpoint folders of an output directory: complete or not, removed when starting over
 # ----------------------------------------------------------------------------------------------------------------
 def checkpoint_folders(output_dir: str) -> list[str]:
     """The `checkpoint-<step>` folders of `output_dir`, oldest step first (none when it does not exist)."""
@@ -166,43 +211,3 @@ def remove_checkpoints(output_dir: str) -> list[str]:
     for folder in folders:
         shutil.rmtree(folder)
     return folders
-
-
-def trainer_state(checkpoint: str) -> dict[str, Any] | None:
-    """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
-    try:
-        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def check_resume_length(checkpoint: str, max_steps: int, num_train_epochs: float) -> None:
-    """Refuse to resume a checkpoint that the configured run length has already reached (read from JSON only).
-
-    Raises:
-        ValueError: naming the checkpoint's step (or epoch), the setting, and the fix.
-    """
-    state = trainer_state(checkpoint)
-    if state is None:
-        return
-    step = int(state.get("global_step", 0))
-    if max_steps > 0 and step >= max_steps:
-        raise ValueError(finished_resume_message(checkpoint, step, max_steps))
-    epoch = state.get("epoch")
-    if max_steps <= 0 and isinstance(epoch, (int, float)) and epoch >= num_train_epochs:
-        raise ValueError(
-            f"`num_train_epochs={num_train_epochs}` but {checkpoint} is already at epoch {epoch:g} (global step "
-            f"{step}): resuming it would train 0 steps and save that checkpoint's weights as the final model. Set "
-            f"`num_train_epochs` above {epoch:g} (or `max_steps` above {step}) to train on."
-        )
-
-
-def finished_resume_message(checkpoint: str, global_step: int, max_steps: int) -> str:
-    """Why resuming `checkpoint` at `global_step` with `max_steps` is refused: it would train nothing."""
-    return (
-        f"`max_steps={max_steps}` but {checkpoint} is already at global step {global_step}: resuming it would train "
-        f"0 steps and save that checkpoint's weights as the final model. `max_steps` counts the whole run, not the "
-        f"steps after the checkpoint: set it above {global_step} to train on, or resume an earlier checkpoint."
-    )

@@ -474,8 +474,8 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
                 else "No checkpoint beside it is complete: start a new run."
             )
             raise ValueError(
-                f"`resume_from_checkpoint={value}` is an incomplete checkpoint ({reason}): the run was stopped while "
-                f"writing it. {fix}"
+                f"`resume_from_checkpoint={value}` is not a complete checkpoint ({reason}): a run stopped while "
+                f"writing it, or it is not a `checkpoint-*` folder. {fix}"
             )
     last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
     if value is None and last is not None and not overwrite_output_dir:

@@ -254,7 +254,7 @@ def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
     assert "checkpoint-5 (trainer_state.json is not readable JSON)" in caplog.text
     assert "checkpoint-4 (trainer_state.json is missing)" in caplog.text
 
-    with pytest.raises(ValueError, match=r"is an incomplete checkpoint \(trainer_state.json is missing\).*Resume "
+    with pytest.raises(ValueError, match=r"is not a complete checkpoint \(trainer_state.json is missing\).*Resume "
                        r".*checkpoint-3, the newest complete checkpoint beside it"):  # fmt: skip
         _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
 
