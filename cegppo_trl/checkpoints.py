@@ -1,9 +1,9 @@
 """What a CE-GPPO checkpoint holds beside transformers' files, read back as plain JSON only.
 
 Every checkpoint the trainer writes has a `cegppo_state.json`: the CE-GPPO settings a resumed run is compared with
-(`RESUME_COMPARED_FIELDS`) and, with an entropy controller, the controller's state. Resuming never unpickles anything
-from a checkpoint (`training_args.bin` is a pickle: reading it would run whatever code it holds), so a checkpoint from
-someone else is as safe to resume as its safetensors weights and JSON files.
+(`RESUME_COMPARED_FIELDS`) and, with an entropy controller, the controller's state. Resuming never unpickles
+anything in a checkpoint (`training_args.bin` is a pickle: reading it would run whatever code it holds), so a
+checkpoint from someone else is as safe to resume as its safetensors weights and JSON files.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ RESUME_COMPARED_FIELDS = (
 )
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Reading and writing the state files (JSON only)
+# ----------------------------------------------------------------------------------------------------------------
 def state_record(args: Any, controller_state: dict | None) -> dict[str, Any]:
     """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`)."""
     record: dict[str, Any] = {
@@ -67,6 +70,19 @@ def read_state(checkpoint: str) -> dict[str, Any] | None:
     return state
 
 
+def trainer_state(checkpoint: str) -> dict[str, Any] | None:
+    """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a resumed run is told: changed settings, a fresh controller, a run already finished
+# ----------------------------------------------------------------------------------------------------------------
 def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     """The CE-GPPO settings of `args` that differ from the checkpoint's, as `name: old -> new` lines.
 
@@ -88,40 +104,27 @@ def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
     return differing if isinstance(saved, dict) or differing else None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Checkpoint folders of an output directory
-# ----------------------------------------------------------------------------------------------------------------
-def checkpoint_folders(output_dir: str) -> list[str]:
-    """The `checkpoint-<step>` folders of `output_dir`, oldest step first (none when it does not exist)."""
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    if not output_dir or not os.path.isdir(output_dir):
-        return []
-    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    steps = {}
-    for name in os.listdir(output_dir):
-        match = pattern.match(name)
-        if match and os.path.isdir(os.path.join(output_dir, name)):
-            steps[os.path.join(output_dir, name)] = int(match.group(1))
-    return sorted(steps, key=steps.get)
+# Checkpoints whose fresh controller start was already announced in this process (`main` warns before the model
+# loads; the trainer, which also serves the Python API, then does not warn a second time).
+FRESH_CONTROLLER_ANNOUNCED: set[str] = set()
 
 
-def remove_checkpoints(output_dir: str) -> list[str]:
-    """Delete every `checkpoint-*` folder of `output_dir` (an earlier run's, when starting over); returns them."""
-    folders = checkpoint_folders(output_dir)
-    for folder in folders:
-        shutil.rmtree(folder)
-    return folders
+def fresh_controller_note(checkpoint: str, args: Any) -> str | None:
+    """The warning for resuming with `entropy_controller` set from a checkpoint without controller state, else None.
 
-
-def trainer_state(checkpoint: str) -> dict[str, Any] | None:
-    """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
-    try:
-        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
+    Such a resume starts the controller fresh, as at step 0 of a run: no offset on the (scheduled) nominal β values
+    and an empty measurement window. Every other CE-GPPO setting may change on resume too, with a warning.
+    """
+    if getattr(args, "entropy_controller", None) is None:
         return None
-    return state if isinstance(state, dict) else None
+    state = read_state(checkpoint)
+    if state is not None and "controller" in state:
+        return None
+    return (
+        f"{checkpoint} holds no entropy-controller state (that run had no `entropy_controller`), so the controller "
+        "starts fresh at the resumed step: no offset on the nominal beta1/beta2 and an empty measurement window. To "
+        "continue the run as it was, resume without `entropy_controller`."
+    )
 
 
 def check_resume_length(checkpoint: str, max_steps: int, num_train_epochs: float) -> None:
@@ -152,3 +155,59 @@ def finished_resume_message(checkpoint: str, global_step: int, max_steps: int) -
         f"0 steps and save that checkpoint's weights as the final model. `max_steps` counts the whole run, not the "
         f"steps after the checkpoint: set it above {global_step} to train on, or resume an earlier checkpoint."
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoint folders of an output directory: complete or not, removed when starting over
+# ----------------------------------------------------------------------------------------------------------------
+def checkpoint_folders(output_dir: str) -> list[str]:
+    """The `checkpoint-<step>` folders of `output_dir`, oldest step first (none when it does not exist)."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    if not output_dir or not os.path.isdir(output_dir):
+        return []
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    steps = {}
+    for name in os.listdir(output_dir):
+        match = pattern.match(name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            steps[os.path.join(output_dir, name)] = int(match.group(1))
+    return sorted(steps, key=steps.get)
+
+
+def incomplete_reason(checkpoint: str) -> str | None:
+    """Why `checkpoint` is not a complete checkpoint (e.g. the run was killed while saving it), or None if it is.
+
+    Complete means `trainer_state.json` is readable JSON (and so is `cegppo_state.json`, when there is one). That
+    is enough because of the order of the writes: `CEGPPOTrainer` writes `cegppo_state.json` first (atomically),
+    then transformers writes the weights, optimizer, scheduler and RNG states, and `trainer_state.json` last. A
+    folder pushed to the Hub (`hub_strategy="checkpoint"`) is pushed after all of them, so it is complete too.
+    """
+    if trainer_state(checkpoint) is None:
+        missing = not os.path.exists(os.path.join(checkpoint, TRAINER_STATE_FILE))
+        return f"{TRAINER_STATE_FILE} is {'missing' if missing else 'not readable JSON'}"
+    try:
+        read_state(checkpoint)
+    except ValueError:
+        return f"{CEGPPO_STATE_FILE} is not readable JSON"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str) -> tuple[str | None, dict[str, str]]:
+    """The newest complete checkpoint of `output_dir` (None if there is none), and the newer incomplete folders
+    it passed over, each with the reason it is incomplete."""
+    skipped: dict[str, str] = {}
+    for folder in reversed(checkpoint_folders(output_dir)):
+        reason = incomplete_reason(folder)
+        if reason is None:
+            return folder, skipped
+        skipped[folder] = reason
+    return None, skipped
+
+
+def remove_checkpoints(output_dir: str) -> list[str]:
+    """Delete every `checkpoint-*` folder of `output_dir` (an earlier run's, when starting over); returns them."""
+    folders = checkpoint_folders(output_dir)
+    for folder in folders:
+        shutil.rmtree(folder)
+    return folders

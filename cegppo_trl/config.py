@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from trl import GRPOConfig
 
@@ -135,6 +136,29 @@ class CEGPPOConfig(GRPOConfig):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_inherited()
         super().__post_init__()
+
+    @classmethod
+    def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
+        """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords.
+
+        `CEGPPOConfig(**grpo_config.to_dict())` cannot work: after construction a `GRPOConfig` holds both
+        `steps_per_generation` and the `generation_batch_size` derived from it, which may not both be set, and
+        `to_dict` masks tokens and turns enums into strings. This copies the attributes instead and re-derives
+        `generation_batch_size` (unless an override sets it, which then replaces `steps_per_generation`).
+
+        Example: `CEGPPOConfig.from_grpo_config(GRPOConfig(output_dir="out", num_iterations=2), gppo_beta1=0.5)`.
+        """
+        if not isinstance(grpo_config, GRPOConfig):
+            raise TypeError(f"`grpo_config` must be a `trl.GRPOConfig`, got `{type(grpo_config).__name__}`.")
+        own = {f.name for f in fields(cls) if f.init}
+        values = {f.name: getattr(grpo_config, f.name) for f in fields(grpo_config) if f.init and f.name in own}
+        unknown = sorted(set(overrides) - own)
+        if unknown:
+            raise TypeError(f"`CEGPPOConfig` has no field(s) {unknown}.")
+        values["generation_batch_size"] = None  # derived from steps_per_generation, the per-device setting
+        if "generation_batch_size" in overrides and "steps_per_generation" not in overrides:
+            values["steps_per_generation"] = None
+        return cls(**{**values, **overrides})
 
     def _validate_inherited(self) -> None:
         """GRPOConfig fields whose bad values TRL accepts but that silently corrupt a CE-GPPO run."""

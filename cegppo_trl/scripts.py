@@ -18,9 +18,13 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     CEGPPO_STATE_FILE,
+    FRESH_CONTROLLER_ANNOUNCED,
     RESUME_COMPARED_FIELDS,
     changed_settings,
     check_resume_length,
+    fresh_controller_note,
+    incomplete_reason,
+    last_complete_checkpoint,
     remove_checkpoints,
 )
 from .config import CEGPPOConfig
@@ -425,25 +429,55 @@ def check_launch(training_args: CEGPPOConfig) -> None:
 
 
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
-    """The checkpoint to resume from: `true`/`last` is the latest in `output_dir`, `false`/`none` is none.
+    """The checkpoint to resume from: `true`/`last` is the newest complete one in `output_dir`, `false`/`none` none.
 
-    A new run into an `output_dir` that already holds checkpoints is refused unless `overwrite_output_dir` (then
-    `main` deletes them): it would overwrite some of them and leave a stale later one that `last` would pick up.
+    A checkpoint folder the run was killed while writing (see `checkpoints.incomplete_reason`) is never resumed: `last`
+    passes over it, naming it in a warning, and a path to one is refused. A new run into an `output_dir` that already
+    holds checkpoints is refused unless `overwrite_output_dir` (then `main` deletes them): it would overwrite some of
+    them and leave a stale later one that `last` would pick up.
     """
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = training_args.output_dir
-    last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
     value = training_args.resume_from_checkpoint
     if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS + ("false",):
         value = None
     if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "last")):
+        last, skipped = last_complete_checkpoint(output_dir)
+        partial = "; ".join(f"{os.path.basename(folder)} ({reason})" for folder, reason in skipped.items())
         if last is None:
+            if skipped:
+                raise ValueError(
+                    f"`resume_from_checkpoint={value}` resumes the newest complete checkpoint in {output_dir}, but "
+                    f"every `checkpoint-*` folder there is incomplete: {partial}. They were being written when a run "
+                    "stopped; start a new run (`--overwrite_output_dir true` deletes them)."
+                )
             raise ValueError(
                 f"`resume_from_checkpoint={value}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
                 "has no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
             )
+        if skipped:
+            logger.warning(
+                "Resuming from %s, the newest complete checkpoint; skipped the newer incomplete %s, which the run was "
+                "writing when it stopped (it is overwritten when this run saves that step).",
+                last,
+                partial,
+            )
         return last
+    if isinstance(value, str) and os.path.isdir(value):
+        reason = incomplete_reason(value)
+        if reason is not None:
+            newest, _ = last_complete_checkpoint(os.path.dirname(os.path.abspath(value)))
+            fix = (
+                f"Resume {newest}, the newest complete checkpoint beside it."
+                if newest
+                else "No checkpoint beside it is complete: start a new run."
+            )
+            raise ValueError(
+                f"`resume_from_checkpoint={value}` is not a complete checkpoint ({reason}): a run stopped while "
+                f"writing it, or it is not a `checkpoint-*` folder. {fix}"
+            )
+    last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
     if value is None and last is not None and not overwrite_output_dir:
         raise ValueError(
             f"`output_dir` {output_dir} already holds checkpoints (latest: {os.path.basename(last)}). Resume with "
@@ -457,23 +491,27 @@ def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> li
     """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields.
 
     The checkpoint's settings come from its `cegppo_state.json` (plain JSON). `training_args.bin` is never read: it
-    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds.
+    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds. One warning covers
+    everything, including a controller that starts fresh because the checkpoint has no controller state.
     """
     differing = changed_settings(checkpoint, training_args)
     if differing is None:
-        logger.warning(
-            "Resuming from %s, which has no CE-GPPO settings in %s (written by another trainer or an older "
-            "cegppo-trl): nothing to compare them with. The resumed run follows the current settings.",
-            checkpoint,
-            CEGPPO_STATE_FILE,
+        message = (
+            f"Resuming from {checkpoint}, which has no CE-GPPO settings in {CEGPPO_STATE_FILE} (written by another "
+            "trainer or an older cegppo-trl): nothing to compare them with. The resumed run follows the current "
+            "settings."
         )
-        return []
-    if differing:
-        logger.warning(
-            "Resuming from %s with CE-GPPO settings that differ from the checkpoint's (%s): %s. The resumed run "
-            "follows the new settings.",
-            checkpoint,
-            CEGPPO_STATE_FILE,
-            "; ".join(differing),
+    elif differing:
+        message = (
+            f"Resuming from {checkpoint} with CE-GPPO settings that differ from the checkpoint's "
+            f"({CEGPPO_STATE_FILE}): {'; '.join(differing)}. The resumed run follows the new settings."
         )
-    return differing
+    else:
+        message = f"Resuming from {checkpoint}."
+    controller_note = fresh_controller_note(checkpoint, training_args)
+    if controller_note is not None:
+        message += " " + controller_note
+        FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
+    if differing != [] or controller_note is not None:
+        logger.warning(message)
+    return differing or []

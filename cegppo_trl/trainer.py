@@ -22,7 +22,15 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from .checkpoints import CEGPPO_STATE_FILE, finished_resume_message, read_state, state_record, write_state
+from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
+    CEGPPO_STATE_FILE,
+    FRESH_CONTROLLER_ANNOUNCED,
+    finished_resume_message,
+    fresh_controller_note,
+    read_state,
+    state_record,
+    write_state,
+)
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
 from .loss import DIAGNOSTIC_SUMS, cegppo_diagnostics, cegppo_per_token_loss
@@ -100,8 +108,9 @@ class CEGPPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if args is not None and not isinstance(args, CEGPPOConfig):
             raise TypeError(
-                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Build it with "
-                "`CEGPPOConfig(**your_grpo_config.to_dict())` or pass the CE-GPPO fields directly."
+                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Convert it with "
+                "`CEGPPOConfig.from_grpo_config(your_grpo_config, gppo_beta1=..., gppo_beta2=...)`, or build a "
+                "`CEGPPOConfig` directly (it takes every GRPOConfig field)."
             )
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
@@ -256,14 +265,12 @@ class CEGPPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.entropy_controller is None or checkpoint is None:
             return
-        state = read_state(checkpoint)
-        if state is None or "controller" not in state:
-            raise FileNotFoundError(
-                f"Resuming with `entropy_controller` set, but {os.path.join(checkpoint, CEGPPO_STATE_FILE)} holds no "
-                "controller state: the checkpoint was written without a controller, so its state cannot be "
-                "restored. Resume with the settings the run was started with."
-            )
-        self.entropy_controller.load_state_dict(state["controller"])
+        note = fresh_controller_note(checkpoint, self.args)
+        if note is None:
+            self.entropy_controller.load_state_dict(read_state(checkpoint)["controller"])
+        elif os.path.realpath(checkpoint) not in FRESH_CONTROLLER_ANNOUNCED:  # `cegppo train` said so before loading
+            FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
+            logger.warning(note, main_process_only=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,11 +65,14 @@ class _RunsCodeWhenUnpickled:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 24: resuming never unpickles anything from the checkpoint
+# Resuming never unpickles anything from the checkpoint
 # ----------------------------------------------------------------------------------------------------------------
 def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_path, caplog):
-    train(*smoke_args(model_dir, data_file, tmp_path))
+    first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
+    state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
+    assert state == {"format": 1, "settings": {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS}}
+    assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
     marker = tmp_path / "PWNED"
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
     pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
@@ -79,13 +87,12 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     assert "max_steps: 1 -> 2" in caplog.text  # the settings were still compared, from cegppo_state.json
 
 
-def test_every_checkpoint_records_the_compared_settings_as_json(make_trainer, tmp_path):
-    trainer = make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1, gppo_beta1=0.25)
-    trainer.train()
-    state = json.loads((tmp_path / "checkpoint-1" / CEGPPO_STATE_FILE).read_text())
-    assert state["settings"] == {name: getattr(trainer.args, name) for name in RESUME_COMPARED_FIELDS}
-    assert state["settings"]["gppo_beta1"] == 0.25 and state["settings"]["max_steps"] == 1
-    assert "controller" not in state  # no controller, no controller state
+def _fake_checkpoint(output_dir: Path, step: int) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
+    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
+    return folder
 
 
 def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None = None) -> Path:
@@ -132,16 +139,52 @@ def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_warnin
     assert len(warnings) == 1 and "nothing to compare" in warnings[0].getMessage()
 
 
-def test_resume_without_controller_state_is_an_error(make_trainer, tmp_path):
-    plain = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
-    plain.train()
-    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
-    with pytest.raises(FileNotFoundError, match="cegppo_state.json holds no controller state"):
-        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+# ----------------------------------------------------------------------------------------------------------------
+# A controller set now, none in the checkpoint: it starts fresh, with one warning given before loading
+# ----------------------------------------------------------------------------------------------------------------
+def _fresh_controller_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "holds no entropy-controller state" in r.getMessage()]
+
+
+def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_fresh(
+    model_dir, data_file, tmp_path, caplog, monkeypatch
+):
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    train(*smoke_args(model_dir, data_file, tmp_path))  # no controller
+    warned_before_loading = []
+    original_init = CEGPPOTrainer.__init__
+
+    def init(self, *args, **kwargs):
+        warned_before_loading.append(len(_fresh_controller_warnings(caplog)))
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(CEGPPOTrainer, "__init__", init)
+    controller = "band=0-0.1,step=0.1,mode=beta1,beta1=0-1,every=1,damping=0"
+    with caplog.at_level(logging.WARNING):
+        trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last",
+                                    "--max_steps", "2", "--entropy_controller", controller))  # fmt: skip
+    warnings = _fresh_controller_warnings(caplog)
+    assert warned_before_loading == [1] and len(warnings) == 1, warnings
+    assert f"entropy_controller: None -> {controller!r}" in warnings[0]  # the same, single message
+    assert "the controller starts fresh at the resumed step" in warnings[0]
+    assert trainer.state.global_step == 2
+    # Fresh: the one update (step 2) is its first, one step of 0.1 up from the nominal beta1 (entropy above band).
+    state = trainer.entropy_controller.state_dict()
+    assert state["num_updates"] == 1 and state["offset_beta1"] == pytest.approx(0.1)
+
+
+def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
+    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
+    with_controller = make_trainer(num_iterations=2, max_steps=2, entropy_controller="band=1-2")
+    with caplog.at_level(logging.WARNING):
+        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert len(_fresh_controller_warnings(caplog)) == 1
+    assert with_controller.state.global_step == 2
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 20.1: overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
+# Overwriting leaves nothing of the old run for `last`; a resume that would train 0 steps is refused
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def no_model_loading(monkeypatch):
@@ -157,26 +200,17 @@ def no_model_loading(monkeypatch):
 def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
     model_dir, data_file, tmp_path, caplog
 ):
-    train(*smoke_args(model_dir, data_file, tmp_path, "--max_steps", "3"))
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
-
+    for step in (2, 20, 184):  # an earlier, longer run's checkpoints
+        _fake_checkpoint(tmp_path, step)
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         train(*smoke_args(model_dir, data_file, tmp_path, "--overwrite_output_dir", "true"))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]  # this run's only
     assert "removed the earlier run's checkpoints" in caplog.text
-    assert "(checkpoint-1, checkpoint-2, checkpoint-3)" in caplog.text
+    assert "(checkpoint-2, checkpoint-20, checkpoint-184)" in caplog.text
 
     trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
     assert trainer.args.resume_from_checkpoint == str(tmp_path / "checkpoint-1")
     assert trainer.state.global_step == 2
-
-
-def _fake_checkpoint(output_dir: Path, step: int) -> Path:
-    folder = output_dir / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
-    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
-    return folder
 
 
 @pytest.mark.parametrize("max_steps", ["184", "4"])
@@ -193,7 +227,89 @@ def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
 
 
 def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):
-    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
-    again = make_trainer(num_iterations=2, max_steps=2)
-    with pytest.raises(ValueError, match=r"`max_steps=2` but .*checkpoint-2 is already at global step 2"):
-        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
+    again = make_trainer(num_iterations=2, max_steps=1)
+    with pytest.raises(ValueError, match=r"`max_steps=1` but .*checkpoint-1 is already at global step 1"):
+        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A run killed while saving a checkpoint resumes from the newest complete one
+# ----------------------------------------------------------------------------------------------------------------
+def _resolve(output_dir: Path, value: str):
+    from cegppo_trl.scripts import resolve_checkpoint
+
+    return resolve_checkpoint(CEGPPOConfig(output_dir=str(output_dir), use_cpu=True, resume_from_checkpoint=value))
+
+
+def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
+    _fake_checkpoint(tmp_path, 3)
+    (tmp_path / "checkpoint-4").mkdir()  # killed after the weights: no trainer_state.json
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
+    _fake_checkpoint(tmp_path, 5)
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_st')  # killed while writing it
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
+    assert "the newest complete checkpoint; skipped the newer incomplete" in caplog.text
+    assert "checkpoint-5 (trainer_state.json is not readable JSON)" in caplog.text
+    assert "checkpoint-4 (trainer_state.json is missing)" in caplog.text
+
+    with pytest.raises(ValueError, match=r"is not a complete checkpoint \(trainer_state.json is missing\).*Resume "
+                       r".*checkpoint-3, the newest complete checkpoint beside it"):  # fmt: skip
+        _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
+
+    (tmp_path / "checkpoint-3" / CEGPPO_STATE_FILE).write_text("{")
+    with pytest.raises(ValueError, match=r"every `checkpoint-\*` folder there is incomplete: checkpoint-5 .*; "
+                       r"checkpoint-4 .*; checkpoint-3 \(cegppo_state.json is not readable JSON\)"):  # fmt: skip
+        _resolve(tmp_path, "last")
+
+
+def _weights_but_no_trainer_state(folder: Path) -> bool:
+    return (folder / "model.safetensors").exists() and not (folder / "trainer_state.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_checkpoint(
+    model_dir, data_file, tmp_path, caplog
+):
+    """A real SIGKILL in the middle of a checkpoint save, as a preempted cluster job gets. The training process is
+    frozen (SIGSTOP) as soon as a `checkpoint-N` folder without `trainer_state.json` is seen, and killed only if
+    the folder is still incomplete then, so every run of this test kills a save half-way."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "cegppo_trl.cli", "train", "--config", str(SMOKE), "--model_name_or_path", model_dir,
+           "--dataset_name", data_file, "--output_dir", str(tmp_path), "--max_steps", "500", "--save_strategy",
+           "steps", "--save_steps", "1", "--disable_tqdm", "true"]  # fmt: skip
+    log_path = tmp_path.parent / f"{tmp_path.name}-train.log"
+    partial, attempts = None, 0
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while partial is None and time.monotonic() < deadline and process.poll() is None:
+                folders = sorted(tmp_path.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+                # A save after the first, past the weights (the case that breaks `get_last_checkpoint`: a folder
+                # with model files and no trainer state); each save gives one chance, most are caught.
+                if len(folders) >= 2 and _weights_but_no_trainer_state(folders[-1]):
+                    process.send_signal(signal.SIGSTOP)
+                    attempts += 1
+                    if _weights_but_no_trainer_state(folders[-1]):
+                        partial = folders[-1]
+                        process.kill()
+                    else:
+                        process.send_signal(signal.SIGCONT)
+                time.sleep(0.0005)
+        finally:
+            process.kill()
+            process.wait()
+    assert partial is not None, f"no save caught half-way in {attempts} tries: " + log_path.read_text()[-3000:]
+    step = int(partial.name.split("-")[1])
+    assert _weights_but_no_trainer_state(partial)  # really half-written after the kill
+
+    resumed = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", str(step))
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        trainer = train(*resumed)
+    assert trainer.args.resume_from_checkpoint == str(tmp_path / f"checkpoint-{step - 1}")
+    assert f"skipped the newer incomplete {partial.name} (trainer_state.json is missing)" in caplog.text
+    assert trainer.state.global_step == step
+    assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely

@@ -1,0 +1,65 @@
+"""`CEGPPOConfig.from_grpo_config`: an existing `trl.GRPOConfig` becomes a `CEGPPOConfig` with every field kept."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from trl import GRPOConfig
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+
+def _grpo(tmp_path, **kw) -> GRPOConfig:
+    base = dict(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", learning_rate=3e-6, num_generations=4,
+        per_device_train_batch_size=8, loss_type="grpo", beta=0.04, num_iterations=2, hub_token="hf_secret",
+        lr_scheduler_type="cosine", max_completion_length=64,
+    )  # fmt: skip
+    return GRPOConfig(**{**base, **kw})
+
+
+def _grpo_fields() -> list[str]:
+    return [f.name for f in dataclasses.fields(GRPOConfig) if f.init]
+
+
+@pytest.mark.parametrize("layout", [{"steps_per_generation": 4}, {"generation_batch_size": 16}, {}])
+def test_from_grpo_config_keeps_every_grpo_field_and_adds_the_cegppo_ones(tmp_path, layout):
+    grpo = _grpo(tmp_path, **layout)
+    with pytest.raises(ValueError, match="can not be both configured"):  # what the old advice led to
+        CEGPPOConfig(**grpo.to_dict())
+    config = CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.75, entropy_controller="band=0.3-0.6")
+    assert type(config) is CEGPPOConfig
+    assert {n: getattr(config, n) for n in _grpo_fields()} == {n: getattr(grpo, n) for n in _grpo_fields()}
+    assert config.hub_token == "hf_secret"  # not to_dict()'s "<HUB_TOKEN>" mask
+    assert (config.gppo_beta1, config.gppo_beta2, config.entropy_controller) == (0.75, 1.0, "band=0.3-0.6")
+    # And back: a CEGPPOConfig converts to itself, CE-GPPO fields included.
+    again = CEGPPOConfig.from_grpo_config(config)
+    assert {f.name: getattr(again, f.name) for f in dataclasses.fields(CEGPPOConfig) if f.init} == {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(CEGPPOConfig) if f.init
+    }
+
+
+def test_from_grpo_config_overrides_the_batch_layout_and_names_unknown_fields(tmp_path):
+    grpo = _grpo(tmp_path, steps_per_generation=4)
+    config = CEGPPOConfig.from_grpo_config(grpo, generation_batch_size=16)
+    assert (config.generation_batch_size, config.steps_per_generation) == (16, 2)
+    with pytest.raises(TypeError, match=r"has no field\(s\) \['gppo_beta3'\]"):
+        CEGPPOConfig.from_grpo_config(grpo, gppo_beta3=1.0)
+    with pytest.raises(ValueError, match="`gppo_beta1` must be a finite number >= 0"):  # CE-GPPO checks still apply
+        CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=-1.0)
+
+
+def test_trainer_given_a_grpo_config_suggests_the_conversion_that_works(tmp_path, tokenizer, prompt_dataset):
+    from cegppo_trl.tiny import build_tiny_llama
+
+    grpo = _grpo(tmp_path, beta=0.0)  # no reference model to load (the tiny model has no Hub name)
+    with pytest.raises(TypeError, match=r"`CEGPPOConfig.from_grpo_config\(your_grpo_config, gppo_beta1=") as error:
+        CEGPPOTrainer(model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                      args=grpo, train_dataset=prompt_dataset, processing_class=tokenizer)  # fmt: skip
+    assert "to_dict" not in str(error.value)
+    CEGPPOTrainer(
+        model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.5), train_dataset=prompt_dataset,
+        processing_class=tokenizer,
+    )  # fmt: skip
