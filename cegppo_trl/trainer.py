@@ -120,6 +120,8 @@ class CEGPPOTrainer(GRPOTrainer):
             else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
         self._schedules_checked_for = None
+        self._unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -279,17 +281,22 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop after `max_unscorable_batches` consecutive rollout batches in which no completion got a reward.
+        """Stop after `max_unscorable_batches` consecutive training rollout batches in which no completion got a
+        reward.
 
-        TRL turns a None reward into NaN and warns once; a batch with no reward at all has zero advantages, so the
-        run would go on with zero loss and zero gradient and save an unchanged model. `rewards_per_func` is gathered
-        over all processes, so every process takes the same decision.
+        TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
+        a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
+        advantages, so a run of them trains on zero loss and gradient and would save an unchanged model.
+        `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
+        batches neither count nor reset the count: they do not train.
         """
         limit = self.args.max_unscorable_batches
-        if not limit:
+        if not limit or not self.model.training:
             return
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
-        self._unscorable_batches = getattr(self, "_unscorable_batches", 0) + 1 if unscorable else 0
+        self._unscorable_batches = self._unscorable_batches + 1 if unscorable else 0
+        if not unscorable:
+            return
         if self._unscorable_batches >= limit:
             raise RuntimeError(
                 f"No completion of the last {self._unscorable_batches} rollout batch(es) got a reward: every reward "
@@ -298,6 +305,11 @@ class CEGPPOTrainer(GRPOTrainer):
                 "functions can score this task (their dataset columns, e.g. `solution`, and the completion format), "
                 "or raise `max_unscorable_batches` (0 never stops)."
             )
+        logger.warning(
+            f"No completion of this rollout batch got a reward (zero loss and gradient): {self._unscorable_batches} "
+            f"consecutive unscorable batch(es); training stops at {limit} (`max_unscorable_batches`).",
+            main_process_only=True,
+        )
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -413,20 +425,34 @@ class CEGPPOTrainer(GRPOTrainer):
         """The authors' SFT term: NLL of the completions judged correct, normalised by the correct sequences or
         tokens of the whole rollout batch by the policy loss's rule. Under `bnpo`, whose per-micro-batch token count
         would give a micro-batch holding one correct completion the weight of a whole batch, it is the rollout
-        batch's token mean, as under `dapo`. Logs `cegppo/sft_loss`, the unscaled NLL for every loss type."""
+        batch's token mean, as under `dapo`.
+
+        Logs `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct completions its
+        micro-batches hold, over all processes, whatever the loss type (the loss's normaliser spans the rollout
+        batch, so the loss of one micro-batch is not an NLL); nothing when they hold none, as for `kl` and
+        `entropy`."""
         sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
         num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
         if num_sft_sequences is None:
             num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
-        loss, value = self._aggregate(
+        sft_mask = mask * sft_sequences.unsqueeze(1)
+        loss, _ = self._aggregate(
             -per_token_logps,
-            mask * sft_sequences.unsqueeze(1),
+            sft_mask,
             inputs["num_sft_items_in_batch"],
             num_sft_sequences,
             mode,
             loss_type="dapo" if self.loss_type == "bnpo" else None,
         )
-        self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(value).mean().item())
+        # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
+        # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
+        totals = torch.stack([(-per_token_logps * sft_mask).sum(), sft_mask.sum()]).detach().float()
+        window = self._sft_nll_window.get(mode)
+        self._sft_nll_window[mode] = totals if window is None else window + totals
+        if self.accelerator.sync_gradients or mode == "eval":
+            nll_sum, num_tokens = self.accelerator.reduce(self._sft_nll_window.pop(mode), reduction="sum").tolist()
+            if num_tokens > 0:
+                self._metrics[mode]["cegppo/sft_loss"].append(nll_sum / num_tokens)
         return loss
 
     def _compute_loss(self, model, inputs):
