@@ -11,25 +11,45 @@ import trl
 from cegppo_trl import trainer as trainer_module
 
 
-def test_installed_trl_compute_loss_is_the_one_the_override_was_copied_from():
-    assert trainer_module.trl_compute_loss_sha256() in trainer_module.TRL_COMPUTE_LOSS_SHA256.values(), (
-        f"trl {trl.__version__} changed GRPOTrainer._compute_loss: re-diff it against CEGPPOTrainer._compute_loss, "
-        "port the change, and add the new hash to TRL_COMPUTE_LOSS_SHA256."
+def test_installed_trl_internals_are_the_ones_the_package_was_checked_against():
+    assert trainer_module.trl_source_changes() == [], (
+        f"trl {trl.__version__} changed {trainer_module.trl_source_changes()}: re-check each assumption in "
+        "TRL_GUARDED_SOURCES (docs/maintaining.md, 'Bumping TRL'), then add the release to TRL_SOURCE_SHA256."
     )
-    assert trl.__version__ in trainer_module.TRL_COMPUTE_LOSS_SHA256
+    assert trl.__version__ in trainer_module.TRL_SOURCE_SHA256
+    assert set(trainer_module.TRL_SOURCE_SHA256[trl.__version__]) == set(trainer_module.TRL_GUARDED_SOURCES)
 
 
-def test_drift_refuses_to_train(monkeypatch):
-    monkeypatch.setattr(trainer_module, "trl_compute_loss_sha256", lambda: "0" * 64)
+def _with_changed(monkeypatch, *names, new_hash="0" * 64):
+    installed = trainer_module.trl_source_sha256()
+    monkeypatch.setattr(trainer_module, "trl_source_sha256", lambda: {**installed, **dict.fromkeys(names, new_hash)})
+
+
+@pytest.mark.parametrize("name", list(trainer_module.TRL_GUARDED_SOURCES))
+def test_drift_in_any_guarded_source_refuses_to_train_naming_it(monkeypatch, name):
+    _with_changed(monkeypatch, name)
     monkeypatch.delenv(trainer_module.SKIP_DRIFT_CHECK_ENV, raising=False)
-    with pytest.raises(RuntimeError, match=r"changed in the installed trl .*CEGPPO_SKIP_TRL_DRIFT_CHECK=1"):
+    with pytest.raises(RuntimeError) as error:
         trainer_module.check_trl_compatibility()
+    message = str(error.value)
+    assert f"changed in the installed trl {trl.__version__}" in message and "CEGPPO_SKIP_TRL_DRIFT_CHECK=1" in message
+    assert f"`{name}`, which {trainer_module.TRL_GUARDED_SOURCES[name]}" in message
+    others = [other for other in trainer_module.TRL_GUARDED_SOURCES if other != name]
+    assert not any(f"`{other}`" in message for other in others), "only the changed source is named"
+
+
+def test_a_guarded_source_trl_no_longer_has_counts_as_changed(monkeypatch):
+    from trl.trainer import grpo_trainer
+
+    monkeypatch.delattr(grpo_trainer, "split_tensor_dict")
+    assert trainer_module.trl_source_sha256()["split_tensor_dict"] == "missing"
+    assert trainer_module.trl_source_changes() == ["split_tensor_dict"]
 
 
 def test_drift_override_warns(monkeypatch):
-    monkeypatch.setattr(trainer_module, "trl_compute_loss_sha256", lambda: "0" * 64)
+    _with_changed(monkeypatch, "GRPOTrainer._prepare_inputs")
     monkeypatch.setenv(trainer_module.SKIP_DRIFT_CHECK_ENV, "1")
-    with pytest.warns(UserWarning, match="changed in the installed trl"):
+    with pytest.warns(UserWarning, match=r"changed in the installed trl .*`GRPOTrainer._prepare_inputs`"):
         trainer_module.check_trl_compatibility()
 
 
