@@ -6,6 +6,7 @@ import difflib
 import inspect
 
 import pytest
+import torch
 import trl
 
 from cegppo_trl import trainer as trainer_module
@@ -121,3 +122,81 @@ def test_every_deviation_of_the_override_from_trl_is_fenced():
         inspect.getsource(GRPOTrainer._compute_loss), inspect.getsource(CEGPPOTrainer._compute_loss)
     )
     assert not problems, "changes to TRL's _compute_loss outside a CE-GPPO fence:\n\n" + "\n\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the rollout-batch normalisers assume of TRL, tested on the real code path (the hashes above only say it changed)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_one_reward_call_per_rollout_batch_split_into_steps_per_generation_micro_batches(make_trainer, monkeypatch):
+    # 4 optimizer steps, 2 per rollout batch: 2 rollout batches of 8 completions, each split into 2 micro-batches of
+    # 4 that hold exactly its rows and the rollout batch's 0-d counts (`num_sequences_in_batch` / `share`).
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(
+        per_device_train_batch_size=4, num_generations=4, steps_per_generation=2, max_steps=4, sft_loss_coef=0.1
+    )  # fmt: skip
+    reward_calls, rollouts, micro_batches = [], [], []
+    calculate_rewards = GRPOTrainer._calculate_rewards
+    monkeypatch.setattr(
+        GRPOTrainer, "_calculate_rewards", lambda self, inputs, *a: reward_calls.append(len(inputs)) or
+        calculate_rewards(self, inputs, *a),
+    )  # fmt: skip
+    cls = type(trainer)
+    generate, compute_loss = cls._generate_and_score_completions, cls._compute_loss
+    monkeypatch.setattr(cls, "_generate_and_score_completions", lambda self, i: rollouts.append(generate(self, i)) or
+                        rollouts[-1])  # fmt: skip
+    monkeypatch.setattr(cls, "_compute_loss", lambda self, m, i: micro_batches.append(i) or compute_loss(self, m, i))
+    trainer.train()
+
+    assert reward_calls == [8, 8] and len(rollouts) == 2 and len(micro_batches) == 4
+    def rows(batch):
+        return sorted(zip(batch["completion_ids"].tolist(), batch["advantages"].tolist(), batch["sft_mask"].tolist()))
+
+    counts = ("num_items_in_batch", "num_sequences_in_batch", "num_sft_items_in_batch", "num_sft_sequences_in_batch")
+    for rollout, pair in zip(rollouts, (micro_batches[:2], micro_batches[2:])):
+        assert [len(micro["advantages"]) for micro in pair] == [4, 4]
+        assert sorted(rows(pair[0]) + rows(pair[1])) == rows(rollout)
+        for micro in pair:
+            for name in counts:
+                assert micro[name].dim() == 0 and micro[name].item() == rollout[name].item(), name
+
+
+def test_split_and_shuffle_pass_0d_tensors_through():
+    from trl.trainer.grpo_trainer import shuffle_sequence_dict, split_tensor_dict
+
+    count = torch.tensor(7.0)
+    batch = {"rows": torch.arange(6), "count": count, "none": None}
+    shuffled = shuffle_sequence_dict(batch)
+    assert shuffled["count"] is count and sorted(shuffled["rows"].tolist()) == list(range(6))
+    chunks = split_tensor_dict(shuffled, 3)
+    assert [chunk["rows"].tolist() for chunk in chunks] == [shuffled["rows"][i : i + 2].tolist() for i in (0, 2, 4)]
+    assert all(chunk["count"] is count and chunk["none"] is None for chunk in chunks)
+
+
+def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_batch(make_trainer, monkeypatch):
+    # Two processes simulated in one: this one is rank 1, and "rank 0" holds the reversed batch. TRL must hand rank 1
+    # the rows 8..15 of the gathered rewards (its advantages), and the SFT / dynamic-sampling masks, cut from the
+    # gathered batch by `CEGPPOTrainer`, must be the same rows.
+    import trl.trainer.grpo_trainer as grpo_module
+
+    def reward(completions, **kwargs):  # local group 0 informative (0, 1, 2, 3), local group 1 constant
+        return [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0]
+
+    trainer = make_trainer(reward_funcs=reward, per_device_train_batch_size=8, sft_loss_coef=0.1, dynamic_sampling=True)
+
+    def gather(tensor):  # [rank 0 = this process's batch reversed (groups and their members), rank 1 = this one]
+        tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        return torch.cat([tensor.flip(0), tensor])
+
+    monkeypatch.setattr(grpo_module, "gather", gather)
+    monkeypatch.setattr(trainer.accelerator, "gather", gather)
+    monkeypatch.setattr(type(trainer.accelerator), "process_index", property(lambda self: 1))
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([{"prompt": p} for p in ("1+1=", "2+2=") for _ in range(4)])
+
+    std = torch.tensor([0.0, 1.0, 2.0, 3.0]).std()
+    expected_advantages = torch.cat([(torch.arange(4.0) - 1.5) / (std + 1e-4), torch.zeros(4)])
+    torch.testing.assert_close(output["advantages"], expected_advantages)  # rows 8..15 (rows 0..7: reversed)
+    assert output["keep_mask"].tolist() == [1.0] * 4 + [0.0] * 4  # rows 0..7 would give the reverse
+    assert output["sft_mask"].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # the best of the kept group
+    assert output["num_sequences_in_batch"].item() == 8  # kept sequences of both processes: 2 groups of 4
