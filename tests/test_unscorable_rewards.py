@@ -75,3 +75,18 @@ def test_a_sustained_run_of_unscorable_batches_stops_with_the_message(make_train
                        r"raise `max_unscorable_batches` \(0 never stops\)"):  # fmt: skip
         trainer.train()
     assert trainer.state.global_step == 2  # batches 1 and 2 warned and took their (zero-gradient) steps
+
+
+def test_evaluation_batches_neither_count_nor_reset_the_run_of_unscorable_training_batches(make_trainer):
+    import torch
+
+    trainer = make_trainer(max_unscorable_batches=2)
+    unscorable, scorable = torch.full((8, 1), math.nan), torch.ones(8, 1)
+    trainer.model.train()
+    trainer._check_unscorable_rewards(unscorable)  # 1 of 2
+    trainer.model.eval()
+    trainer._check_unscorable_rewards(unscorable)  # an unscorable evaluation batch does not add to the count
+    trainer._check_unscorable_rewards(scorable)  # nor does a scorable one reset it
+    trainer.model.train()
+    with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
+        trainer._check_unscorable_rewards(unscorable)
