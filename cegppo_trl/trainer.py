@@ -494,7 +494,8 @@ class CEGPPOTrainer(GRPOTrainer):
         )
         # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
         # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
-        totals = torch.stack([(-per_token_logps * sft_mask).sum(), sft_mask.sum()]).detach().float()
+        nll = -per_token_logps.detach().float()
+        totals = torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])
         window = self._sft_nll_window.get(mode)
         self._sft_nll_window[mode] = totals if window is None else window + totals
         if self.accelerator.sync_gradients or mode == "eval":

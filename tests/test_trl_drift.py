@@ -182,7 +182,9 @@ def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_
     def reward(completions, **kwargs):  # local group 0 informative (0, 1, 2, 3), local group 1 constant
         return [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0]
 
-    trainer = make_trainer(reward_funcs=reward, per_device_train_batch_size=8, sft_loss_coef=0.1, dynamic_sampling=True)
+    trainer = make_trainer(
+        reward_funcs=reward, per_device_train_batch_size=8, sft_loss_coef=0.1, dynamic_sampling=True
+    )  # fmt: skip
 
     def gather(tensor):  # [rank 0 = this process's batch reversed (groups and their members), rank 1 = this one]
         tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
