@@ -8,14 +8,27 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from ._spec import format_number as _format_number
 from .controller import parse_controller
-from .schedules import parse_schedule
+from .schedules import ConstantSchedule, PiecewiseSchedule, Schedule, parse_schedule
 
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def _schedule_range(schedule: Schedule) -> tuple[float, float]:
+    """The lowest and highest value a schedule takes over any run: every kind stays between its extreme knots (the
+    ramps are monotone from start to end, a piecewise schedule takes its listed values)."""
+    if isinstance(schedule, ConstantSchedule):
+        values = (schedule.value,)
+    elif isinstance(schedule, PiecewiseSchedule):
+        values = schedule.values
+    else:
+        values = (schedule.start, schedule.end)
+    return min(values), max(values)
 
 
 def _check_finite_nonnegative(name: str, value: float) -> None:
@@ -43,10 +56,10 @@ class CEGPPOConfig(GRPOConfig):
             clip). Larger values make entropy fall slower (exploration).
         delta (`float` or `None`, *optional*, defaults to `None`):
             TRL's field, used as the dual clip `c`: negative-advantage tokens with ratio above `c` get the constant
-            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. Must be `> 1`. For `delta >
-            1 + epsilon_high` this is exactly TRL's two-sided clipping; for `1 < delta <= 1 + epsilon_high` the
-            authors' form is used (the constant applies from `r > delta`), where TRL's clamp would act only above
-            `1 + epsilon_high`.
+            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. With a CE-GPPO loss type it must
+            be `> 1 + epsilon_high`, where it is exactly TRL's two-sided clipping: below, TRL's clamp would also
+            freeze positive-advantage tokens with `delta < r <= 1 + epsilon_high`, so `beta1 = beta2 = 0` would
+            no longer be GRPO.
         num_iterations, steps_per_generation, gradient_accumulation_steps:
             CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
             `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
@@ -124,11 +137,10 @@ class CEGPPOConfig(GRPOConfig):
     )
 
     max_unscorable_batches: int = field(
-        default=1,
+        default=10,
         metadata={
-            "help": "Stop with an error after this many consecutive rollout batches in which no completion got a "
-            "reward (every reward function returned None or NaN): such batches have zero loss and gradient, so the "
-            "run would end with an unchanged model. 0 never stops."
+            "help": "Stop with an error after this many consecutive training rollout batches in which no completion "
+            "got a reward (every reward None or NaN; zero loss and gradient). Fewer only warn, as TRL does. 0: never."
         },
     )
 
@@ -236,4 +248,46 @@ class CEGPPOConfig(GRPOConfig):
             raise ValueError(
                 f"`delta` (the dual-clip constant c) must be a finite number > 1, got {self.delta!r}; the authors' "
                 "recipes use 10. Set `delta=None` to disable the dual clip."
+            )
+        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.delta is not None and self.loss_type in CEGPPO_LOSS_TYPES and not self.delta > 1 + epsilon_high:
+            # TRL clamps r at delta for both signs: for A > 0 and delta < r <= 1 + epsilon_high its surrogate is the
+            # constant delta * A (no gradient), while the CE-GPPO surrogate keeps -r * A and its gradient there.
+            raise ValueError(
+                f"`delta` must be > 1 + epsilon_high = {1 + epsilon_high:g} with loss_type={self.loss_type!r}, got "
+                f"{self.delta!r}: in 1 < delta <= 1 + epsilon_high TRL's clip would also freeze positive-advantage "
+                "tokens with delta < r <= 1 + epsilon_high, which CE-GPPO does not, so beta1 = beta2 = 0 would no "
+                "longer be GRPO. The authors' recipes use `delta=10`; `delta=None` disables the dual clip."
+            )
+        self._validate_controller_bounds()
+
+    def _validate_controller_bounds(self) -> None:
+        """The controller's bounds must contain every nominal beta it moves: otherwise the clamp would replace the
+        configured beta from the first step, before the controller has measured anything."""
+        controller = parse_controller(self.entropy_controller)
+        if controller is None:
+            return
+        for beta in ("beta1", "beta2"):
+            if controller.mode not in (beta, "both"):
+                continue  # a coefficient the controller does not move is the nominal itself, bounds do not apply
+            schedule_field, constant_field = f"gppo_{beta}_schedule", f"gppo_{beta}"
+            spec = getattr(self, schedule_field)
+            low, high = _schedule_range(parse_schedule(spec if spec is not None else getattr(self, constant_field)))
+            bound_low, bound_high = getattr(controller, f"{beta}_min"), getattr(controller, f"{beta}_max")
+            if bound_low <= low and high <= bound_high:
+                continue
+            f = _format_number
+            if spec is not None:
+                nominal = f"`{schedule_field}={spec!r}` takes values {f(low)}-{f(high)}"
+                fix_nominal = f"keep `{schedule_field}` within {f(bound_low)}-{f(bound_high)}"
+            else:
+                nominal = f"`{constant_field}={f(low)}`"
+                fix_nominal = f"set `{constant_field}` within {f(bound_low)}-{f(bound_high)}"
+            other = "beta2" if beta == "beta1" else "beta1"
+            raise ValueError(
+                f"{nominal}, outside the `entropy_controller` bounds {beta}={f(bound_low)}-{f(bound_high)}: the "
+                f"controller would replace the configured {beta} by the nearest bound, before measuring any entropy. "
+                f"Set `{beta}={f(min(low, bound_low))}-{f(max(high, bound_high))}` in `entropy_controller` (bounds "
+                f"that contain the nominal values), {fix_nominal}, or use `mode={other}` in `entropy_controller` so "
+                f"the controller leaves {beta} alone."
             )

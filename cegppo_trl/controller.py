@@ -36,7 +36,9 @@ Update rule, once per window of ``update_every`` optimizer steps, given the wind
 
 A coefficient the mode does not move (``beta2`` under ``mode=beta1``, and vice versa) is the nominal itself: its
 bounds do not apply to it. So an applied beta moves by at most ``step_size`` per update (for a fixed nominal) and a
-moved one never leaves its bounds; with ``damping=0`` it does not move at all inside the band.
+moved one never leaves its bounds; with ``damping=0`` it does not move at all inside the band. The bounds of a moved
+beta must contain its nominal values, or the clamp would replace the configured beta before anything was measured:
+``CEGPPOConfig`` refuses such settings (this class itself still clamps a nominal outside them).
 
 Why the damping term: entropy *integrates* the effect of beta (beta sets how fast entropy changes, not its level),
 and the push alone is integral action, so push-only control of an integrating quantity keeps pushing until entropy
@@ -81,6 +83,8 @@ with the same keys (YAML), or none / off / an empty string (no controller). Rang
   damping=1        move betas against entropy's change between updates, >= 0   (default 1; 0: pure deadband)
   ema=0.5          smoothing of the measured entropy, in [0, 1)               (default 0: none)
   every=10         optimizer steps per update (entropy averaged over them), >= 1 (default 1)
+The bounds of a moved beta must contain its configured value (every value of its schedule): CEGPPOConfig refuses
+bounds that would replace it before the controller has measured anything.
 Example: band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2
 YAML:    {band: [0.3, 0.6], step: 0.05, mode: both, beta1: [0, 1], beta2: [0.5, 2]}"""
 

@@ -4,9 +4,10 @@ The seam: a full override of `GRPOTrainer._compute_loss` (TRL's own GMPO pattern
 surrogate hook, and the alternatives cost more than they save: a gradient-injection term needs TRL's masking and
 normalisation re-derived beside the copy anyway, and per-token advantages that carry the extra gradient corrupt
 TRL's clip metrics and cannot express a sequence-level ratio. The override below is TRL 1.16.0's method line for
-line except where marked `# CE-GPPO`; the objective itself lives only in `cegppo_trl.loss`. Because the copy can
-drift from TRL, `check_trl_compatibility` compares the parent method's source with the hash of the version it was
-copied from and refuses to train on a mismatch (tests/test_trl_drift.py pins the same hash).
+line except where marked `# CE-GPPO`; the objective itself lives only in `cegppo_trl.loss`. Because the copy, and
+the rollout-batch normalisers, rely on TRL internals that can change without notice, `check_trl_compatibility`
+compares the source of each (`TRL_GUARDED_SOURCES`) with its hash in the TRL release it was read from and refuses to
+train on a mismatch, naming the method (tests/test_trl_drift.py pins the same hashes and tests each assumption).
 """
 
 from __future__ import annotations
@@ -39,35 +40,82 @@ from .schedules import parse_schedule
 
 logger = get_logger(__name__)
 
-# sha256 of the source of `GRPOTrainer.compute_loss` + `GRPOTrainer._compute_loss` in the TRL release the override
-# was copied from: `_compute_loss` is the copied method, `compute_loss` the dispatch that must keep reaching it (a
-# fused-loss branch there would silently train plain GRPO).
-TRL_COMPUTE_LOSS_SHA256 = {
-    "1.16.0": "4bd33316bd88db5b545d01d1570cacde3879f2fb9b02fa21941439a13bc16f19",
+# The TRL internals this package relies on, each with what it must keep doing. A change in any of them can silently
+# train plain GRPO or mis-normalise the loss, so their sources are hashed (`check_trl_compatibility`).
+TRL_GUARDED_SOURCES = {
+    "GRPOTrainer.compute_loss": "dispatches to `_compute_loss` (a fused-loss branch would train plain GRPO)",
+    "GRPOTrainer._compute_loss": "is the method `CEGPPOTrainer._compute_loss` copies line for line",
+    "GRPOTrainer._generate_and_score_completions": "calls `_calculate_rewards` once per rollout batch and gives "
+    "process k the rows k * local .. (k + 1) * local of the gathered batch, the slice the SFT and dynamic-sampling "
+    "masks take",
+    "GRPOTrainer._calculate_rewards": "returns the rewards of every process, gathered in process order",
+    "GRPOTrainer._prepare_inputs": "splits each rollout batch into `steps_per_generation` micro-batches, the share "
+    "the rollout-batch normalisers are divided by",
+    "split_tensor_dict": "passes 0-d tensors (the rollout-batch counts) to every micro-batch unchanged",
+    "shuffle_sequence_dict": "passes 0-d tensors through unshuffled",
+}
+# sha256 of each guarded source in the TRL releases this package was checked against.
+TRL_SOURCE_SHA256 = {
+    "1.16.0": {
+        "GRPOTrainer.compute_loss": "a2d6ef8bd29c3e26be8d8b25fa03a298a7a7fa4a3abb851a52845bc16c0e54ce",
+        "GRPOTrainer._compute_loss": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
+        "GRPOTrainer._generate_and_score_completions": "1fa48922792dcd5c72da155cfe99db477771a7c61cde15519fe8c86d0cdc0b65",  # noqa: E501
+        "GRPOTrainer._calculate_rewards": "736ae29b083840b5da2638b55ad1258659c644589991fe6a494131354952efef",
+        "GRPOTrainer._prepare_inputs": "f824e7fb0714795697c9b4d574de1e139dd5f4404c2554e92cf1db7f60fa6c96",
+        "split_tensor_dict": "b61a5760a03e95dbceddcc1e8e78c3db6d9303f01c0b1ced19b745271e56d079",
+        "shuffle_sequence_dict": "bab038755e57ed2b537885296273850223db4d14c728fc2f6e4b1216eb5a9f30",
+    },
 }
 SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
 
 
-def trl_compute_loss_sha256() -> str:
-    """sha256 of the installed TRL's `GRPOTrainer.compute_loss` and `GRPOTrainer._compute_loss` sources."""
-    source = inspect.getsource(GRPOTrainer.compute_loss) + inspect.getsource(GRPOTrainer._compute_loss)
-    return hashlib.sha256(source.encode()).hexdigest()
+def trl_source_sha256() -> dict[str, str]:
+    """sha256 of the installed TRL's source of each of `TRL_GUARDED_SOURCES` (`"missing"` for one TRL lacks)."""
+    from trl.trainer import grpo_trainer  # the functions as the trainer module uses them, wherever they come from
+
+    hashes = {}
+    for name in TRL_GUARDED_SOURCES:
+        owner, _, attribute = name.rpartition(".")
+        obj = getattr(GRPOTrainer if owner else grpo_trainer, attribute, None)
+        hashes[name] = "missing" if obj is None else hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+    return hashes
 
 
-def check_trl_compatibility() -> None:
-    """Raise if the installed TRL's `_compute_loss` differs from every version the override was copied from.
+def trl_source_changes() -> list[str]:
+    """The guarded TRL sources that differ from every tested release (an empty list: compatible).
 
-    Raises:
-        RuntimeError: naming the installed TRL version and how to proceed.
+    Compared with the tested release closest to the installed one (the same version, else the one with the most
+    identical sources), so the list names what changed rather than everything that differs from some release.
     """
     import trl
 
-    if trl_compute_loss_sha256() in TRL_COMPUTE_LOSS_SHA256.values():
+    installed = trl_source_sha256()
+    if any(installed == hashes for hashes in TRL_SOURCE_SHA256.values()):
+        return []
+    reference = TRL_SOURCE_SHA256.get(trl.__version__) or max(
+        TRL_SOURCE_SHA256.values(), key=lambda hashes: sum(installed[name] == hashes.get(name) for name in installed)
+    )
+    return [name for name in TRL_GUARDED_SOURCES if installed[name] != reference.get(name)]
+
+
+def check_trl_compatibility() -> None:
+    """Raise if a TRL internal this package relies on differs from every release it was checked against.
+
+    Raises:
+        RuntimeError: naming the installed TRL version, each changed method and what it must keep doing, and how to
+            proceed.
+    """
+    import trl
+
+    changed = trl_source_changes()
+    if not changed:
         return
+    details = "; ".join(f"`{name}`, which {TRL_GUARDED_SOURCES[name]}" for name in changed)
     message = (
-        f"cegppo_trl overrides `GRPOTrainer._compute_loss`, which changed in the installed trl {trl.__version__} "
-        f"(tested: {', '.join(TRL_COMPUTE_LOSS_SHA256)}). Training could silently lose a TRL feature. Install a "
-        f"tested TRL (`pip install 'trl~=1.16.0'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train anyway at your own risk."
+        f"cegppo_trl relies on TRL internals that changed in the installed trl {trl.__version__} (tested: "
+        f"{', '.join(TRL_SOURCE_SHA256)}): {details}. Training could silently lose a TRL feature or mis-normalise "
+        f"the loss. Install a tested TRL (`pip install 'trl~=1.16.0'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train "
+        "anyway at your own risk."
     )
     if os.environ.get(SKIP_DRIFT_CHECK_ENV) == "1":
         warnings.warn(message, stacklevel=3)
@@ -128,6 +176,8 @@ class CEGPPOTrainer(GRPOTrainer):
             else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
         self._schedules_checked_for = None
+        self._unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -284,17 +334,22 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop after `max_unscorable_batches` consecutive rollout batches in which no completion got a reward.
+        """Stop after `max_unscorable_batches` consecutive training rollout batches in which no completion got a
+        reward.
 
-        TRL turns a None reward into NaN and warns once; a batch with no reward at all has zero advantages, so the
-        run would go on with zero loss and zero gradient and save an unchanged model. `rewards_per_func` is gathered
-        over all processes, so every process takes the same decision.
+        TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
+        a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
+        advantages, so a run of them trains on zero loss and gradient and would save an unchanged model.
+        `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
+        batches neither count nor reset the count: they do not train.
         """
         limit = self.args.max_unscorable_batches
-        if not limit:
+        if not limit or not self.model.training:
             return
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
-        self._unscorable_batches = getattr(self, "_unscorable_batches", 0) + 1 if unscorable else 0
+        self._unscorable_batches = self._unscorable_batches + 1 if unscorable else 0
+        if not unscorable:
+            return
         if self._unscorable_batches >= limit:
             raise RuntimeError(
                 f"No completion of the last {self._unscorable_batches} rollout batch(es) got a reward: every reward "
@@ -303,6 +358,11 @@ class CEGPPOTrainer(GRPOTrainer):
                 "functions can score this task (their dataset columns, e.g. `solution`, and the completion format), "
                 "or raise `max_unscorable_batches` (0 never stops)."
             )
+        logger.warning(
+            f"No completion of this rollout batch got a reward (zero loss and gradient): {self._unscorable_batches} "
+            f"consecutive unscorable batch(es); training stops at {limit} (`max_unscorable_batches`).",
+            main_process_only=True,
+        )
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -418,20 +478,35 @@ class CEGPPOTrainer(GRPOTrainer):
         """The authors' SFT term: NLL of the completions judged correct, normalised by the correct sequences or
         tokens of the whole rollout batch by the policy loss's rule. Under `bnpo`, whose per-micro-batch token count
         would give a micro-batch holding one correct completion the weight of a whole batch, it is the rollout
-        batch's token mean, as under `dapo`. Logs `cegppo/sft_loss`, the unscaled NLL for every loss type."""
+        batch's token mean, as under `dapo`.
+
+        Logs `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct completions its
+        micro-batches hold, over all processes, whatever the loss type (the loss's normaliser spans the rollout
+        batch, so the loss of one micro-batch is not an NLL); nothing when they hold none, as for `kl` and
+        `entropy`."""
         sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
         num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
         if num_sft_sequences is None:
             num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
-        loss, value = self._aggregate(
+        sft_mask = mask * sft_sequences.unsqueeze(1)
+        loss, _ = self._aggregate(
             -per_token_logps,
-            mask * sft_sequences.unsqueeze(1),
+            sft_mask,
             inputs["num_sft_items_in_batch"],
             num_sft_sequences,
             mode,
             loss_type="dapo" if self.loss_type == "bnpo" else None,
         )
-        self._metrics[mode]["cegppo/sft_loss"].append(self.accelerator.gather(value).mean().item())
+        # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
+        # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
+        nll = -per_token_logps.detach().float()
+        totals = torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])
+        window = self._sft_nll_window.get(mode)
+        self._sft_nll_window[mode] = totals if window is None else window + totals
+        if self.accelerator.sync_gradients or mode == "eval":
+            nll_sum, num_tokens = self.accelerator.reduce(self._sft_nll_window.pop(mode), reduction="sum").tolist()
+            if num_tokens > 0:
+                self._metrics[mode]["cegppo/sft_loss"].append(nll_sum / num_tokens)
         return loss
 
     def _compute_loss(self, model, inputs):

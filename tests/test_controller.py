@@ -357,3 +357,16 @@ def test_mode_beta2_leaves_beta1_at_its_nominal(nominal_beta1):
     for entropy in (0.1, 0.9):
         assert controller.update(entropy)[0] == nominal_beta1
     assert controller.offsets[0] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Through the trainer: the controller never changes the configured betas before it has measured anything
+# ---------------------------------------------------------------------------------------------------------------------
+def test_trainer_logs_the_configured_betas_until_the_first_controller_update(make_trainer):
+    trainer = make_trainer(
+        num_iterations=2, max_steps=2, gppo_beta1=0.0, gppo_beta2=0.0,
+        entropy_controller="band=0.3-0.6,every=100,beta2=0-1.5",  # bounds that contain the nominal betas
+    )  # fmt: skip
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "cegppo/beta2" in h]
+    assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [(0.0, 0.0), (0.0, 0.0)]

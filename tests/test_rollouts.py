@@ -85,7 +85,8 @@ def test_sft_term_over_several_micro_batches_is_the_rollout_batch_nll(make_train
     model.train()
     trainer.current_gradient_accumulation_steps = 2
     loss = 0.0
-    for rows in (slice(0, 3), slice(3, 6)):
+    for step_end, rows in ((False, slice(0, 3)), (True, slice(3, 6))):
+        trainer.accelerator.gradient_state._set_sync_gradients(step_end)  # as inside `accelerator.accumulate`
         micro = {k: v[rows] for k, v in batch.items() if v.dim() > 0}
         loss = loss + trainer._compute_loss(model, {**micro, **counts, "sft_mask": sft[rows]})
     params = [p for p in model.parameters() if p.requires_grad]
@@ -101,10 +102,41 @@ def test_sft_term_over_several_micro_batches_is_the_rollout_batch_nll(make_train
     torch.testing.assert_close(loss.detach(), expected.detach())
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    # The logged NLL, averaged over the step's micro-batches as TRL's log() does, is the rollout batch's NLL,
-    # unscaled by gradient accumulation for every loss type.
-    logged = trainer._metrics["train"]["cegppo/sft_loss"][-2:]
-    assert sum(logged) / 2 == pytest.approx(sft_nll.item(), rel=1e-5)
+    # Logged once for the optimizer step: the token-mean NLL of its correct completions for every loss type,
+    # unscaled by gradient accumulation.
+    sft_tokens = cmask * sft[:, None]
+    token_mean_nll = (-logp * sft_tokens).sum() / sft_tokens.sum()
+    assert trainer._metrics["train"]["cegppo/sft_loss"] == [pytest.approx(token_mean_nll.item(), rel=1e-6)]
+
+
+def test_sft_loss_metric_is_each_optimizer_steps_nll_and_absent_without_correct_completions(make_trainer):
+    # One rollout batch, three optimizer steps of one micro-batch each (rows 0-1, 2-3, 4-5); the correct completions
+    # are rows 0, 4 and 5, so the second step has none. Each step must log its own token-mean NLL, the second none.
+    trainer = make_trainer(
+        sft_loss_coef=0.1, per_device_train_batch_size=2, num_generations=2, steps_per_generation=3
+    )  # fmt: skip
+    batch = make_offpolicy_batch(trainer, seed=3)
+    cmask = batch["completion_mask"]  # row 1 has 4 tokens, row 2 six, the others 7
+    sft = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    counts = {
+        "num_items_in_batch": cmask.sum(),
+        "num_sequences_in_batch": torch.tensor(6.0),
+        "num_sft_items_in_batch": (cmask * sft[:, None]).sum(),
+        "num_sft_sequences_in_batch": sft.sum(),
+    }
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    with torch.no_grad():
+        for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
+            micro = {k: v[rows] for k, v in batch.items() if v.dim() > 0}
+            trainer._compute_loss(trainer.model, {**micro, **counts, "sft_mask": sft[rows]})
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        att = torch.cat([batch["prompt_mask"], cmask], 1)
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, 7)
+    nll_row0 = -logp[0].sum() / 7  # row 0: 7 tokens
+    nll_rows45 = -(logp[4].sum() + logp[5].sum()) / 14  # rows 4 and 5: 7 tokens each
+    logged = trainer._metrics["train"]["cegppo/sft_loss"]
+    assert logged == [pytest.approx(nll_row0.item(), rel=1e-6), pytest.approx(nll_rows45.item(), rel=1e-6)]
 
 
 def test_dynamic_sampling_excludes_dropped_groups_from_loss_and_normaliser(make_trainer):

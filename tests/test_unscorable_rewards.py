@@ -1,10 +1,14 @@
-"""A run whose rewards are all None/NaN (unscorable task, broken reward function) stops instead of training nothing."""
+"""A run whose rewards are all None/NaN (unscorable task, broken reward function) stops instead of training nothing;
+a shorter run of such batches warns and goes on, as TRL's `GRPOTrainer` does."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
+
+from cegppo_trl import CEGPPOConfig
 
 
 def no_reward(completions, **kwargs):
@@ -16,7 +20,7 @@ def nan_reward(completions, **kwargs):
 
 
 def test_all_none_and_nan_rewards_stop_with_an_error_naming_the_reward_functions(make_trainer):
-    trainer = make_trainer(reward_funcs=[no_reward, nan_reward], max_steps=2)
+    trainer = make_trainer(reward_funcs=[no_reward, nan_reward], max_steps=2, max_unscorable_batches=1)
     with pytest.raises(RuntimeError, match=r"every reward function \(no_reward, nan_reward\) returned None or NaN"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -45,3 +49,44 @@ def test_partially_scorable_batches_and_max_unscorable_batches_0_keep_training(m
 
     assert make_trainer(reward_funcs=half, max_steps=1).train().global_step == 1
     assert make_trainer(reward_funcs=no_reward, max_steps=1, max_unscorable_batches=0).train().global_step == 1
+
+
+def test_one_unscorable_batch_warns_as_trl_does_and_training_goes_on(make_trainer, caplog):
+    # TRL's own test (`test_warning_raised_all_rewards_none`) asserts this warning; with the default limit a single
+    # unscorable batch must not stop the run.
+    assert CEGPPOConfig.__dataclass_fields__["max_unscorable_batches"].default == 10
+    calls = []
+
+    def first_batch_unscorable(completions, **kwargs):
+        calls.append(1)
+        return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
+
+    trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert "All reward functions returned None for the following kwargs:" in caplog.text  # TRL's warning
+    assert "1 consecutive unscorable batch(es); training stops at 10 (`max_unscorable_batches`)" in caplog.text
+
+
+def test_a_sustained_run_of_unscorable_batches_stops_with_the_message(make_trainer):
+    trainer = make_trainer(reward_funcs=no_reward, max_steps=5, max_unscorable_batches=3)
+    with pytest.raises(RuntimeError, match=r"No completion of the last 3 rollout batch\(es\) got a reward.*"
+                       r"raise `max_unscorable_batches` \(0 never stops\)"):  # fmt: skip
+        trainer.train()
+    assert trainer.state.global_step == 2  # batches 1 and 2 warned and took their (zero-gradient) steps
+
+
+def test_evaluation_batches_neither_count_nor_reset_the_run_of_unscorable_training_batches(make_trainer):
+    import torch
+
+    trainer = make_trainer(max_unscorable_batches=2)
+    unscorable, scorable = torch.full((8, 1), math.nan), torch.ones(8, 1)
+    trainer.model.train()
+    trainer._check_unscorable_rewards(unscorable)  # 1 of 2
+    trainer.model.eval()
+    trainer._check_unscorable_rewards(unscorable)  # an unscorable evaluation batch does not add to the count
+    trainer._check_unscorable_rewards(scorable)  # nor does a scorable one reset it
+    trainer.model.train()
+    with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
+        trainer._check_unscorable_rewards(unscorable)
