@@ -71,15 +71,41 @@ def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
     assert all(".tmp" in e.name for e in entries)  # only the temporary folder, never the keyed one
 
 
-def test_hub_is_not_contacted_when_offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """An empty Hub cache and a Hub that records every contact (and answers nothing)."""
     import huggingface_hub
 
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the Hub was contacted")
+    contacts = []
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", forbidden)
-    assert models._from_hub(timeout=0.1) is None or os.path.isdir(models._from_hub(timeout=0.1))
+    def snapshot_download(repo_id, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        contacts.append(("snapshot_download", repo_id))
+        raise OSError("unreachable")
+
+    def model_info(self, repo_id, **kwargs):
+        contacts.append(("model_info", repo_id))
+        raise OSError("unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    return contacts
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_hub_is_not_contacted_when_offline(fake_hub, monkeypatch, value):
+    # `_from_hub` swallows the Hub's errors, so the check is on the recorded contacts, not on an exception.
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert models._from_hub(timeout=0.1) is None
+    assert fake_hub == []
+
+
+def test_hub_is_probed_when_online(fake_hub, monkeypatch):
+    # The counterpart: without the offline switch the same fake Hub is contacted, so the test above can fail.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert models._from_hub(timeout=0.1) is None
+    assert fake_hub == [("model_info", models.SMOLLM2_HUB_ID)]
 
 
 class _FakeTokenizer:
