@@ -45,7 +45,9 @@ examples:
         help="train with CE-GPPO: --config RECIPE (a shipped recipe's name or a YAML path) plus any config field as "
         "a flag (flags override the YAML)",
     )
-    commands.add_parser("recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders")
+    commands.add_parser(
+        "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
+    )
     commands.add_parser("rewards", help="list the reward functions usable in --reward_funcs")
     return parser
 

@@ -41,7 +41,8 @@ def _run_ci(tmp_path: Path, **env_extra: str) -> tuple[subprocess.CompletedProce
     env = {k: v for k, v in os.environ.items() if k != "CEGPPO_CI_VLLM"}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", CI_TEST_LOG=str(log),
                CEGPPO_CI_VENV=str(tmp_path / "venv"), **env_extra)  # fmt: skip
-    result = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=60)
+    ci = ["bash", str(repo / ".ci" / "run")]
+    result = subprocess.run(ci, check=False, env=env, capture_output=True, text=True, timeout=60)
     return result, log.read_text().splitlines()
 
 

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from cegppo_trl import cli, resources
 from cegppo_trl.scripts import CPU_LAUNCH_LINE, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Repository folder -> the package it ships as.
 SHIPPED = {"examples/recipes": "cegppo_trl.recipes", "accelerate_configs": "cegppo_trl.accelerate_configs"}
 
@@ -33,8 +31,14 @@ def _env(**extra) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # pyproject.toml: every package, every recipe and config, the license
 # ----------------------------------------------------------------------------------------------------------------
-def test_package_data_ships_every_yaml_of_the_recipe_and_accelerate_config_folders():
-    setuptools = PYPROJECT["tool"]["setuptools"]
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_package_data_ships_every_yaml_of_the_recipe_and_accelerate_config_folders(pyproject):
+    setuptools = pyproject["tool"]["setuptools"]
     assert {v: k for k, v in setuptools["package-dir"].items()} == SHIPPED
     for folder, package in SHIPPED.items():
         assert package in setuptools["packages"]
@@ -45,17 +49,15 @@ def test_package_data_ships_every_yaml_of_the_recipe_and_accelerate_config_folde
         assert not missing, f"{folder}: not in package-data {patterns}: {missing}"
 
 
-def test_every_python_package_is_listed():
+def test_every_python_package_is_listed(pyproject):
     # `packages` is an explicit list (the data packages are mapped, which `packages.find` cannot do): a new
     # subpackage must be added there or it is missing from the wheel.
-    found = {
-        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "cegppo_trl").rglob("__init__.py")
-    }
-    assert found <= set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "cegppo_trl").rglob("__init__.py")}
+    assert found <= set(pyproject["tool"]["setuptools"]["packages"])
 
 
-def test_license_file_and_project_urls_are_declared():
-    project = PYPROJECT["project"]
+def test_license_file_and_project_urls_are_declared(pyproject):
+    project = pyproject["project"]
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
@@ -85,8 +87,10 @@ def test_wheel_layout_finds_a_recipe_by_name(tmp_path):
     assert wheel.recipes_dir() == package / "recipes"
     assert wheel.accelerate_configs_dir() == package / "accelerate_configs"
     assert wheel.recipe_names() == ["cpu_smoke"]
-    assert wheel.resolve_config("cpu_smoke") == wheel.resolve_config("cpu_smoke.yaml") == str(
-        package / "recipes" / "cpu_smoke.yaml"
+    assert (
+        wheel.resolve_config("cpu_smoke")
+        == wheel.resolve_config("cpu_smoke.yaml")
+        == str(package / "recipes" / "cpu_smoke.yaml")
     )
 
 
@@ -99,7 +103,7 @@ def test_source_checkout_finds_the_repository_folders():
 def test_config_by_name_equals_config_by_path(tmp_path):
     by_path = parse_args(["--config", str(ROOT / "examples/recipes/cpu_smoke.yaml"), "--output_dir", str(tmp_path)])
     by_name = parse_args(["--config", "cpu_smoke", "--output_dir", str(tmp_path)])
-    with_equals = parse_args([f"--config=cpu_smoke", "--output_dir", str(tmp_path)])
+    with_equals = parse_args(["--config=cpu_smoke", "--output_dir", str(tmp_path)])
     for parsed in (by_name, with_equals):
         assert [vars(a) for a in parsed[::2]] == [vars(a) for a in by_path[::2]]  # script and model arguments
         assert parsed[1].to_dict() == by_path[1].to_dict()
@@ -158,8 +162,8 @@ def test_launch_lines_work_without_a_repository_checkout(capsys):
 def test_python_m_cegppo_trl_cli_help_runs(tmp_path):
     # The module form that `torchrun -m` and `accelerate launch -m` run, from outside the repository.
     result = subprocess.run(
-        [sys.executable, "-m", "cegppo_trl.cli", "--help"], cwd=tmp_path, env=_env(), capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "cegppo_trl.cli", "--help"], check=False, cwd=tmp_path, env=_env(),
+        capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage: cegppo") and "recipes" in result.stdout
@@ -174,7 +178,7 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
     # outside the repository.
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w",
-         str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
+         str(tmp_path / "dist")], check=False, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("cegppo_trl-*.whl")
@@ -189,6 +193,8 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
         archive.extractall(tmp_path / "site")
     code = "from cegppo_trl import resources; print(resources.resolve_config('cpu_smoke'))"
     env = _env(PYTHONPATH=str(tmp_path / "site"))
-    found = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    found = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip() == str(tmp_path / "site" / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")

@@ -74,10 +74,10 @@ def parse_args(argv=None):
 def keep_vllm_cpu_linear_weights() -> None:
     """Make vLLM's CPU backend compute linear layers from their parameters, so TRL's weight sync can update them.
 
-    vLLM 0.31 on CPU hands each linear layer to oneDNN (or to its AMX kernels) after loading and replaces the weight
-    parameter by an empty one; where that succeeds (CPUs with AVX512-BF16 or AMX), TRL's `sync_weights` fails with
-    `AttributeError: 'Parameter' object has no attribute 'weight_loader'`, and a packed copy would go stale anyway.
-    `torch.nn.functional.linear` on the parameter itself is vLLM's own fallback path (taken on other CPUs).
+    vLLM 0.31 on CPU hands each linear layer to oneDNN (or, with AMX, to its own kernels) after loading and replaces
+    the weight parameter by an empty one. Where oneDNN accepts the layer (e.g. an AVX512-BF16 AMD EPYC), TRL's
+    `sync_weights` then fails with `AttributeError: 'Parameter' object has no attribute 'weight_loader'`, and a
+    packed copy would go stale anyway. `torch.nn.functional.linear` on the parameter is vLLM's own fallback path.
     """
     import torch
     from vllm.model_executor.layers import utils
