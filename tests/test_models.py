@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -59,7 +60,7 @@ def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
     import transformers
 
     monkeypatch.setattr(
-        transformers.AutoTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: _FakeTokenizer())
+        transformers.AutoTokenizer, "from_pretrained", classmethod(lambda cls, *a, **k: _gguf_like_tokenizer())
     )
     monkeypatch.setattr(
         transformers.AutoModelForCausalLM, "from_pretrained", classmethod(lambda cls, *a, **k: _tiny_model())
@@ -71,24 +72,93 @@ def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
     assert all(".tmp" in e.name for e in entries)  # only the temporary folder, never the keyed one
 
 
-def test_hub_is_not_contacted_when_offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """An empty Hub cache and a Hub that records every contact (and answers nothing)."""
     import huggingface_hub
 
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the Hub was contacted")
+    contacts = []
 
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", forbidden)
-    assert models._from_hub(timeout=0.1) is None or os.path.isdir(models._from_hub(timeout=0.1))
+    def snapshot_download(repo_id, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        contacts.append(("snapshot_download", repo_id))
+        raise OSError("unreachable")
+
+    def model_info(self, repo_id, **kwargs):
+        contacts.append(("model_info", repo_id))
+        raise OSError("unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    return contacts
 
 
-class _FakeTokenizer:
-    pad_token = "<pad>"
-    pad_token_id = 0
-    padding_side = "left"
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_hub_is_not_contacted_when_offline(fake_hub, monkeypatch, value):
+    # `_from_hub` swallows the Hub's errors, so the check is on the recorded contacts, not on an exception.
+    monkeypatch.setenv("HF_HUB_OFFLINE", value)
+    assert models._from_hub(timeout=0.1) is None
+    assert fake_hub == []
 
-    def save_pretrained(self, folder):
-        pass
+
+def test_hub_is_probed_when_online(fake_hub, monkeypatch):
+    # The counterpart: without the offline switch the same fake Hub is contacted, so the test above can fail.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert models._from_hub(timeout=0.1) is None
+    assert fake_hub == [("model_info", models.SMOLLM2_HUB_ID)]
+
+
+def _gguf_like_tokenizer():
+    """A byte-level BPE tokenizer shaped like the GGUF-loaded SmolLM2 one: plain ByteLevel pre-tokenizer, right
+    padding, no pad token; merges `Ċ Ċ` (two newlines) and `1 2`."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    vocab.update({"ĊĊ": len(vocab), "12": len(vocab) + 1, "<|im_end|>": len(vocab) + 2})
+    backend = Tokenizer(BPE(vocab=vocab, merges=[("Ċ", "Ċ"), ("1", "2")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
+    assert tokenizer.padding_side == "right" and "padding_side" not in tokenizer.init_kwargs  # as the GGUF one
+    return tokenizer
+
+
+def _tokens(tokenizer, text):
+    return tokenizer.convert_ids_to_tokens(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_gguf_like_tokenizer_splits_like_the_hubs_after_the_fix_and_keeps_it_through_a_reload(tmp_path):
+    tokenizer = _gguf_like_tokenizer()
+    assert _tokens(tokenizer, "Answer:\n\n42")[-4:] == ["Ċ", "Ċ", "4", "2"]  # the GGUF's split: out of distribution
+    assert _tokens(tokenizer, "x 123")[-3:] == ["Ġ", "12", "3"]
+    models.match_hub_tokenizer(tokenizer)
+    tokenizer.save_pretrained(tmp_path)
+
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    for t in (tokenizer, reloaded):
+        assert _tokens(t, "Answer:\n\n42")[-3:] == ["ĊĊ", "4", "2"]  # the Hub's SmolLM2 tokenization
+        assert _tokens(t, "x 123")[-4:] == ["Ġ", "1", "2", "3"]  # every digit on its own
+        assert t.padding_side == "left" and t.pad_token == "<|im_end|>"
+    saved = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert saved["pre_tokenizer"] == models.HUB_PRE_TOKENIZER
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["padding_side"] == "left"
+    padded = reloaded(["1", "1 2 3"], padding=True)["attention_mask"]
+    assert padded[0][0] == 0 and padded[0][-1] == 1  # left padding in a batch
+
+
+def test_unexpected_pre_tokenizer_is_refused_instead_of_overwritten():
+    from tokenizers import pre_tokenizers
+
+    tokenizer = _gguf_like_tokenizer()
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    with pytest.raises(ValueError, match=r"Unexpected pre-tokenizer .*Metaspace"):
+        models.match_hub_tokenizer(tokenizer)
 
 
 def _tiny_model():

@@ -3,8 +3,10 @@ mapping, and `--fast` end-to-end runs in-process (built-in model, a local `--mod
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from cegppo_trl.quickstart import (
 )
 from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
 
-pytest.importorskip("matplotlib")
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +110,7 @@ def _finite_numbers(history):
 
 
 @pytest.mark.slow
+@needs_matplotlib
 def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
     out = tmp_path / "out"
     summary = main(["--fast", "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--no-progress"])
@@ -147,6 +150,26 @@ def test_fast_quickstart_runs_a_baseline(tmp_path):
     assert {h["cegppo/beta1"] for h in history if "loss" in h} == {0.0}
 
 
+@pytest.mark.slow
+def test_fast_quickstart_without_matplotlib_keeps_its_numbers_and_names_the_extra(tmp_path, monkeypatch, capsys):
+    # A base install has no matplotlib: the run must still write its metrics and summary, then say what to install.
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ModuleNotFoundError
+    out = tmp_path / "out"
+    summary = main(
+        ["--fast", "--steps", "2", "--output-dir", str(out), "--cache-dir", str(tmp_path / "c"), "--no-progress"]
+    )
+    printed = capsys.readouterr().out
+    assert 'Plots skipped: matplotlib is not installed (pip install "cegppo-trl[plot]"' in printed
+    assert "held-out accuracy (greedy)" in printed  # the summary table is printed as usual
+    assert not any((out / name).exists() for name in PLOT_FILES)
+    assert len([h for h in json.loads((out / "metrics.json").read_text()) if "loss" in h]) == 2
+    written = json.loads((out / "summary.json").read_text())
+    assert written["steps"] == summary["steps"] == 2 and written["plots"] == []
+    assert written["accuracy_after"] == summary["accuracy_after"]
+
+
 def test_dataset_without_model_is_refused_with_a_clear_message(capsys):
     with pytest.raises(SystemExit):
         main(["--fast", "--dataset", "openai/gsm8k"])
@@ -154,6 +177,7 @@ def test_dataset_without_model_is_refused_with_a_clear_message(capsys):
 
 
 @pytest.mark.slow
+@needs_matplotlib
 def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path):
     # The code paths of `--model <Hub id>` and `--dataset <Hub id>`, offline: a saved model and a JSONL file.
     tokenizer = build_char_tokenizer()

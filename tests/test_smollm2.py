@@ -29,6 +29,17 @@ def smollm2_path():
     return smollm2_checkpoint()
 
 
+def test_converted_checkpoint_tokenizes_like_the_hub_and_pads_left():
+    # The GGUF-derived tokenizer must split digits before ByteLevel as the Hub's does: a whitespace run before a
+    # number is one token (`ĊĊ`), not two; and the left padding must survive the save and reload.
+    from cegppo_trl.models import smollm2_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint(prefer_hub=False))
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("Answer:\n\n42", add_special_tokens=False)["input_ids"])
+    assert tokens == ["Answer", ":", "ĊĊ", "4", "2"]
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token == "<|im_end|>"
+
+
 def load(path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"

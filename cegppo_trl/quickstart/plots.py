@@ -6,8 +6,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["PLOT_FILES", "plot_run"]
+__all__ = ["PLOT_FILES", "PLOT_INSTALL_HINT", "plot_run"]
 
+# The extras that bring matplotlib (`quickstart` also brings the progress bar and the math rewards).
+PLOT_INSTALL_HINT = 'pip install "cegppo-trl[plot]" or "cegppo-trl[quickstart]"'
 PLOT_FILES = ("reward_accuracy.png", "entropy.png", "betas.png", "preserved_tokens.png")
 
 
@@ -52,6 +54,9 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
 
     Returns:
         The paths written, in the order of `PLOT_FILES`.
+
+    Raises:
+        ImportError: matplotlib is not installed (`PLOT_INSTALL_HINT` says which extra brings it).
     """
     import matplotlib
 

@@ -2,7 +2,8 @@
 
 `run_training` is the reusable core (one RL run, returns its history); `main` is the command line
 (`python -m cegppo_trl.quickstart`): it builds or loads the model and task, calls `run_training`, writes
-`metrics.json`, `summary.json` and the PNG plots, and prints a summary table.
+`metrics.json` and `summary.json`, prints a summary table, then draws the PNG plots (skipped with the install line
+when matplotlib is missing: the numbers are already on disk).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ..baselines import METHODS, method_config
 from ..config import CEGPPOConfig
 from ..trainer import CEGPPOTrainer
+from .plots import PLOT_INSTALL_HINT
 from .smollm2 import SMOLLM2_STEPS
 from .task import Task, addition_task, evaluate_accuracy, hub_dataset_task
 
@@ -546,8 +548,7 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
         eval_every=eval_every,
         progress=not args.no_progress,
     )
-    plots = plot_run(result.history, output_dir, title=f"{label} on {task.name}")
-
+    # The numbers first, plots last: a failure while plotting (e.g. no matplotlib) must not lose the run.
     summary = summarize(result)
     wall_seconds = time.time() - started_at
     summary.update(
@@ -559,10 +560,16 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
         if warmup_info
         else None,
         wall_seconds=wall_seconds,
-        plots=[str(p) for p in plots],
+        plots=[],
     )
+
+    def write_summary() -> None:
+        (output_dir / "summary.json").write_text(
+            json.dumps({**summary, "config": result.config}, indent=2, default=str)
+        )
+
     (output_dir / "metrics.json").write_text(json.dumps(result.history, indent=1))
-    (output_dir / "summary.json").write_text(json.dumps({**summary, "config": result.config}, indent=2, default=str))
+    write_summary()
     if not warmup_info:
         warmup_row = "n/a (--model)"
     elif warmup_info["cached"]:
@@ -572,4 +579,14 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     extra = {"model warm-up": warmup_row, "total wall time": f"{wall_seconds:.0f} s", "outputs": str(output_dir)}
     print()
     print(format_summary(summary, title=f"{label} on {task.name}, seed {args.seed}", extra=extra))
+    try:
+        plots = plot_run(result.history, output_dir, title=f"{label} on {task.name}")
+    except ImportError as error:
+        if error.name != "matplotlib":
+            raise
+        print(f"Plots skipped: matplotlib is not installed ({PLOT_INSTALL_HINT}). The numbers are in "
+              f"{output_dir / 'metrics.json'} and {output_dir / 'summary.json'}.")  # fmt: skip
+        return summary
+    summary["plots"] = [str(p) for p in plots]
+    write_summary()
     return summary

@@ -71,6 +71,23 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def keep_vllm_cpu_linear_weights() -> None:
+    """Make vLLM's CPU backend compute linear layers from their parameters, so TRL's weight sync can update them.
+
+    vLLM 0.31 on CPU hands each linear layer to oneDNN (or, with AMX, to its own kernels) after loading and replaces
+    the weight parameter by an empty one. Where oneDNN accepts the layer (e.g. an AVX512-BF16 AMD EPYC), TRL's
+    `sync_weights` then fails with `AttributeError: 'Parameter' object has no attribute 'weight_loader'`, and a
+    packed copy would go stale anyway. `torch.nn.functional.linear` on the parameter is vLLM's own fallback path.
+    """
+    import torch
+    from vllm.model_executor.layers import utils
+
+    def torch_linear(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    utils.dispatch_cpu_unquantized_gemm = torch_linear  # looked up at load time by linear and lm-head layers
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
@@ -81,6 +98,7 @@ def main(argv=None) -> dict:
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
+    keep_vllm_cpu_linear_weights()
     os.makedirs(args.output_dir, exist_ok=True)
     model_path = args.model or build_model(os.path.join(args.output_dir, "tiny-llama"))
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -1,0 +1,200 @@
+"""What a `pip install` user gets: the recipes and accelerate configs inside the wheel, found by name
+(`cegppo train --config cpu_smoke`), launch lines that need no repository checkout, the license and project URLs."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cegppo_trl import cli, resources
+from cegppo_trl.scripts import CPU_LAUNCH_LINE, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+# Repository folder -> the package it ships as.
+SHIPPED = {"examples/recipes": "cegppo_trl.recipes", "accelerate_configs": "cegppo_trl.accelerate_configs"}
+
+
+def _env(**extra) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pyproject.toml: every package, every recipe and config, the license
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_package_data_ships_every_yaml_of_the_recipe_and_accelerate_config_folders(pyproject):
+    setuptools = pyproject["tool"]["setuptools"]
+    assert {v: k for k, v in setuptools["package-dir"].items()} == SHIPPED
+    for folder, package in SHIPPED.items():
+        assert package in setuptools["packages"]
+        patterns = setuptools["package-data"][package]
+        files = sorted(p.name for p in (ROOT / folder).iterdir() if p.suffix in (".yaml", ".yml"))
+        assert files, folder
+        missing = [name for name in files if not any(fnmatch.fnmatch(name, pat) for pat in patterns)]
+        assert not missing, f"{folder}: not in package-data {patterns}: {missing}"
+
+
+def test_every_python_package_is_listed(pyproject):
+    # `packages` is an explicit list (the data packages are mapped, which `packages.find` cannot do): a new
+    # subpackage must be added there or it is missing from the wheel.
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "cegppo_trl").rglob("__init__.py")}
+    assert found <= set(pyproject["tool"]["setuptools"]["packages"])
+
+
+def test_license_file_and_project_urls_are_declared(pyproject):
+    project = pyproject["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert project["urls"] and all(url.startswith("https://") for url in project["urls"].values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --config NAME
+# ----------------------------------------------------------------------------------------------------------------
+def _resources_in(package_dir: Path):
+    """`cegppo_trl.resources` loaded from a copy at `package_dir` (another install layout)."""
+    package_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(resources.__file__), package_dir / "resources.py")
+    spec = importlib.util.spec_from_file_location("layout_resources", package_dir / "resources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheel_layout_finds_a_recipe_by_name(tmp_path):
+    # In a wheel the recipes sit in the package (`cegppo_trl/recipes/`), with no `examples/` folder beside it.
+    package = tmp_path / "site-packages" / "cegppo_trl"
+    (package / "recipes").mkdir(parents=True)
+    (package / "accelerate_configs").mkdir()
+    shutil.copy(ROOT / "examples" / "recipes" / "cpu_smoke.yaml", package / "recipes")
+    wheel = _resources_in(package)
+    assert wheel.recipes_dir() == package / "recipes"
+    assert wheel.accelerate_configs_dir() == package / "accelerate_configs"
+    assert wheel.recipe_names() == ["cpu_smoke"]
+    assert (
+        wheel.resolve_config("cpu_smoke")
+        == wheel.resolve_config("cpu_smoke.yaml")
+        == str(package / "recipes" / "cpu_smoke.yaml")
+    )
+
+
+def test_source_checkout_finds_the_repository_folders():
+    assert resources.recipes_dir() == ROOT / "examples" / "recipes"
+    assert resources.accelerate_configs_dir() == ROOT / "accelerate_configs"
+    assert resources.recipe_names() == sorted(p.stem for p in (ROOT / "examples" / "recipes").glob("*.yaml"))
+
+
+def test_config_by_name_equals_config_by_path(tmp_path):
+    by_path = parse_args(["--config", str(ROOT / "examples/recipes/cpu_smoke.yaml"), "--output_dir", str(tmp_path)])
+    by_name = parse_args(["--config", "cpu_smoke", "--output_dir", str(tmp_path)])
+    with_equals = parse_args(["--config=cpu_smoke", "--output_dir", str(tmp_path)])
+    for parsed in (by_name, with_equals):
+        assert [vars(a) for a in parsed[::2]] == [vars(a) for a in by_path[::2]]  # script and model arguments
+        assert parsed[1].to_dict() == by_path[1].to_dict()
+    assert by_name[1].use_cpu and by_name[0].reward_funcs == ["format"]  # the recipe's own values
+
+
+def test_unknown_recipe_name_lists_the_shipped_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--config", "cpu_smok", "--output_dir", "/tmp/unused"], prog="cegppo train")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cegppo train: error: --config 'cpu_smok' is neither a file nor a shipped recipe name.")
+    assert f"Shipped recipes (in {resources.recipes_dir()}): " in err and "cpu_smoke, gsm8k_qwen2.5_0.5b_lora" in err
+    assert "usage:" not in err  # the one line, not buried under the full usage
+
+
+def test_missing_repository_path_points_to_the_shipped_name(tmp_path, monkeypatch, capsys):
+    # After `pip install`, outside the repository: the README's path form is missing, the name works.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "examples/recipes/cpu_smoke.yaml"])
+    assert "A recipe of that name ships with the package: `--config cpu_smoke`." in capsys.readouterr().err
+
+
+def test_config_without_a_value_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "--output_dir", "x"])
+    assert "--config needs a value" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the commands say
+# ----------------------------------------------------------------------------------------------------------------
+def test_cegppo_recipes_lists_every_recipe_and_the_accelerate_configs(capsys):
+    cli.main(["recipes"])
+    out = capsys.readouterr().out
+    assert str(resources.recipes_dir()) in out and str(resources.accelerate_configs_dir()) in out
+    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith(" ")]
+    assert listed[: len(resources.recipe_names())] == resources.recipe_names()
+    assert "cpu_smoke                       A CPU smoke run: a few CE-GPPO steps" in out
+    assert "multi_gpu.yaml" in out and "two_nodes.yaml" in out
+
+
+def test_launch_lines_work_without_a_repository_checkout(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "examples/cegppo.py" not in out and "examples/cegppo.py" not in CPU_LAUNCH_LINE
+    assert "torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config" in out
+    assert "torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config" in CPU_LAUNCH_LINE
+    assert f"--config_file {resources.accelerate_configs_dir() / 'multi_gpu.yaml'}" in out
+    assert "cegppo train --config cpu_smoke" in out
+
+
+@pytest.mark.slow
+def test_python_m_cegppo_trl_cli_help_runs(tmp_path):
+    # The module form that `torchrun -m` and `accelerate launch -m` run, from outside the repository.
+    result = subprocess.run(
+        [sys.executable, "-m", "cegppo_trl.cli", "--help"], check=False, cwd=tmp_path, env=_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage: cegppo") and "recipes" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The real wheel
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_path):
+    # Built from this checkout without build isolation (no download), installed into a plain folder, run from
+    # outside the repository.
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w",
+         str(tmp_path / "dist")], check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("cegppo_trl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for folder, package in SHIPPED.items():
+        for path in (ROOT / folder).glob("*.yaml"):
+            assert f"{package.replace('.', '/')}/{path.name}" in names, path
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert not any(n.startswith(("tests/", "examples/")) for n in names)
+
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path / "site")
+    code = "from cegppo_trl import resources; print(resources.resolve_config('cpu_smoke'))"
+    env = _env(PYTHONPATH=str(tmp_path / "site"))
+    found = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip() == str(tmp_path / "site" / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
