@@ -161,7 +161,7 @@ def check_same_objective(logp, old, advantages, grad_out, kwargs) -> None:
 
 
 def clipped_fraction(logp, old, advantages, delta) -> float:
-    left, right, dual = cegppo_regions(
+    left, right, dual, _ = cegppo_regions(
         logp.detach() - old, advantages, epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, delta=delta
     )
     return (left | right | dual).float().mean().item()

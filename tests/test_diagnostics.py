@@ -10,13 +10,14 @@ import math
 import torch
 from torch.testing import assert_close
 
-from cegppo_trl.loss import DIAGNOSTIC_SUMS, cegppo_diagnostics
+from cegppo_trl.loss import cegppo_diagnostics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
 
 
-def named(sums: torch.Tensor) -> dict[str, float]:
-    return dict(zip(DIAGNOSTIC_SUMS, sums.tolist()))
+def named(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    assert all(x.dim() == 0 for x in sums.values())
+    return {name: x.item() for name, x in sums.items()}
 
 
 def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation():
@@ -38,14 +39,18 @@ def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation
         grad_weight=0.4 + 1 + 0 + 1.8 + 2 / e,
         left_log_ratio=-1.0,  # the one left-clipped token's log r
         tokens=5.0,
+        guard=0.0,  # no delta_low
     )
     got = named(diag.sums)
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert math.isclose(got[key], value, rel_tol=1e-6), (key, got[key], value)
-    assert_close(diag.per_sequence, torch.tensor([[1 / 3, 0.0], [0.0, 1 / 2]]))
+    # Per-sequence shares of left / right tokens: row 0 1/3 / 0, row 1 0 / 1/2; the smallest left, the largest right.
+    assert diag.minima["left_share"].item() == 0.0
+    assert_close(diag.maxima["right_share"], torch.tensor(0.5))
     # The padding token's r = e^5 is masked out: max is e, min 1/e.
-    assert_close(diag.extremes, torch.tensor([1 / e, -e]))
+    assert_close(diag.minima["ratio"], torch.tensor(1 / e))
+    assert_close(diag.maxima["ratio"], torch.tensor(e))
 
 
 def test_masked_out_rows_count_nowhere_and_give_nan_shares():
@@ -57,8 +62,10 @@ def test_masked_out_rows_count_nowhere_and_give_nan_shares():
     diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
     got = named(diag.sums)
     assert got["tokens"] == 2.0 and got["left"] == 1.0 and got["right"] == 0.0
-    assert torch.isnan(diag.per_sequence[1]).all()
-    assert_close(diag.extremes, torch.tensor([math.exp(-1.0), -1.0]))
+    # The empty row is no sequence: the shares are those of row 0 alone (1/2 left, 0 right), not 0 / 0.
+    assert diag.minima["left_share"].item() == 0.5 and diag.maxima["right_share"].item() == 0.0
+    assert_close(diag.minima["ratio"], torch.tensor(math.exp(-1.0)))
+    assert diag.maxima["ratio"].item() == 1.0
 
 
 def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
@@ -73,8 +80,7 @@ def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
     assert got["left_log_ratio"] == -1.0  # row 0 once; row 1 is right-clipped and has no tokens anyway
     assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
     assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
-    assert_close(diag.per_sequence[0], torch.tensor([1.0, 0.0]))
-    assert torch.isnan(diag.per_sequence[1]).all()
+    assert diag.minima["left_share"].item() == 1.0 and diag.maxima["right_share"].item() == 0.0
 
 
 def test_without_delta_no_token_is_dual_clipped():
