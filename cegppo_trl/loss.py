@@ -96,14 +96,16 @@ class CEGPPORegions(NamedTuple):
     Attributes:
         left: NA&LP, ``A < 0`` and ``r < 1 - eps_l``: gradient scaled by ``beta1``.
         right: PA&LP, ``A > 0`` and ``r > 1 + eps_h``: gradient scaled by ``beta2``.
-        dual: ``A < 0`` and ``r > delta``: constant, no gradient (all False without ``delta``).
-        guard: ``A < 0`` and ``r < delta_low``, inside `left`: the left guard acts (all False without ``delta_low``).
+        dual: ``A < 0`` and ``r > delta``: constant, no gradient. All False without ``delta`` (None inside the
+            kernel, which then skips it).
+        guard: ``A < 0`` and ``r < delta_low``, inside `left`: the left guard acts. All False without ``delta_low``
+            (None inside the kernel).
     """
 
     left: torch.Tensor
     right: torch.Tensor
-    dual: torch.Tensor
-    guard: torch.Tensor
+    dual: torch.Tensor | None
+    guard: torch.Tensor | None
 
 
 def _ratio_and_advantages(
@@ -127,8 +129,8 @@ def _regions(
     epsilon_high: float,
     delta: float | None,
     delta_low: float | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """`CEGPPORegions` with None for a disabled clip. Each test applies to one sign of A, so its bound is one number
+) -> CEGPPORegions:
+    """`CEGPPORegions`, None for a disabled clip. Each test applies to one sign of A, so its bound is one number
     per row of `adv` ([B, 1], -inf / +inf for the other sign), in the ratio's dtype (a float32 0.8 is not a float64
     0.8): one comparison per token."""
     negative = adv < 0  # [B, 1]
@@ -141,16 +143,13 @@ def _regions(
     left, right = ratio < low, ratio > high  # [B, T]
     dual = None if delta is None else ratio > bound(negative, delta, math.inf)  # disjoint from left: delta > 1
     guard = None if delta_low is None else ratio < bound(negative, delta_low, -math.inf)  # within left
-    return left, right, dual, guard
+    return CEGPPORegions(left, right, dual, guard)
 
 
 def _value_and_grad_weight(
     ratio: torch.Tensor,
     adv: torch.Tensor,
-    left: torch.Tensor,
-    right: torch.Tensor,
-    dual: torch.Tensor | None,
-    guard: torch.Tensor | None,
+    regions: CEGPPORegions,
     *,
     epsilon_low: float,
     epsilon_high: float,
@@ -161,6 +160,7 @@ def _value_and_grad_weight(
     delta_low_mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The module table, row by row: the loss value and d(value)/d(logp) per token."""
+    left, right, dual, guard = regions
     # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
     # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
     # where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
@@ -224,7 +224,7 @@ class _CEGPPOLoss(torch.autograd.Function):
             delta=settings["delta"],
             delta_low=settings["delta_low"],
         )
-        value, grad_weight = _value_and_grad_weight(ratio, adv, *regions, **settings)
+        value, grad_weight = _value_and_grad_weight(ratio, adv, regions, **settings)
         ctx.save_for_backward(grad_weight)
         ctx.logp_dtype = per_token_logps.dtype
         ctx.logp_shape = per_token_logps.shape
@@ -357,9 +357,9 @@ def cegppo_diagnostics(
     """
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
     settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
-    left, right, dual, guard = _regions(ratio, adv, **settings)
+    regions = _regions(ratio, adv, **settings)
     _, grad_weight = _value_and_grad_weight(
-        ratio, adv, left, right, dual, guard, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
+        ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
     grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
     if weights is not None:
@@ -370,7 +370,7 @@ def cegppo_diagnostics(
     else:
         count = mask.to(ratio.dtype)  # [B, T]
     as_float = lambda region: torch.zeros_like(ratio) if region is None else region.to(ratio.dtype)  # noqa: E731
-    left, right, dual, guard = (as_float(region) for region in (left, right, dual, guard))
+    left, right, dual, guard = (as_float(region) for region in regions)
     sums = dict(
         tokens=torch.ones_like(count),
         left=left,
