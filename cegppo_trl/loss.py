@@ -364,13 +364,13 @@ def cegppo_diagnostics(
     grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
     if weights is not None:
         grad_weight = grad_weight * weights  # [B, T]
-    if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
+    if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
         grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
     else:
         count = mask.to(ratio.dtype)  # [B, T]
-    as_float = lambda region: torch.zeros_like(ratio) if region is None else region.to(ratio.dtype)  # noqa: E731
-    left, right, dual, guard = (as_float(region) for region in regions)
+    off = torch.zeros_like(regions.left, dtype=ratio.dtype)
+    left, right, dual, guard = (off if region is None else region.to(ratio.dtype) for region in regions)
     sums = dict(
         tokens=torch.ones_like(count),
         left=left,
