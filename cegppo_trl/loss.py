@@ -174,11 +174,13 @@ def _value_and_grad_weight(
     clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
     value = torch.where(left | right, clipped, value)  # [B, T]
     grad_weight = value
-    if dual is not None:  # dual clip: the value above, no gradient
-        grad_weight = torch.where(dual, 0.0, grad_weight)
-    if guard is not None:  # left guard (disjoint from the dual clip): the value above, a bounded gradient
-        guarded = 0.0 if delta_low_mode == "cutoff" else clipped * (ratio / delta_low)
-        grad_weight = torch.where(guard, guarded, grad_weight)
+    cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
+    if guard is not None and delta_low_mode == "cutoff":
+        cut = guard if cut is None else cut | guard
+    if cut is not None:
+        grad_weight = torch.where(cut, 0.0, grad_weight)
+    if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
+        grad_weight = torch.where(guard, clipped * (ratio / delta_low), grad_weight)
     return value, grad_weight
 
 
