@@ -21,7 +21,6 @@ import warnings
 import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
-from trl.trainer.utils import nanmax, nanmin
 
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
