@@ -101,6 +101,10 @@ def test_ratio_exactly_on_delta_low_is_not_guarded_and_decay_is_continuous_there
     assert regions.guard.tolist() == [[False, True]]
 
 
+def kw_regions(kw):
+    return {k: kw[k] for k in ("delta", "delta_low")}
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("delta", [None, 2.5])
 def test_fast_path_equals_the_definition_exactly_with_the_guard(mode, delta):
@@ -112,10 +116,6 @@ def test_fast_path_equals_the_definition_exactly_with_the_guard(mode, delta):
     loss, grad = loss_and_grad(logp, old, adv, **kw)
     ref_loss, ref_grad = loss_and_grad(logp, old, adv, fn=cegppo_objective, **kw)
     assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad)
-
-
-def kw_regions(kw):
-    return {k: kw[k] for k in ("delta", "delta_low")}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -207,13 +207,19 @@ def test_diagnostics_count_the_guarded_tokens():
 # Through the trainer: the step's beta, the gradient, the metric, the model card
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
-def test_trainer_gradient_is_the_guarded_formula_with_the_scheduled_beta1(make_trainer, mode):
-    # beta1 follows a schedule (0.8 at step 0); the guard at 0.7 acts on part of the batch's left-clipped tokens.
-    trainer = make_trainer(
-        gppo_beta1_schedule="linear:0.8->0.1", gppo_beta2=1.0, delta=1.5, delta_low=0.7, delta_low_mode=mode
-    )
-    assert trainer.cegppo_coefficients()["beta1"] == 0.8
-    assert trainer.cegppo_coefficients()["delta_low"] == 0.7
+@pytest.mark.parametrize("beta1_source", ["schedule", "controller"])
+def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_trainer, mode, beta1_source):
+    # beta1 of the step: 0.8 from a schedule at step 0, or 0.6 = 0.5 + one controller step (entropy above the band
+    # moves beta1 up by 0.1). The guard at 0.7 acts on part of the batch's left-clipped tokens and scales that beta1.
+    guard = dict(gppo_beta2=1.0, delta=1.5, delta_low=0.7, delta_low_mode=mode)
+    if beta1_source == "schedule":
+        trainer, beta1 = make_trainer(gppo_beta1_schedule="linear:0.8->0.1", **guard), 0.8
+    else:
+        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1"
+        trainer, beta1 = make_trainer(gppo_beta1=0.5, entropy_controller=controller, **guard), 0.6
+        trainer.entropy_controller.update(0.9)
+    coefficients = trainer.cegppo_coefficients()  # before the step: the controller may move beta1 after it
+    assert coefficients["beta1"] == pytest.approx(beta1) and coefficients["delta_low"] == 0.7
     inputs = make_offpolicy_batch(trainer)
     loss, grads = loss_and_grads(trainer, inputs)
     model = trainer.model
@@ -222,7 +228,7 @@ def test_trainer_gradient_is_the_guarded_formula_with_the_scheduled_beta1(make_t
     logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, 7)
     old, adv, mask = inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
     guard = dict(delta_low=0.7, delta_low_mode=mode)
-    per_token, left, _ = reference_per_token_loss(logp, old, adv, 0.8, 1.0, delta=1.5, **guard)
+    per_token, left, _ = reference_per_token_loss(logp, old, adv, coefficients["beta1"], 1.0, delta=1.5, **guard)
     guarded = left & (torch.exp(logp.detach() - old) < 0.7) & mask.bool()
     assert guarded.any() and (left & mask.bool() & ~guarded).any()
     expected = (per_token * mask).sum() / mask.sum()  # dapo, one process, no accumulation
