@@ -113,21 +113,27 @@ def saved_bytes(fn: Callable, logp, old, advantages, kwargs) -> int:
 
 
 def paired_times(
-    calls: dict[str, Callable[[], object]], reps: int, min_block_s: float, sync: Callable[[], None] = lambda: None
+    calls: dict[str, Callable[[], object]],
+    reps: int,
+    min_block_s: float,
+    sync: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """Seconds per call of each implementation, one block per implementation per repetition, order alternating.
 
     `sync` (e.g. `torch.cuda.synchronize`) runs before and after each timed block, so queued device work counts.
+    `clock`: wall time by default; `time.thread_time` counts only this thread's CPU time, which on a shared CPU
+    leaves out the time other jobs hold the core (CPU runs only: it does not see device work).
     """
     for call in calls.values():  # warm-up (allocator, lazy init)
         call()
         call()
     sync()
-    start = time.perf_counter()
+    start = clock()
     for call in calls.values():
         call()
     sync()
-    number = max(1, int(min_block_s / max((time.perf_counter() - start) / len(calls), 1e-9)))
+    number = max(1, int(min_block_s / max((clock() - start) / len(calls), 1e-9)))
     times: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     gc_was_enabled = gc.isenabled()
@@ -137,11 +143,11 @@ def paired_times(
             for name in names if rep % 2 == 0 else reversed(names):
                 call = calls[name]
                 sync()
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(number):
                     call()
                 sync()
-                times[name].append((time.perf_counter() - t0) / number)
+                times[name].append((clock() - t0) / number)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -161,26 +167,35 @@ def check_same_objective(logp, old, advantages, grad_out, kwargs) -> None:
 
 
 def clipped_fraction(logp, old, advantages, delta) -> float:
-    left, right, dual = cegppo_regions(
+    left, right, dual, _ = cegppo_regions(
         logp.detach() - old, advantages, epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, delta=delta
     )
     return (left | right | dual).float().mean().item()
 
 
 def run(
-    sizes, dtypes, spreads, reps: int, min_block_s: float, delta: float | None, device="cpu", advantages="b1"
+    sizes,
+    dtypes,
+    spreads,
+    reps: int,
+    min_block_s: float,
+    delta: float | None,
+    device="cpu",
+    advantages="b1",
+    clock: Callable[[], float] = time.perf_counter,
 ):
     kwargs = dict(epsilon_low=EPSILON_LOW, epsilon_high=EPSILON_HIGH, beta1=BETA1, beta2=BETA2, delta=delta)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     rows = []
     for spread, dtype, (batch, length) in itertools.product(spreads, dtypes, sizes):
         logp, old, adv, grad_out = make_inputs(batch, length, dtype, spread, device=device, advantages=advantages)
-        check_same_objective(logp, old, adv, grad_out, kwargs)
+        if IMPLEMENTATIONS["cegppo"] is cegppo_per_token_loss:  # the guard changes the objective: nothing to compare
+            check_same_objective(logp, old, adv, grad_out, kwargs)
         calls = {
             name: functools.partial(fwd_bwd, fn, logp, old, adv, grad_out, kwargs)
             for name, fn in IMPLEMENTATIONS.items()
         }
-        times = paired_times(calls, reps, min_block_s, sync)
+        times = paired_times(calls, reps, min_block_s, sync, clock)
         ratios = {
             base: statistics.median(c / b for c, b in zip(times["cegppo"], times[base]))
             for base in times
@@ -277,6 +292,19 @@ def main(argv=None):
         help="also time `cegppo_trl/loss.py` as of git revision REV (e.g. ae37ebf, the first version)",
     )
     parser.add_argument("--no-delta", action="store_true", help="disable the dual clip (delta=None) in all three")
+    parser.add_argument(
+        "--delta-low",
+        type=float,
+        default=None,
+        help="time cegppo with the left guard (e.g. 0.75: about 8%% of tokens at --spread 0.3)",
+    )
+    parser.add_argument("--delta-low-mode", choices=["cutoff", "decay"], default="cutoff")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time (default) or this thread's CPU time: steadier on a CPU shared with other jobs",
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -286,7 +314,7 @@ def main(argv=None):
     delta = None if args.no_delta else DELTA
     print(
         f"# bench_loss: {datetime.date.today()} | {platform.processor() or platform.machine()} | "
-        f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | "
+        f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | {args.clock} clock | "
         f"eps={EPSILON_LOW}/{EPSILON_HIGH} beta1={BETA1} beta2={BETA2} delta={delta} | forward+backward, "
         f"advantages {'(B, 1)' if args.advantages == 'b1' else '(B, T)'}; "
         f"ratios are medians of paired per-repetition ratios; targets at B*T >= 64x4096: "
@@ -294,8 +322,13 @@ def main(argv=None):
     )
     if args.previous:
         IMPLEMENTATIONS["previous"] = load_previous(args.previous)
+    if args.delta_low is not None:
+        guard = dict(delta_low=args.delta_low, delta_low_mode=args.delta_low_mode)
+        IMPLEMENTATIONS["cegppo"] = functools.partial(cegppo_per_token_loss, **guard)
+        print(f"# cegppo with the left guard {guard}; the other implementations without")
     print(header(previous=bool(args.previous)))
-    run(sizes, dtypes, args.spread, reps, min_block_s=0.02, delta=delta, advantages=args.advantages)
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    run(sizes, dtypes, args.spread, reps, min_block_s=0.02, delta=delta, advantages=args.advantages, clock=clock)
 
 
 if __name__ == "__main__":

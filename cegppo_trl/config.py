@@ -10,6 +10,7 @@ from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
 from .controller import parse_controller
+from .loss import check_left_guard
 from .schedules import ConstantSchedule, PiecewiseSchedule, Schedule, parse_schedule
 
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
@@ -67,6 +68,16 @@ class CEGPPOConfig(GRPOConfig):
             rollout batch). vLLM importance-sampling correction does not make it off-policy: the old log-probs are
             then recomputed by the training model on the same weights (ratio 1), and the correction only reweights
             tokens. The trainer warns when the ratio is 1.
+        delta_low (`float` or `None`, *optional*, defaults to `None`):
+            Left guard, the left-side counterpart of `delta`: negative-advantage tokens whose ratio fell below it
+            (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
+            decay (`"decay"`: weight `beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
+            cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
+        delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
+            `"cutoff"` or `"decay"`, see `delta_low`.
+        left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
+            Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
+            falls below it, once per episode of drift. `None` disables the warning.
     """
 
     gppo_beta1: float = field(
@@ -126,6 +137,27 @@ class CEGPPOConfig(GRPOConfig):
             "positive and equals the maximum reward in their group. A float: those whose total reward is >= it."
         },
     )
+    delta_low: float | None = field(
+        default=None,
+        metadata={
+            "help": "Left guard (left-side counterpart of `delta`): A < 0 tokens with ratio below it, in (0, 1 - "
+            "epsilon], lose or decay their left-clipped gradient. None: the paper's objective. See docs/algorithm.md."
+        },
+    )
+    delta_low_mode: str = field(
+        default="cutoff",
+        metadata={
+            "help": "How the left guard bounds the gradient below `delta_low`: 'cutoff' (none) or 'decay' (scaled by "
+            "r / delta_low). The loss value is unchanged."
+        },
+    )
+    left_drift_warning: float | None = field(
+        default=-1.5,
+        metadata={
+            "help": "Warn (once per episode) when an optimizer step's mean left-clipped log-ratio "
+            "(`cegppo/preserved/left_log_ratio`) falls below this; it preceded most collapses. None disables it."
+        },
+    )
     dynamic_sampling: bool = field(
         default=False,
         metadata={
@@ -146,6 +178,7 @@ class CEGPPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
+        self._validate_left_guard()
         self._validate_inherited()
         super().__post_init__()
 
@@ -199,6 +232,25 @@ class CEGPPOConfig(GRPOConfig):
         if self.max_unscorable_batches < 0:
             raise ValueError(
                 f"`max_unscorable_batches` must be >= 0 (0 never stops), got {self.max_unscorable_batches}."
+            )
+
+    def _validate_left_guard(self) -> None:
+        """`delta_low`, `delta_low_mode` and `left_drift_warning` (after `_validate_cegppo` has checked epsilon)."""
+        if self.delta_low is not None and self.loss_type not in CEGPPO_LOSS_TYPES:
+            raise ValueError(
+                f"`delta_low` (the left guard) applies to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
+                f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `delta_low=None`."
+            )
+        check_left_guard(self.delta_low, self.delta_low_mode, self.epsilon)
+        threshold = self.left_drift_warning
+        if threshold is not None and not (
+            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold < math.log(1 - self.epsilon)
+        ):
+            raise ValueError(
+                "`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = "
+                f"{math.log(1 - self.epsilon):.3f} (every left-clipped token is below it), or None to disable the "
+                f"warning; got {threshold!r}. "
+                "The default -1.5 comes from docs/entropy-study.md."
             )
 
     def _validate_cegppo(self) -> None:

@@ -1,36 +1,111 @@
-"""The CE-GPPO per-token objective, as a pure function (no trainer state).
+"""The CE-GPPO per-token objective, as pure functions (no trainer state).
 
 Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
 Reinforcement Learning", ACL 2026 (arXiv:2509.20712), Eq. 8.
 
 Per token, with ratio ``r = exp(logp - old_logp)`` and advantage ``A`` (the loss is minimised):
 
-========================  ============================  ==================================
-region                    forward value                 gradient w.r.t. ``logp``
-========================  ============================  ==================================
-``A < 0, r < 1 - eps_l``  ``-beta1 * (1 - eps_l) * A``  ``-beta1 * (1 - eps_l) * A``
-``A > 0, r > 1 + eps_h``  ``-beta2 * (1 + eps_h) * A``  ``-beta2 * (1 + eps_h) * A``
-``A < 0, r > delta``      ``-delta * A``                ``0`` (dual clip)
-everything else           ``-r * A``                    ``-r * A``
-========================  ============================  ==================================
+==============================  ============================  ============================================
+region                          forward value                 gradient w.r.t. ``logp``
+==============================  ============================  ============================================
+``A < 0, r < 1 - eps_l``        ``-beta1 * (1 - eps_l) * A``  ``-beta1 * (1 - eps_l) * A``
+``A > 0, r > 1 + eps_h``        ``-beta2 * (1 + eps_h) * A``  ``-beta2 * (1 + eps_h) * A``
+``A < 0, r > delta``            ``-delta * A``                ``0`` (dual clip)
+``A < 0, r < delta_low``        ``-beta1 * (1 - eps_l) * A``  ``0`` (left guard, ``"cutoff"``) or
+                                                              ``-beta1 * (1 - eps_l) * A * r / delta_low``
+                                                              (``"decay"``)
+everything else                 ``-r * A``                    ``-r * A``
+==============================  ============================  ============================================
 
-The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN`` once ``r``
-overflows. Here the forward pass computes the value and the per-token gradient weight directly, so nothing is ever
-divided by ``r`` and only one ``(B, T)`` tensor is saved for backward.
+`cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
+`cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
+weight directly and saves one ``(B, T)`` tensor for backward; tests/test_loss.py checks that the two are equal
+bit for bit. The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
+once ``r`` overflows; neither form here divides by ``r``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
+LEFT_GUARD_MODES = ("cutoff", "decay")
 
-def _broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    # (B,) -> (B, 1); (B, 1) and (B, T) pass through and broadcast against (B, T).
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    return advantages
+
+def cegppo_objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+    delta_low: float | None = None,
+    delta_low_mode: str = "cutoff",
+) -> torch.Tensor:
+    """The CE-GPPO per-token loss by its definition (the module table); same arguments as `cegppo_per_token_loss`.
+
+    Slow (autograd through every branch) and, like the paper's form, not guarded against an overflowing ``r``; train
+    with `cegppo_per_token_loss`, which equals it exactly.
+    """
+    A = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    log_r = logp - old_logp  # [B, T]
+    r = torch.exp(log_r)
+    na_lp = (A < 0) & (r < 1 - epsilon_low)  # left clip: negative advantage, low probability
+    pa_lp = (A > 0) & (r > 1 + epsilon_high)  # right clip: positive advantage, low probability
+    keep = torch.ones_like(r)  # share of the left-clipped gradient kept
+    if delta_low is not None:  # left guard: how far beta1 may push a token out of the policy
+        guarded = 0.0 if delta_low_mode == "cutoff" else r.detach() / delta_low
+        keep = torch.where(na_lp & (r < delta_low), guarded, keep)
+
+    def preserve(w):  # the paper's r / sg(r) in log space: value 1, gradient w (never divides by r)
+        return torch.exp(w * (log_r - log_r.detach()))
+
+    loss = -r * A
+    loss = torch.where(na_lp, -beta1 * (1 - epsilon_low) * A * preserve(keep), loss)
+    loss = torch.where(pa_lp, -beta2 * (1 + epsilon_high) * A * preserve(1.0), loss)
+    if delta is not None:  # the authors' dual clip: a constant, no gradient
+        loss = torch.where((A < 0) & (r > delta), (-delta * A).expand_as(loss), loss)
+    return loss
+
+
+def check_left_guard(delta_low: float | None, delta_low_mode: str, epsilon_low: float) -> None:
+    """Raise `ValueError` unless the left guard's settings are valid: ``0 < delta_low <= 1 - epsilon_low``."""
+    if delta_low_mode not in LEFT_GUARD_MODES:
+        raise ValueError(f"`delta_low_mode` must be one of {list(LEFT_GUARD_MODES)}, got {delta_low_mode!r}.")
+    if delta_low is None:
+        return
+    valid = isinstance(delta_low, (int, float)) and not isinstance(delta_low, bool) and math.isfinite(delta_low)
+    if not (valid and 0 < delta_low <= 1 - epsilon_low):
+        raise ValueError(
+            f"`delta_low` (the left guard) must be in (0, 1 - epsilon] = (0, {1 - epsilon_low:g}], got {delta_low!r}: "
+            "it acts on left-clipped tokens, whose ratio is below 1 - epsilon. E.g. 0.25; None disables it."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The fast path: regions by one comparison per token, then the value and the gradient weight in one pass
+# ---------------------------------------------------------------------------------------------------------------------
+class CEGPPORegions(NamedTuple):
+    """Boolean masks of the special regions, each of the broadcast shape of the ratio and the advantages.
+
+    Attributes:
+        left: NA&LP, ``A < 0`` and ``r < 1 - eps_l``: gradient scaled by ``beta1``.
+        right: PA&LP, ``A > 0`` and ``r > 1 + eps_h``: gradient scaled by ``beta2``.
+        dual: ``A < 0`` and ``r > delta``: constant, no gradient. All False without ``delta`` (None inside the
+            kernel, which then skips it).
+        guard: ``A < 0`` and ``r < delta_low``, inside `left`: the left guard acts. All False without ``delta_low``
+            (None inside the kernel).
+    """
+
+    left: torch.Tensor
+    right: torch.Tensor
+    dual: torch.Tensor | None
+    guard: torch.Tensor | None
 
 
 def _ratio_and_advantages(
@@ -38,7 +113,7 @@ def _ratio_and_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
     dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
-    adv = _broadcast_advantages(advantages, per_token_logps).to(dtype)  # [B, 1] or [B, T]
+    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).to(dtype)  # [B, 1] or [B, T]
     if per_token_logps.dtype == dtype:
         log_ratio = per_token_logps - old_per_token_logps.to(dtype)  # [B, T]
     else:  # bf16 / fp16 log-probs: one fp32 copy, subtracted in place
@@ -47,20 +122,66 @@ def _ratio_and_advantages(
 
 
 def _regions(
-    ratio: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float, delta: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    # Each clip test applies to one sign of A, so its bound is per row ([B, 1]): one comparison per token.
-    inf = torch.inf
-    left = ratio < _per_row(adv < 0, 1 - epsilon_low, -inf, adv)  # [B, T] NA&LP: gradient scaled by beta1
-    right = ratio > _per_row(adv > 0, 1 + epsilon_high, inf, adv)  # [B, T] PA&LP: gradient scaled by beta2
-    # A < 0 above delta: constant, no gradient. Disjoint from `left` because delta > 1.
-    dual = None if delta is None else ratio > _per_row(adv < 0, delta, inf, adv)  # [B, T]
-    return left, right, dual
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    delta: float | None,
+    delta_low: float | None,
+) -> CEGPPORegions:
+    """`CEGPPORegions`, None for a disabled clip. Each test applies to one sign of A, so its bound is one number
+    per row of `adv` ([B, 1], -inf / +inf for the other sign), in the ratio's dtype (a float32 0.8 is not a float64
+    0.8): one comparison per token."""
+    negative = adv < 0  # [B, 1]
+
+    def bound(rows: torch.Tensor, value: float, otherwise: float) -> torch.Tensor:
+        return torch.where(rows, adv.new_tensor(value), adv.new_tensor(otherwise))  # [B, 1]
+
+    low = bound(negative, 1 - epsilon_low, -math.inf)
+    high = bound(adv > 0, 1 + epsilon_high, math.inf)
+    left, right = ratio < low, ratio > high  # [B, T]
+    dual = None if delta is None else ratio > bound(negative, delta, math.inf)  # disjoint from left: delta > 1
+    guard = None if delta_low is None else ratio < bound(negative, delta_low, -math.inf)  # within left
+    return CEGPPORegions(left, right, dual, guard)
 
 
-def _per_row(condition: torch.Tensor, if_true: float, otherwise: float, like: torch.Tensor) -> torch.Tensor:
-    # A bound per advantage entry, in the ratio's dtype (a float32 0.8 is not a float64 0.8).
-    return torch.where(condition, like.new_tensor(if_true), like.new_tensor(otherwise))
+def _value_and_grad_weight(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    regions: CEGPPORegions,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None,
+    delta_low: float | None,
+    delta_low_mode: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The module table, row by row: the loss value and d(value)/d(logp) per token."""
+    left, right, dual, guard = regions
+    # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
+    # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
+    # where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
+    cap = torch.where(
+        adv < 0, adv.new_tensor(math.inf if delta is None else delta), adv.new_tensor(torch.finfo(adv.dtype).max)
+    )  # [B, 1]
+    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
+    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
+    # beta * bound * A * r / sg(r), evaluated without dividing by r). `left` needs A < 0 and `right` A > 0, so one
+    # select with the row's constant serves both.
+    clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
+    value = torch.where(left | right, clipped, value)  # [B, T]
+    grad_weight = value
+    cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
+    if guard is not None and delta_low_mode == "cutoff":
+        cut = guard if cut is None else cut | guard
+    if cut is not None:
+        grad_weight = torch.where(cut, 0.0, grad_weight)
+    if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
+        grad_weight = torch.where(guard, clipped * (ratio / delta_low), grad_weight)
+    return value, grad_weight
 
 
 @torch.no_grad()
@@ -71,145 +192,41 @@ def cegppo_regions(
     epsilon_low: float,
     epsilon_high: float,
     delta: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Boolean masks of the three special regions of the CE-GPPO objective.
+    delta_low: float | None = None,
+) -> CEGPPORegions:
+    """Boolean masks of the special regions of the CE-GPPO objective.
 
     Args:
         log_ratio: ``logp - old_logp``, shape ``(B, T)`` (or ``(B, 1)`` for sequence-level ratios).
         advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low: lower clip range ``eps_l``.
-        epsilon_high: upper clip range ``eps_h``.
-        delta: dual-clip constant ``c`` for negative advantages, or ``None``.
+        epsilon_low, epsilon_high, delta, delta_low: as in `cegppo_per_token_loss`.
 
     Returns:
-        ``(left, right, dual)``: NA&LP tokens below ``1 - eps_l`` (gradient scaled by ``beta1``), PA&LP tokens above
-        ``1 + eps_h`` (gradient scaled by ``beta2``), and negative-advantage tokens above ``delta`` (no gradient).
-        Each has the broadcast shape of ``log_ratio`` and ``advantages``.
+        `CEGPPORegions` ``(left, right, dual, guard)``.
     """
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
-    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
-    return left, right, torch.zeros_like(left) if dual is None else dual
-
-
-def _value_and_grad_weight(
-    per_token_logps: torch.Tensor,
-    old_per_token_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The table of the module docstring, row by row: the loss value and d(value)/d(logp) per token."""
-    ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
-    regions = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
-    return _table(ratio, adv, *regions, epsilon_low, epsilon_high, beta1, beta2, delta)
-
-
-def _table(ratio, adv, left, right, dual, epsilon_low, epsilon_high, beta1, beta2, delta):
-    # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. r is capped per row: at delta for A < 0
-    # (the dual clip's constant -delta * A; infinite without one) and at the largest finite float for A >= 0, so
-    # that A == 0 gives exactly 0 where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
-    cap = _per_row(adv < 0, torch.inf if delta is None else delta, torch.finfo(adv.dtype).max, adv)  # [B, 1]
-    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
-    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
-    # beta * bound * A * r / sg(r), evaluated without dividing by r).
-    # `left` needs A < 0 and `right` A > 0, so one select with the row's constant serves both.
-    bound_loss = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
-    value = torch.where(left | right, bound_loss, value)  # [B, T]
-    if dual is None:
-        return value, value
-    return value, torch.where(dual, 0.0, value)  # dual clip: the value above, no gradient
-
-
-# Names of `CEGPPODiagnostics.sums`, in order. Token counts and sums over the (masked) completion tokens.
-DIAGNOSTIC_SUMS = (
-    "left", "right", "dual", "ratio", "preserved_grad_weight", "grad_weight", "left_log_ratio", "tokens"
-)  # fmt: skip
-
-
-class CEGPPODiagnostics(NamedTuple):
-    """Local statistics of one micro-batch (one process): reduce `sums` with a sum, gather the other two.
-
-    Attributes:
-        sums: ``(8,)``, see `DIAGNOSTIC_SUMS`: tokens in each region, sum of the ratio, sum of ``|d loss / d logp|``
-            over preserved (left/right-clipped) tokens and over all tokens, sum of ``log r`` over left-clipped tokens
-            (how far β1 has pushed them below the rollout policy), and the token count.
-        per_sequence: ``(B, 2)``, share of each sequence's tokens in the left / right region (NaN for a sequence
-            without tokens), for TRL's ``clip_ratio/low_min`` and ``clip_ratio/high_max``.
-        extremes: ``(2,)``, ``(min ratio, -max ratio)`` (``inf`` without tokens): gather, then take the minimum.
-    """
-
-    sums: torch.Tensor
-    per_sequence: torch.Tensor
-    extremes: torch.Tensor
-
-
-@torch.no_grad()
-def cegppo_diagnostics(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None = None,
-) -> CEGPPODiagnostics:
-    """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
-
-    The gradient weight ``|d loss / d logp|`` is the kernel's own (`_value_and_grad_weight`), so its share on
-    preserved tokens is exactly what PPO's clip would have thrown away.
-
-    Args:
-        log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
-            once, if it has any token in `mask`).
-        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
-        epsilon_low, epsilon_high, beta1, beta2, delta: as in `cegppo_per_token_loss`.
-
-    Returns:
-        `CEGPPODiagnostics`.
-    """
-    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
-    left, right, dual = _regions(ratio, adv, epsilon_low, epsilon_high, delta)
-    # The kernel's own gradient weight, from the same ratio and regions.
-    _, grad_weight = _table(ratio, adv, left, right, dual, epsilon_low, epsilon_high, beta1, beta2, delta)
-    grad_weight = grad_weight.abs()  # [B, T]
-    if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
-        weight = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
-        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
-    else:
-        weight = mask.to(ratio.dtype)  # [B, T]
-    left, right = left.to(ratio.dtype), right.to(ratio.dtype)
-    dual = torch.zeros_like(left) if dual is None else dual.to(ratio.dtype)
-    preserved = (left + right) * grad_weight  # the regions are disjoint
-    left_log_ratio = left * log_ratio.to(ratio.dtype)
-    sums = torch.stack(
-        [(x * weight).sum() for x in (left, right, dual, ratio, preserved, grad_weight, left_log_ratio)]
-        + [weight.sum()]
-    )  # [8]
-    tokens_per_sequence = weight.sum(-1)  # [B]
-    per_sequence = torch.stack([(left * weight).sum(-1), (right * weight).sum(-1)], dim=1) / tokens_per_sequence[
-        :, None
-    ]  # [B, 2]; 0 / 0 = NaN for a sequence without tokens
-    valid = weight.bool()
-    extremes = torch.stack(
-        [torch.where(valid, ratio, torch.inf).amin(), -torch.where(valid, ratio, -torch.inf).amax()]
-    )  # [2]
-    return CEGPPODiagnostics(sums, per_sequence, extremes)
+    left, right, dual, guard = _regions(
+        ratio, adv, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low
+    )
+    off = torch.zeros_like(left)
+    return CEGPPORegions(left, right, off if dual is None else dual, off if guard is None else guard)
 
 
 class _CEGPPOLoss(torch.autograd.Function):
     """Single pass: forward returns the value and saves only d(value)/d(logp); backward is one multiply."""
 
     @staticmethod
-    def forward(ctx, per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta):
-        value, grad_weight = _value_and_grad_weight(
-            per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+    def forward(ctx, per_token_logps, old_per_token_logps, advantages, settings):
+        ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
+        regions = _regions(
+            ratio,
+            adv,
+            epsilon_low=settings["epsilon_low"],
+            epsilon_high=settings["epsilon_high"],
+            delta=settings["delta"],
+            delta_low=settings["delta_low"],
         )
+        value, grad_weight = _value_and_grad_weight(ratio, adv, regions, **settings)
         ctx.save_for_backward(grad_weight)
         ctx.logp_dtype = per_token_logps.dtype
         ctx.logp_shape = per_token_logps.shape
@@ -223,7 +240,7 @@ class _CEGPPOLoss(torch.autograd.Function):
         if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
             grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
         # Old log-probs and advantages are constants of the surrogate, as in PPO.
-        return grad_logps.to(ctx.logp_dtype), None, None, None, None, None, None, None
+        return grad_logps.to(ctx.logp_dtype), None, None, None
 
 
 def cegppo_per_token_loss(
@@ -236,6 +253,8 @@ def cegppo_per_token_loss(
     beta1: float,
     beta2: float,
     delta: float | None = None,
+    delta_low: float | None = None,
+    delta_low_mode: str = "cutoff",
 ) -> torch.Tensor:
     """Per-token CE-GPPO loss (to be minimised), before masking and aggregation.
 
@@ -243,7 +262,8 @@ def cegppo_per_token_loss(
     keep a bounded gradient, ``beta1 * (1 - epsilon_low) * A`` for negative-advantage tokens below the range (larger
     ``beta1`` -> entropy falls faster) and ``beta2 * (1 + epsilon_high) * A`` for positive-advantage tokens above it
     (larger ``beta2`` -> entropy falls slower). ``beta1 = beta2 = 0`` gives the PPO-clip gradient, ``beta1 = beta2 =
-    1`` the original GPPO (Klear-Reasoner), whose forward value equals PPO's.
+    1`` the original GPPO (Klear-Reasoner), whose forward value equals PPO's. Equal to `cegppo_objective`, the
+    definition, in value and gradient.
 
     Only ``per_token_logps`` receives a gradient; ``old_per_token_logps`` and ``advantages`` are constants.
 
@@ -259,10 +279,122 @@ def cegppo_per_token_loss(
         beta2: gradient scale of positive-advantage tokens clipped on the right (PA&LP), ``>= 0``.
         delta: dual-clip constant ``c > 1``: negative-advantage tokens with ``r > c`` get the constant ``-c * A``
             and no gradient. ``None`` disables it.
+        delta_low: left guard, ``0 < delta_low <= 1 - epsilon_low``: negative-advantage tokens with ``r <
+            delta_low`` keep the left-clipped value but a bounded gradient (`delta_low_mode`). ``None`` (the paper's
+            objective) disables it.
+        delta_low_mode: ``"cutoff"``: no gradient below ``delta_low``; ``"decay"``: the gradient weight
+            ``-beta1 * (1 - epsilon_low) * A * r / delta_low``, continuous at ``delta_low`` (with ``delta_low = 1 -
+            epsilon_low``: ``-beta1 * r * A``, the unclipped surrogate's decay).
 
     Returns:
         The per-token loss, shape ``broadcast(per_token_logps, advantages)``, dtype at least fp32.
     """
-    return _CEGPPOLoss.apply(
-        per_token_logps, old_per_token_logps, advantages, epsilon_low, epsilon_high, beta1, beta2, delta
+    check_left_guard(delta_low, delta_low_mode, epsilon_low)
+    settings = dict(
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        beta1=beta1,
+        beta2=beta2,
+        delta=delta,
+        delta_low=delta_low,
+        delta_low_mode=delta_low_mode,
     )
+    return _CEGPPOLoss.apply(per_token_logps, old_per_token_logps, advantages, settings)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Diagnostics: what the loss did to a micro-batch, by name
+# ---------------------------------------------------------------------------------------------------------------------
+class CEGPPODiagnostics(NamedTuple):
+    """Local statistics of one micro-batch (one process), each a 0-d tensor, grouped by how they combine across
+    processes: add the `sums`, take the minimum of the `minima` and the maximum of the `maxima`.
+
+    Attributes:
+        sums: over the (masked) completion tokens: ``tokens``; tokens in each region, ``left``, ``right``, ``dual``,
+            ``guard``; ``ratio``, the sum of ``r``; ``grad_weight`` and ``preserved_grad_weight``, the sum of
+            ``|d loss / d logp|`` over all tokens and over preserved (left/right-clipped) ones; ``left_log_ratio``,
+            the sum of ``log r`` over left-clipped tokens (how far β1 has pushed them below the rollout policy).
+        minima: ``ratio``, the smallest ``r``; ``left_share``, the smallest share of left-clipped tokens in a
+            sequence (TRL's ``clip_ratio/low_min``). ``inf`` without tokens.
+        maxima: ``ratio``, the largest ``r``; ``right_share``, the largest share of right-clipped tokens in a
+            sequence (TRL's ``clip_ratio/high_max``). ``-inf`` without tokens.
+    """
+
+    sums: dict[str, torch.Tensor]
+    minima: dict[str, torch.Tensor]
+    maxima: dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def cegppo_diagnostics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float,
+    epsilon_high: float,
+    beta1: float,
+    beta2: float,
+    delta: float | None = None,
+    delta_low: float | None = None,
+    delta_low_mode: str = "cutoff",
+    weights: torch.Tensor | None = None,
+) -> CEGPPODiagnostics:
+    """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
+
+    The gradient weight ``|d loss / d logp|`` is the kernel's own, times `weights`, so its share on preserved tokens
+    is exactly what PPO's clip would have thrown away of the gradient the model receives.
+
+    Args:
+        log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
+            once, if it has any token in `mask`).
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
+        epsilon_low, epsilon_high, beta1, beta2, delta, delta_low, delta_low_mode: as in `cegppo_per_token_loss`.
+        weights: non-negative factors the per-token loss is multiplied by before aggregation (TRL's off-policy mask,
+            entropy mask, vLLM importance-sampling ratio), broadcastable to ``(B, T)``; None for none.
+
+    Returns:
+        `CEGPPODiagnostics`.
+    """
+    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
+    settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
+    regions = _regions(ratio, adv, **settings)
+    _, grad_weight = _value_and_grad_weight(
+        ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
+    )
+    grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
+    if weights is not None:
+        grad_weight = grad_weight * weights  # [B, T]
+    if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
+        count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
+        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    else:
+        count = mask.to(ratio.dtype)  # [B, T]
+    off = torch.zeros_like(regions.left, dtype=ratio.dtype)
+    left, right, dual, guard = (off if region is None else region.to(ratio.dtype) for region in regions)
+    sums = dict(
+        tokens=torch.ones_like(count),
+        left=left,
+        right=right,
+        dual=dual,
+        guard=guard,
+        ratio=ratio,
+        grad_weight=grad_weight,
+        preserved_grad_weight=(left + right) * grad_weight,  # the regions are disjoint
+        left_log_ratio=left * log_ratio.to(ratio.dtype),
+    )
+    sums = {name: (x * count).sum() for name, x in sums.items()}
+    tokens_per_sequence = count.sum(-1)  # [B]; 0 / 0 = NaN below for a sequence without tokens, ignored
+    left_share = (left * count).sum(-1) / tokens_per_sequence  # [B]
+    right_share = (right * count).sum(-1) / tokens_per_sequence  # [B]
+    valid = count.bool()
+    minima = dict(
+        ratio=torch.where(valid, ratio, torch.inf).amin(),
+        left_share=torch.where(left_share.isnan(), torch.inf, left_share).amin(),
+    )
+    maxima = dict(
+        ratio=torch.where(valid, ratio, -torch.inf).amax(),
+        right_share=torch.where(right_share.isnan(), -torch.inf, right_share).amax(),
+    )
+    return CEGPPODiagnostics(sums, minima, maxima)

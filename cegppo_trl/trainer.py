@@ -21,7 +21,6 @@ import warnings
 import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
-from trl.trainer.utils import nanmax, nanmin
 
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
@@ -34,7 +33,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
-from .loss import DIAGNOSTIC_SUMS, cegppo_diagnostics, cegppo_per_token_loss
+from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
 
@@ -178,6 +177,9 @@ class CEGPPOTrainer(GRPOTrainer):
         self._schedules_checked_for = None
         self._unscorable_batches = 0  # consecutive training rollout batches without any reward
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
+        # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
+        self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
+        self._left_drift_window = [0.0, 0.0]  # sum of log r over left-clipped tokens, their count
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -212,12 +214,18 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # beta1 / beta2 for the current optimizer step
     # ------------------------------------------------------------------------------------------------------------
-    def cegppo_coefficients(self) -> dict[str, float | None]:
+    def cegppo_coefficients(self) -> dict[str, float | str | None]:
         """Keyword arguments of `cegppo_per_token_loss` at the current optimizer step: the clip range, this step's
-        (beta1, beta2) and the dual-clip constant."""
+        (beta1, beta2), the dual-clip constant and the left guard."""
         beta1, beta2 = self.current_gppo_betas()
         return dict(
-            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, beta1=beta1, beta2=beta2, delta=self.args.delta
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta1=beta1,
+            beta2=beta2,
+            delta=self.args.delta,
+            delta_low=self.args.delta_low,
+            delta_low_mode=self.args.delta_low_mode,
         )
 
     def current_gppo_betas(self) -> tuple[float, float]:
@@ -253,6 +261,8 @@ class CEGPPOTrainer(GRPOTrainer):
                 epsilon_low=self.epsilon_low,
                 epsilon_high=self.epsilon_high,
                 delta=args.delta,
+                delta_low=args.delta_low,  # None: the paper's objective, no left guard
+                **({} if args.delta_low is None else {"delta_low_mode": args.delta_low_mode}),
                 importance_sampling_level=args.importance_sampling_level,
                 entropy_controller=None if self.entropy_controller is None else self.entropy_controller.config.to_spec(),
                 sft_loss_coef=args.sft_loss_coef,
@@ -760,7 +770,17 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
             # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
             # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
-            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients)
+            # The factors TRL multiplies the per-token loss by also scale its gradient: the diagnostics weigh by them.
+            vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+            weights = None
+            for factor in (
+                off_policy_mask if self.off_policy_mask_threshold is not None else None,
+                entropy_mask,
+                inputs["importance_sampling_ratio"] if vllm_correction else None,
+            ):
+                if factor is not None:
+                    weights = factor if weights is None else weights * factor
+            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients, weights)
             # --- CE-GPPO end ---
         elif self.loss_type == "cispo":
             is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
@@ -770,9 +790,9 @@ class CEGPPOTrainer(GRPOTrainer):
 
         return loss
 
-    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients) -> None:
-        """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`: one `reduce` and two `gather`s
-        (each a host synchronisation) over all processes; TRL's `log()` then averages them over the logging window."""
+    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights=None) -> None:
+        """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`, combined over all processes in
+        one `gather` (one host synchronisation); TRL's `log()` then averages them over the logging window."""
         metrics = self._metrics[mode]
         metrics["cegppo/beta1"].append(coefficients["beta1"])
         metrics["cegppo/beta2"].append(coefficients["beta2"])
@@ -782,27 +802,95 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
-        diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients)
-        totals = dict(zip(DIAGNOSTIC_SUMS, self.accelerator.reduce(diagnostics.sums, reduction="sum").tolist()))
-        per_sequence = self.accelerator.gather(diagnostics.per_sequence)  # [B * processes, 2]
-        ratio_min, neg_ratio_max = self.accelerator.gather(diagnostics.extremes).view(-1, 2).amin(dim=0).tolist()
-        count = totals["tokens"]
+        sums, minima, maxima = self._combine_diagnostics(
+            cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights)
+        )
+        if mode == "train":
+            self._check_left_drift(sums, coefficients)
+        count = sums["tokens"]
         if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
             return
-        metrics["clip_ratio/low_mean"].append(totals["left"] / count)
-        metrics["clip_ratio/high_mean"].append(totals["right"] / count)
-        metrics["clip_ratio/region_mean"].append((totals["left"] + totals["right"]) / count)  # disjoint regions
-        metrics["clip_ratio/low_min"].append(nanmin(per_sequence[:, 0]).item())
-        metrics["clip_ratio/high_max"].append(nanmax(per_sequence[:, 1]).item())
-        metrics["cegppo/preserved/left_frac"].append(totals["left"] / count)
-        metrics["cegppo/preserved/right_frac"].append(totals["right"] / count)
-        if totals["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift
+        metrics["clip_ratio/low_mean"].append(sums["left"] / count)
+        metrics["clip_ratio/high_mean"].append(sums["right"] / count)
+        metrics["clip_ratio/region_mean"].append((sums["left"] + sums["right"]) / count)  # disjoint regions
+        metrics["clip_ratio/low_min"].append(minima["left_share"])
+        metrics["clip_ratio/high_max"].append(maxima["right_share"])
+        metrics["cegppo/preserved/left_frac"].append(sums["left"] / count)
+        metrics["cegppo/preserved/right_frac"].append(sums["right"] / count)
+        if sums["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift
             # far below log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
-            metrics["cegppo/preserved/left_log_ratio"].append(totals["left_log_ratio"] / totals["left"])
+            metrics["cegppo/preserved/left_log_ratio"].append(sums["left_log_ratio"] / sums["left"])
+        if coefficients["delta_low"] is not None:
+            metrics["cegppo/preserved/left_guard_frac"].append(sums["guard"] / count)
         # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
-        share = totals["preserved_grad_weight"] / max(totals["grad_weight"], 1e-12)
-        metrics["cegppo/preserved/grad_share"].append(share)
-        metrics["cegppo/dual_clip_frac"].append(totals["dual"] / count)
-        metrics["cegppo/ratio/min"].append(ratio_min)
-        metrics["cegppo/ratio/mean"].append(totals["ratio"] / count)
-        metrics["cegppo/ratio/max"].append(-neg_ratio_max)
+        metrics["cegppo/preserved/grad_share"].append(sums["preserved_grad_weight"] / max(sums["grad_weight"], 1e-12))
+        metrics["cegppo/dual_clip_frac"].append(sums["dual"] / count)
+        metrics["cegppo/ratio/min"].append(minima["ratio"])
+        metrics["cegppo/ratio/mean"].append(sums["ratio"] / count)
+        metrics["cegppo/ratio/max"].append(maxima["ratio"])
+
+    def _combine_diagnostics(self, diagnostics: CEGPPODiagnostics) -> tuple[dict[str, float], ...]:
+        """`(sums, minima, maxima)` over all processes, from one gather of the named local values."""
+        sums, minima, maxima = diagnostics
+        local = torch.stack([*sums.values(), *minima.values(), *(-x for x in maxima.values())])  # [n]
+        gathered = self.accelerator.gather(local).view(-1, local.numel())  # [processes, n]
+        n_sums = len(sums)
+        values = gathered[:, :n_sums].sum(0).tolist() + gathered[:, n_sums:].amin(0).tolist()
+        combined = dict(zip([*sums, *(f"min/{k}" for k in minima), *(f"max/{k}" for k in maxima)], values))
+        return (
+            {k: combined[k] for k in sums},
+            {k: combined[f"min/{k}"] for k in minima},
+            {k: -combined[f"max/{k}"] for k in maxima},
+        )
+
+    def _check_left_drift(self, sums: dict[str, float], coefficients) -> None:
+        """Warn, once per episode, when an optimizer step's mean left-clipped log r falls below `left_drift_warning`.
+
+        `sums` are combined over all processes, so every process takes the same decision."""
+        if self.left_drift_alarm is None:
+            return
+        self._left_drift_window[0] += sums["left_log_ratio"]
+        self._left_drift_window[1] += sums["left"]
+        if not self.accelerator.sync_gradients:  # within the optimizer step's gradient accumulation
+            return
+        log_ratio_sum, left = self._left_drift_window
+        self._left_drift_window = [0.0, 0.0]
+        value = log_ratio_sum / left if left > 0 else None
+        if not self.left_drift_alarm.update(value):
+            return
+        args = self.args
+        steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
+        delta_low = coefficients["delta_low"]
+        guard = f"a larger `delta_low` (now {delta_low:g})" if delta_low else "the left guard `delta_low` (e.g. 0.25)"
+        logger.warning(
+            f"cegppo/preserved/left_log_ratio = {value:.2f} at step {self.state.global_step + 1} is below "
+            f"`left_drift_warning` = {self.left_drift_alarm.threshold:g}: left-clipped negative-advantage tokens are "
+            "being pushed far below the rollout policy, which preceded most collapses in docs/entropy-study.md. "
+            f"Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate (now "
+            f"{args.learning_rate:g}), or a smaller `gppo_beta1` (now {coefficients['beta1']:g}) or {guard}. "
+            "Not repeated until the value is back above the threshold; `left_drift_warning=None` disables it.",
+            main_process_only=True,
+        )
+
+
+class LeftDriftAlarm:
+    """Once-per-episode alarm on the mean left-clipped log-ratio of each optimizer step.
+
+    Fires on the first step of an episode of drift (a value below `threshold`), stays silent while the drift lasts,
+    and re-arms once a step's value is back at or above the threshold. A step without left-clipped tokens (`None`)
+    says nothing either way and leaves the state as it is.
+    """
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+        self.armed = True
+
+    def update(self, value: float | None) -> bool:
+        """Record one optimizer step's value; True when the warning should be given now."""
+        if value is None:
+            return False
+        if value < self.threshold:
+            fire, self.armed = self.armed, False
+            return fire
+        self.armed = True
+        return False

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch.testing import assert_close
 
-from cegppo_trl.loss import DIAGNOSTIC_SUMS, cegppo_diagnostics
+from cegppo_trl.loss import cegppo_diagnostics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
 
 
-def named(sums: torch.Tensor) -> dict[str, float]:
-    return dict(zip(DIAGNOSTIC_SUMS, sums.tolist()))
+def named(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    assert all(x.dim() == 0 for x in sums.values())
+    return {name: x.item() for name, x in sums.items()}
 
 
 def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation():
@@ -38,14 +40,18 @@ def test_token_level_sums_per_sequence_shares_and_extremes_match_hand_derivation
         grad_weight=0.4 + 1 + 0 + 1.8 + 2 / e,
         left_log_ratio=-1.0,  # the one left-clipped token's log r
         tokens=5.0,
+        guard=0.0,  # no delta_low
     )
     got = named(diag.sums)
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert math.isclose(got[key], value, rel_tol=1e-6), (key, got[key], value)
-    assert_close(diag.per_sequence, torch.tensor([[1 / 3, 0.0], [0.0, 1 / 2]]))
+    # Per-sequence shares of left / right tokens: row 0 1/3 / 0, row 1 0 / 1/2; the smallest left, the largest right.
+    assert diag.minima["left_share"].item() == 0.0
+    assert_close(diag.maxima["right_share"], torch.tensor(0.5))
     # The padding token's r = e^5 is masked out: max is e, min 1/e.
-    assert_close(diag.extremes, torch.tensor([1 / e, -e]))
+    assert_close(diag.minima["ratio"], torch.tensor(1 / e))
+    assert_close(diag.maxima["ratio"], torch.tensor(e))
 
 
 def test_masked_out_rows_count_nowhere_and_give_nan_shares():
@@ -57,8 +63,10 @@ def test_masked_out_rows_count_nowhere_and_give_nan_shares():
     diag = cegppo_diagnostics(log_ratio, advantages, mask, **KWARGS)
     got = named(diag.sums)
     assert got["tokens"] == 2.0 and got["left"] == 1.0 and got["right"] == 0.0
-    assert torch.isnan(diag.per_sequence[1]).all()
-    assert_close(diag.extremes, torch.tensor([math.exp(-1.0), -1.0]))
+    # The empty row is no sequence: the shares are those of row 0 alone (1/2 left, 0 right), not 0 / 0.
+    assert diag.minima["left_share"].item() == 0.5 and diag.maxima["right_share"].item() == 0.0
+    assert_close(diag.minima["ratio"], torch.tensor(math.exp(-1.0)))
+    assert diag.maxima["ratio"].item() == 1.0
 
 
 def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
@@ -73,8 +81,7 @@ def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
     assert got["left_log_ratio"] == -1.0  # row 0 once; row 1 is right-clipped and has no tokens anyway
     assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
     assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
-    assert_close(diag.per_sequence[0], torch.tensor([1.0, 0.0]))
-    assert torch.isnan(diag.per_sequence[1]).all()
+    assert diag.minima["left_share"].item() == 1.0 and diag.maxima["right_share"].item() == 0.0
 
 
 def test_without_delta_no_token_is_dual_clipped():
@@ -83,3 +90,70 @@ def test_without_delta_no_token_is_dual_clipped():
     got = named(diag.sums)
     assert got["dual"] == 0.0 and got["preserved_grad_weight"] == 0.0
     assert math.isclose(got["grad_weight"], math.exp(5.0), rel_tol=1e-6)
+
+
+def test_grad_share_weighs_tokens_by_the_factors_the_loss_is_multiplied_by():
+    # The trainer multiplies the per-token loss by the off-policy mask, the entropy mask and the vLLM IS ratio
+    # before aggregating: the gradient share must be that of the loss the model receives, Σ|∂L/∂logp| over preserved
+    # tokens / over all, with L = Σ loss * weights * mask (autograd below). Row 0 (A = -1): left-clipped 1/e, inside,
+    # inside; row 1 (A = +1): right-clipped e, inside, padding. The weights silence the inside tokens of row 0 and
+    # halve the right-clipped one: unweighted the share would be (0.4 + 0.9) / (0.4 + 2 + 0.9 + 1), weighted it is
+    # (0.4 + 0.45) / (0.4 + 0.45 + 1).
+    from cegppo_trl.loss import cegppo_per_token_loss
+
+    log_ratio = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 3.0]], requires_grad=True)
+    advantages = torch.tensor([-1.0, 1.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    weights = torch.tensor([[1.0, 0.0, 0.0], [0.5, 1.0, 1.0]])  # e.g. entropy mask x IS ratio
+    kwargs = {**KWARGS, "beta2": 0.75, "delta": None}
+    loss = (cegppo_per_token_loss(log_ratio, torch.zeros(()), advantages, **kwargs) * weights * mask).sum()
+    (grad,) = torch.autograd.grad(loss, log_ratio)
+    preserved = torch.tensor([[True, False, False], [True, False, False]])
+    expected = grad.abs()[preserved].sum() / (grad.abs() * mask).sum()
+    assert math.isclose(expected.item(), 0.85 / 1.85, rel_tol=1e-6)
+    diag = cegppo_diagnostics(log_ratio.detach(), advantages, mask, **kwargs, weights=weights)
+    share = diag.sums["preserved_grad_weight"] / diag.sums["grad_weight"]
+    assert_close(share, expected)
+    unweighted = cegppo_diagnostics(log_ratio.detach(), advantages, mask, **kwargs)
+    assert not math.isclose(unweighted.sums["preserved_grad_weight"] / unweighted.sums["grad_weight"], share.item())
+
+
+def test_trainer_grad_share_is_that_of_the_loss_with_entropy_mask_off_policy_mask_and_is_ratio(make_trainer):
+    # `cegppo/preserved/grad_share` through `_compute_loss` with the three weighting features on, against autograd on
+    # the loss they define (the definition of the objective, times TRL's entropy mask, off-policy mask and IS ratio).
+    from helpers.batches import loss_and_grads, make_offpolicy_batch
+    from helpers.reference import reference_per_token_loss
+
+    trainer = make_trainer(gppo_beta1=0.5, gppo_beta2=1.0, top_entropy_quantile=0.5, off_policy_mask_threshold=0.05)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the loss path only; no vLLM needed
+    batch = make_offpolicy_batch(trainer, seed=1)
+    is_ratio = torch.rand(batch["completion_mask"].shape, generator=torch.Generator().manual_seed(2))
+    batch["importance_sampling_ratio"] = 0.5 + is_ratio  # pi_train / pi_vllm, in [0.5, 1.5)
+    loss_and_grads(trainer, batch)
+    logged = trainer._metrics["train"]["cegppo/preserved/grad_share"][-1]
+
+    mask = batch["completion_mask"]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    att = torch.cat([batch["prompt_mask"], mask], 1)
+    with torch.no_grad():
+        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, att, 7, compute_entropy=True
+        )
+    logp.requires_grad_()
+    old, adv = batch["old_per_token_logps"], batch["advantages"]
+    entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 0.5)
+    off_policy_mask = trainer.get_off_policy_mask(
+        advantages=adv[:, None], per_token_logps=logp.detach(), sampling_per_token_logps=old, mask=mask,
+        off_policy_threshold=0.05,
+    )  # fmt: skip
+    assert 0 < off_policy_mask.sum() < off_policy_mask.numel() and 0 < entropy_mask.sum() < mask.sum()
+    per_token, left, right = reference_per_token_loss(logp, old, adv, 0.5, 1.0)
+    weights = off_policy_mask * entropy_mask * batch["importance_sampling_ratio"]
+    valid, preserved = mask.bool(), (left | right) & mask.bool()
+
+    def share(loss: torch.Tensor) -> float:
+        (grad,) = torch.autograd.grad(loss, logp, retain_graph=True)
+        return (grad.abs()[preserved].sum() / grad.abs()[valid].sum()).item()
+
+    assert logged == pytest.approx(share((per_token * weights * mask).sum()), rel=1e-5)
+    assert logged != pytest.approx(share((per_token * mask).sum()), rel=1e-3)  # what the metric used to report

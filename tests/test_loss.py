@@ -136,7 +136,7 @@ def test_all_regions_in_one_batch():
     expected_grad = torch.tensor([[0.4, e01, e, 0.0], [-1 / e, -e01, -0.9, -0.9], [0.0, 0.0, 0.0, 0.0]])
     assert_close(loss, expected_loss)
     assert_close(grad, expected_grad)
-    left, right, dual = cegppo_regions(logp - 0.0, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=10.0)
+    left, right, dual, _ = cegppo_regions(logp - 0.0, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=10.0)
     assert left.tolist() == [[True, False, False, False], [False] * 4, [False] * 4]
     assert right.tolist() == [[False] * 4, [False, False, True, True], [False] * 4]
     assert dual.tolist() == [[False, False, False, True], [False] * 4, [False] * 4]
@@ -164,12 +164,12 @@ def test_ratio_exactly_on_a_bound_is_not_clipped():
     loss, grad = loss_and_grad(log_ratio, torch.zeros(3, 1), adv, **bounds)
     assert_close(loss, r * 1.0 * torch.tensor([[1.0], [-1.0], [1.0]]), rtol=0, atol=0)
     assert_close(grad, loss, rtol=0, atol=0)
-    left, right, dual = cegppo_regions(log_ratio, adv, **bounds)
+    left, right, dual, _ = cegppo_regions(log_ratio, adv, **bounds)
     assert not (left.any() or right.any() or dual.any())
 
 
 def test_regions_without_delta_has_empty_dual_mask():
-    left, right, dual = cegppo_regions(
+    left, right, dual, _ = cegppo_regions(
         torch.tensor([[-1.0, 3.0]]), torch.tensor([-1.0]), epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH
     )
     assert left.tolist() == [[True, False]] and not right.any() and not dual.any()
@@ -198,7 +198,7 @@ def test_unit_betas_are_gppo_whose_value_equals_ppo(delta):
     loss, grad = loss_and_grad(logp, old, adv, beta1=1.0, beta2=1.0, delta=delta)
     ppo = ppo_clip_loss(logp, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
     assert_close(loss, ppo)
-    _, _, dual = cegppo_regions(logp - old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
+    _, _, dual, _ = cegppo_regions(logp - old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
     assert_close(grad, torch.where(dual, 0.0, loss))
 
 
