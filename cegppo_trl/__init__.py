@@ -5,19 +5,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 
 # Imported on first use: `cegppo --help` and `cegppo rewards` must not pay for importing TRL and torch (~10 s).
 _LAZY = {
     "CEGPPOConfig": ".config",
     "CEGPPOTrainer": ".trainer",
+    "cegppo_objective": ".loss",
     "cegppo_per_token_loss": ".loss",
     "cegppo_regions": ".loss",
 }
 
 if TYPE_CHECKING:
     from .config import CEGPPOConfig
-    from .loss import cegppo_per_token_loss, cegppo_regions
+    from .loss import cegppo_objective, cegppo_per_token_loss, cegppo_regions
     from .trainer import CEGPPOTrainer
 
 
@@ -33,4 +34,4 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_per_token_loss", "cegppo_regions"]
+__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_objective", "cegppo_per_token_loss", "cegppo_regions"]

@@ -24,6 +24,8 @@ RESUME_COMPARED_FIELDS = (
     "gppo_beta1_schedule",
     "gppo_beta2_schedule",
     "entropy_controller",
+    "delta_low",
+    "delta_low_mode",
     "max_steps",
 )
 

@@ -27,6 +27,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     FRESH_CONTROLLER_ANNOUNCED,
     finished_resume_message,
     fresh_controller_note,
+    last_complete_checkpoint,
     read_state,
     state_record,
     write_state,
@@ -305,6 +306,26 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, except that `resume_from_checkpoint=True` resumes the newest *complete* checkpoint of
+        `output_dir` (transformers' picks the highest-numbered folder, even one a killed run left half-written)."""
+        if resume_from_checkpoint is True:
+            last, skipped = last_complete_checkpoint(self.args.output_dir)
+            if last is None:
+                raise ValueError(
+                    f"`resume_from_checkpoint=True` but {self.args.output_dir} has no complete `checkpoint-*` folder"
+                    + (f" (incomplete: {', '.join(os.path.basename(s) for s in skipped)})" if skipped else "")
+                    + ". Give a checkpoint path, or train without resuming."
+                )
+            if skipped:
+                logger.warning(
+                    f"Resuming from {last}, the newest complete checkpoint; skipped the newer incomplete "
+                    + "; ".join(f"{os.path.basename(s)} ({reason})" for s, reason in skipped.items())
+                    + ", which a run was writing when it stopped."
+                )
+            resume_from_checkpoint = last
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
     def _save_checkpoint(self, model, trial):
         # `cegppo_state.json` (the CE-GPPO settings a resumed run is compared with, and the controller state) is
         # written before `super()`, which pushes the finished folder to the Hub (hub_strategy "checkpoint" /

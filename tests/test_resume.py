@@ -313,3 +313,28 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     assert f"skipped the newer incomplete {partial.name} (trainer_state.json is missing)" in caplog.text
     assert trainer.state.global_step == step
     assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
+
+
+def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, monkeypatch):
+    # transformers' `train(resume_from_checkpoint=True)` takes the highest-numbered folder, even a half-written one.
+    import types
+
+    from accelerate import PartialState
+    from trl import GRPOTrainer
+
+    from cegppo_trl import CEGPPOTrainer
+
+    PartialState()  # the trainer's accelerate logger needs it
+    _fake_checkpoint(tmp_path, 3)
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
+    received = []
+    monkeypatch.setattr(GRPOTrainer, "train", lambda self, checkpoint, *rest, **kw: received.append(checkpoint))
+    trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args.output_dir` is read before `super().train`
+    trainer.args = types.SimpleNamespace(output_dir=str(tmp_path))
+    CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
+    assert received == [str(tmp_path / "checkpoint-3")]
+
+    (tmp_path / "checkpoint-3" / "trainer_state.json").unlink()
+    with pytest.raises(ValueError, match=r"has no complete `checkpoint-\*` folder \(incomplete: checkpoint-4, "):
+        CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
