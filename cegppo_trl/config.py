@@ -83,13 +83,8 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta1: float = field(
         default=0.5,
         metadata={
-            "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (NA&LP). "
-            "Larger beta1 makes policy entropy fall faster (exploitation). Paper default 0.5; 0.75 for 7B. "
-            "Caution: beta1 > 0 keeps pushing left-clipped tokens down, with no trust region on that side. In a "
-            "small study (tiny model, docs/entropy-study.md) beta1 = 0.5 trained close to GRPO at lr 1e-4 or with 2 "
-            "optimizer steps per rollout batch, but lost accuracy at lr 3e-4 with 4 steps and collapsed with 8, where "
-            "GRPO did not; beta1 = 1 failed sooner. With many steps per batch or a large lr, start from 0 and watch "
-            "cegppo/preserved/left_log_ratio (a drift below about -1.5 preceded most collapses)."
+            "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (entropy falls "
+            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: docs/entropy-study.md."
         },
     )
     gppo_beta2: float = field(
@@ -103,9 +98,8 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta1_schedule: str | None = field(
         default=None,
         metadata={
-            "help": "Schedule of beta1 over optimizer steps, one string; overrides `gppo_beta1` when set. E.g. "
-            "'piecewise:0@0,0.5@585' (the paper's explore-then-exploit switch), 'linear:0->0.5@10%-60%', "
-            "'cosine:1->0.5', 'exp:1->0.1', 'warmup:0->0.5@50'. See docs/schedules.md."
+            "help": "Schedule of beta1 over optimizer steps (one string, e.g. 'piecewise:0,0.5@58.5%'); overrides "
+            "`gppo_beta1`. Syntax: docs/schedules.md."
         },
     )
     gppo_beta2_schedule: str | None = field(
@@ -115,19 +109,15 @@ class CEGPPOConfig(GRPOConfig):
     entropy_controller: str | None = field(
         default=None,
         metadata={
-            "help": "Closed-loop entropy control: keep the mean token entropy in a band by moving beta1/beta2 around "
-            "their (scheduled) nominal values. One string, e.g. 'band=0.3-0.6,step=0.05,mode=both,beta1=0-1,"
-            "beta2=0.5-1.5,every=10'. None disables it. See docs/schedules.md."
+            "help": "Keep the mean token entropy in a band by moving beta1/beta2 around their scheduled values, e.g. "
+            "'band=0.3-0.6,every=10'. None disables it. See docs/schedules.md."
         },
     )
     sft_loss_coef: float = field(
         default=0.0,
         metadata={
-            "help": "Coefficient of the SFT term on correct rollouts (Klear-Reasoner's 'RL with SFT loss', in every "
-            "official CE-GPPO recipe with 0.1): adds coef x the negative log-likelihood of the completions judged "
-            "correct, aggregated like the policy loss (`loss_type`; `bnpo`: token-mean) and normalised by the correct "
-            "sequences / tokens of the whole rollout batch, so it does not depend on the micro-batch split. 0 "
-            "disables it."
+            "help": "Coefficient of the authors' SFT term: NLL of the completions judged correct, aggregated like the policy "
+            "loss over the rollout batch (recipes: 0.1). See docs/configuration.md."
         },
     )
     sft_reward_threshold: float | None = field(
@@ -161,10 +151,8 @@ class CEGPPOConfig(GRPOConfig):
     dynamic_sampling: bool = field(
         default=False,
         metadata={
-            "help": "Drop prompt groups whose TRL advantages are all zero (uninformative) from the loss, its "
-            "normalisers, the metrics, the entropy controller and the entropy bonus, as in DAPO and the CE-GPPO "
-            "recipes. Groups are not refilled with new generations (the authors' `max_num_gen_batches=1`). "
-            "Training only; evaluation keeps every group."
+            "help": "Drop prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as the "
+            "authors' recipes do (no refill). Training only. See docs/configuration.md."
         },
     )
 

@@ -138,3 +138,17 @@ def test_controller_bounds_that_exclude_the_configured_beta_are_refused(tmp_path
 )
 def test_controller_bounds_that_contain_the_configured_betas_are_accepted(tmp_path, fields):
     make(tmp_path, **fields)
+
+
+def test_every_cegppo_field_has_a_help_string_of_at_most_two_lines():
+    # `--help` prints these; detail belongs in the docs they link to.
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
+    added = [f for f in dataclasses.fields(CEGPPOConfig) if f.name not in inherited]
+    assert {"gppo_beta1", "gppo_beta2", "delta_low", "left_drift_warning"} <= {f.name for f in added}
+    too_long = {f.name: len(f.metadata["help"]) for f in added if len(f.metadata.get("help", "")) > 2 * 119}
+    assert not too_long, too_long
+    assert all(f.metadata.get("help") for f in added)
