@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .config import CEGPPOConfig
+from .distributed import check_distributed_engine
 from .rewards import REWARD_FUNCS, get_reward_func
 
 if TYPE_CHECKING:
@@ -313,6 +314,7 @@ def main(
     check_model_path(model_args.model_name_or_path)
     check_quantization(model_args)
     check_launch(training_args)
+    check_distributed_engine(training_args)
     training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
     if training_args.resume_from_checkpoint is not None:
         warn_on_changed_settings(training_args.resume_from_checkpoint, training_args)
