@@ -62,4 +62,5 @@ def ddp_two_process_run(tmp_path_factory):
     from helpers.mp_launch import TORCHRUN, free_port, run
 
     tmp = tmp_path_factory.mktemp("ddp")
-    return run([str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())], tmp, ACCELERATE_USE_CPU="1")
+    torchrun = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())]
+    return run(torchrun, tmp, ACCELERATE_USE_CPU="1")

@@ -29,6 +29,7 @@ from helpers.mp_launch import (
     ZERO2_ATOL,
     cpu_accelerate_config,
     free_port,
+    launch,
     load,
     run,
     same_training,
@@ -40,6 +41,13 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.distributed import check_distributed_engine
 
 DAPO = {"loss_types": ["dapo"]}
+# What a CPU rehearsal overrides in a GPU recipe (docs/usage.md): device and precision, no vLLM, short completions, a
+# batch layout for 2 processes, 2 steps.
+REHEARSAL_FLAGS = [
+    "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false",
+    "--solution_column", "solution", "--max_completion_length", "16", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+    "--steps_per_generation", "2", "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
+]  # fmt: skip
 
 
 def _accelerate_launch(config, *extra: str) -> list[str]:
@@ -109,6 +117,36 @@ def test_two_nodes_on_loopback_train_what_one_node_trains(tmp_path, ddp_two_proc
     assert _engine(tmp_path)["num_processes"] == 2
     two_nodes = load(tmp_path, ["dapo"])["dapo"]
     same_training("two nodes", ddp_two_process_run["dapo"], two_nodes, atol=0.0, metric_rtol=0.0, metric_atol=0.0)
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_of_the_7b_recipe_under_zero3(tmp_path):
+    # docs/usage.md, "Rehearse on CPU": the shipped recipe and accelerate config, a tiny model, 2 steps. The model is
+    # loaded partition by partition (`zero3_init_flag`), generates through TRL's ZeRO-3 gather, and is saved whole.
+    from safetensors.torch import load_file
+
+    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = cpu_accelerate_config("deepspeed_zero3.yaml", tmp_path)
+    argv = _accelerate_launch(config) + [
+        str(REPO / "examples" / "cegppo.py"), "--config", str(REPO / "examples/recipes/cegppo_r1_distill_7b.yaml"),
+        *REHEARSAL_FLAGS, "--model_name_or_path", str(tmp_path / "tiny"),
+        "--dataset_name", str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    wait([launch(argv, tmp_path)])
+    log = (tmp_path / "output_0.txt").read_text()
+    assert log.count("'cegppo/beta1': '0.75'") == 2  # two optimizer steps with the recipe's beta1
+    # Warm-up keeps the learning rate at ~0 for these steps: what was saved is what was loaded, so neither the
+    # partitioned load nor the gathered save lost or re-initialised a weight.
+    before, after = (load_file(tmp_path / d / "model.safetensors") for d in ("tiny", "out"))
+    assert sorted(after) == sorted(before)
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=1e-6, msg=name)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,18 +222,20 @@ def test_engine_flags_not_spelled_true_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shipped", ["deepspeed_zero2.yaml", "fsdp2.yaml"])
-def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path, shipped):
-    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU.
-    config = cpu_accelerate_config(shipped, tmp_path)
-    env = {"ACCELERATE_USE_CPU": "1"} if shipped.startswith("deepspeed") else {}
-    proc = start(_accelerate_launch(config), tmp_path, DAPO, **env)
-    proc.wait(timeout=300)
-    output = proc.log_path.read_text()
-    assert proc.returncode != 0
-    expected = "makes accelerate skip DeepSpeed" if env else "accelerate cannot shard on CPU"
-    assert expected in output, output[-3000:]
-    assert not (tmp_path / "params_dapo.pt").exists()
+def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path):
+    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU. One process
+    # each (refused before a second would matter), both at once.
+    cases = {"deepspeed_zero2.yaml": "makes accelerate skip DeepSpeed", "fsdp2.yaml": "accelerate cannot shard on CPU"}
+    procs = {}
+    for shipped in cases:
+        config = cpu_accelerate_config(shipped, tmp_path / shipped, num_processes=1)
+        env = {"ACCELERATE_USE_CPU": "1"} if shipped.startswith("deepspeed") else {}
+        procs[shipped] = start(_accelerate_launch(config), tmp_path / shipped, DAPO, **env)
+    for shipped, proc in procs.items():
+        proc.wait(timeout=300)
+        output = proc.log_path.read_text()
+        assert proc.returncode != 0 and cases[shipped] in output, output[-3000:]
+        assert not (tmp_path / shipped / "params_dapo.pt").exists()
 
 
 def test_cpu_rehearsal_config_keeps_the_shipped_settings(tmp_path):

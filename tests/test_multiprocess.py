@@ -25,7 +25,8 @@ from helpers.mp_launch import LAYOUT_ATOL, METRIC_RTOL, run, same_training
 def test_two_processes_match_one_process(tmp_path, ddp_two_process_run):
     single = run([sys.executable], tmp_path / "single", ACCELERATE_USE_CPU="1")
     for loss_type in ("dapo", "grpo"):  # token-count and sequence-count normalisers
-        same_training(loss_type, single[loss_type], ddp_two_process_run[loss_type], atol=LAYOUT_ATOL, metric_rtol=METRIC_RTOL)
+        ddp = ddp_two_process_run[loss_type]
+        same_training(loss_type, single[loss_type], ddp, atol=LAYOUT_ATOL, metric_rtol=METRIC_RTOL)
         # The off-policy steps actually clipped and preserved something.
         off_policy = [h for h in single[loss_type][1] if "cegppo/beta1" in h][1::2]
         assert all(h["cegppo/ratio/max"] > 1.0 and h["cegppo/preserved/grad_share"] > 0 for h in off_policy)

@@ -50,13 +50,15 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 def start(cmd: list[str], tmp: Path, spec: dict | None = None, **env: str) -> subprocess.Popen:
     """Start the worker under `cmd` (a launcher prefix) writing into `tmp`; its output goes to a log file there."""
+    return launch([*cmd, str(WORKER), str(tmp), json.dumps(spec or {})], tmp, **env)
+
+
+def launch(argv: list[str], tmp: Path, **env: str) -> subprocess.Popen:
+    """Start `argv` with `launch_env(**env)`; its output goes to `tmp/output_<n>.txt` (`proc.log_path`)."""
     tmp.mkdir(parents=True, exist_ok=True)
     log_path = tmp / f"output_{len(list(tmp.glob('output_*.txt')))}.txt"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [*cmd, str(WORKER), str(tmp), json.dumps(spec or {})], env=launch_env(**env), stdout=log,
-            stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+        proc = subprocess.Popen(argv, env=launch_env(**env), stdout=log, stderr=subprocess.STDOUT, text=True)
     proc.log_path = log_path
     return proc
 
@@ -87,7 +89,7 @@ def load(tmp: Path, loss_types) -> dict[str, tuple[dict, list]]:
 
 
 def cpu_accelerate_config(shipped: str, tmp: Path, num_processes: int = 2) -> Path:
-    """The CPU copy of `accelerate_configs/<shipped>` (`cpu_rehearsal_config`): a broken shipped file fails the test."""
+    """The CPU copy of `accelerate_configs/<shipped>` (`cpu_rehearsal_config`): a broken shipped file fails tests."""
     return cpu_rehearsal_config(REPO / "accelerate_configs" / shipped, tmp / f"cpu_{shipped}", num_processes)
 
 

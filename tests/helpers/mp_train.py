@@ -101,22 +101,25 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         # Each rank holds a shard of every parameter (ZeRO-3), not a replica: the module's tensors are empty.
         params = list(trainer.model.parameters())
         shards = [(p.numel(), p.ds_numel, p.ds_tensor.numel()) for p in params if hasattr(p, "ds_tensor")]
-        with open(os.path.join(out_dir, f"partition_{loss_type}_rank{trainer.accelerator.process_index}.json"), "w") as f:
+        rank = trainer.accelerator.process_index
+        with open(os.path.join(out_dir, f"partition_{loss_type}_rank{rank}.json"), "w") as f:
             json.dump({"params": len(params), "shards": shards}, f)
     state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective under ZeRO-3: gathers shards
     if trainer.accelerator.is_main_process:
-        torch.save({k: v.detach().cpu().float() for k, v in state.items()}, os.path.join(out_dir, f"params_{loss_type}.pt"))
+        params = {k: v.detach().cpu().float() for k, v in state.items()}
+        torch.save(params, os.path.join(out_dir, f"params_{loss_type}.pt"))
         with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
         with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
             json.dump(trainer.entropy_controller.state_dict(), f)
         plugin = trainer.accelerator.state.deepspeed_plugin
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper, if any
         with open(os.path.join(out_dir, f"engine_{loss_type}.json"), "w") as f:
             json.dump({
                 "distributed_type": str(trainer.accelerator.distributed_type),
                 "num_processes": trainer.accelerator.num_processes,
                 "zero_stage": None if plugin is None else plugin.zero_stage,
-                "optimizer": type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
+                "optimizer": type(optimizer).__name__,
             }, f)  # fmt: skip
     trainer.accelerator.wait_for_everyone()
 
