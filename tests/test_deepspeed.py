@@ -45,8 +45,9 @@ DAPO = {"loss_types": ["dapo"]}
 # batch layout for 2 processes, 2 steps.
 REHEARSAL_FLAGS = [
     "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false",
-    "--solution_column", "solution", "--max_completion_length", "16", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
-    "--steps_per_generation", "2", "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
+    "--solution_column", "solution", "--max_completion_length", "16", "--per_device_train_batch_size", "4",
+    "--gradient_accumulation_steps", "1", "--steps_per_generation", "2", "--max_steps", "2", "--logging_steps", "1",
+    "--save_strategy", "no",
 ]  # fmt: skip
 
 
