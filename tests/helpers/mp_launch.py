@@ -42,6 +42,8 @@ def free_port() -> int:
 def launch_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "DS_ACCELERATOR": "cpu"}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(TORCH_EXTENSIONS_DIR))
+    # The JIT compile calls `ninja` by name: the `ninja` package's binary sits beside this interpreter.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     # The accelerate launcher's own env flags must come from the launch line only.
     for key in [k for k in env if k.startswith(("ACCELERATE_", "FSDP_"))]:
         del env[key]
