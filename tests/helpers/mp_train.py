@@ -40,6 +40,12 @@ def main(out_dir: str, spec: dict) -> None:
     # without an active exception" while the other still holds the connection.
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    # Under DeepSpeed a rank still aborted at interpreter exit ("terminate called without an active exception",
+    # 1 of about 12 launches, after every output was written): leave without running the C++ destructors, so the
+    # exit code reports the training, which is what the tests check.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train(out_dir: str, loss_type: str, spec: dict) -> None:
