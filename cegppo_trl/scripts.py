@@ -29,6 +29,7 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     remove_checkpoints,
 )
 from .config import CEGPPOConfig
+from .distributed import check_distributed_engine
 from .resources import resolve_config_args
 from .rewards import REWARD_FUNCS, get_reward_func
 
@@ -326,6 +327,7 @@ def main(
     check_model_path(model_args.model_name_or_path)
     check_quantization(model_args)
     check_launch(training_args)
+    check_distributed_engine(training_args)
     training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is not None:

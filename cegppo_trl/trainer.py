@@ -34,6 +34,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
+from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
@@ -163,6 +164,7 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
+        check_distributed_engine(args)  # before GRPOTrainer loads the model
         check_trl_compatibility()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()

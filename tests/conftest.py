@@ -53,3 +53,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def ddp_two_process_run(tmp_path_factory):
+    """tests/helpers/mp_train.py's job as 2-process DDP on CPU (torchrun, gloo), both loss types: the reference that
+    one process, two nodes and DeepSpeed ZeRO-2/3 are compared with. Run once per session."""
+    from helpers.mp_launch import TORCHRUN, free_port, run
+
+    tmp = tmp_path_factory.mktemp("ddp")
+    torchrun = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())]
+    return run(torchrun, tmp, ACCELERATE_USE_CPU="1")

@@ -1,10 +1,16 @@
-"""Train a tiny CE-GPPO model for two optimizer steps and dump parameters and logs, once per loss type.
+"""Train a tiny CE-GPPO model for four optimizer steps and dump parameters, logs and controller state per loss type.
 
-Run once as a single process and once under `torchrun --nproc_per_node 2` (gloo, CPU): both see the same global
-batch, because completions come from a deterministic `rollout_func` keyed on the global position of each sample.
-`dapo` normalises by the rollout batch's token count; `grpo` by its sequence count. With 2 processes the constant
-group (dropped by dynamic sampling) sits on one process and the informative one on the other, so a per-process count
-would weigh them differently from one process. Used by tests/test_multiprocess.py.
+Run as one process, under `torchrun --nproc_per_node 2` (gloo, CPU, DDP), as two torchrun "nodes" on 127.0.0.1, and
+under `accelerate launch` with a DeepSpeed ZeRO-2/3 config: every launch sees the same global batch, because
+completions come from a deterministic `rollout_func` keyed on the global position of each sample. `dapo` normalises
+by the rollout batch's token count; `grpo` by its sequence count. With 2 processes the constant group (dropped by
+dynamic sampling) sits on one process and the informative one on the other, so a per-process count would weigh them
+differently from one process. The job has every part that crosses processes: the SFT term, dynamic sampling, a β
+schedule and the entropy controller, with two optimizer steps per rollout batch (steps 2 and 4 are off-policy).
+
+Usage: `mp_train.py OUT_DIR [SPEC_JSON]`; SPEC_JSON keys (all optional): `loss_types` (list), `save_steps` (int:
+save checkpoints), `resume` (a checkpoint folder), `bf16` (default False), `zero3` (record how the parameters are
+partitioned). Used by tests/test_multiprocess.py and tests/test_deepspeed.py.
 """
 
 from __future__ import annotations
@@ -22,22 +28,31 @@ from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
 GLOBAL_BATCH = 8
 NUM_GENERATIONS = 4
 COMPLETION_LEN = 6
+MAX_STEPS = 4
 LOSS_TYPES = ("dapo", "grpo")
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, spec: dict) -> None:
     torch.set_num_threads(1)
-    for loss_type in LOSS_TYPES:
-        train(out_dir, loss_type)
+    for loss_type in spec.get("loss_types", LOSS_TYPES):
+        train(out_dir, loss_type, spec)
     # Tear the gloo group down before interpreter exit: left to atexit, one rank can abort with "terminate called
     # without an active exception" while the other still holds the connection.
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    # Under DeepSpeed a rank still aborted at interpreter exit ("terminate called without an active exception",
+    # 1 of about 12 launches, after every output was written): leave without running the C++ destructors, so the
+    # exit code reports the training, which is what the tests check.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def train(out_dir: str, loss_type: str) -> None:
+def train(out_dir: str, loss_type: str, spec: dict) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = build_char_tokenizer()
+    # Built before the config: under an active ZeRO-3 config (`zero3_init_flag`) a model built from a config is
+    # initialised partition by partition, with other random values than the other launches'.
     model = build_tiny_llama(tokenizer, seed=0)
     vocab = len(tokenizer)
 
@@ -57,37 +72,63 @@ def train(out_dir: str, loss_type: str) -> None:
         return [1.0 if p.startswith("0") else float(sum(ch.isdigit() for ch in c)) for p, c in zip(prompts, completions)]
 
     dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * 4})
+    save_steps = spec.get("save_steps")
     args = CEGPPOConfig(
         output_dir=os.path.join(out_dir, loss_type),
         loss_type=loss_type,
         use_cpu=True,
+        # fp32: TrainingArguments' bf16=True default would autocast the CPU forward to bf16 (and DeepSpeed's
+        # `bf16: auto` would follow it), so the launches would be compared through bf16 rounding.
+        bf16=spec.get("bf16", False),
         report_to="none",
-        save_strategy="no",
+        save_strategy="no" if save_steps is None else "steps",
+        save_steps=save_steps or 500,
         per_device_train_batch_size=GLOBAL_BATCH // world,
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_LEN,
         num_iterations=2,
-        max_steps=2,
+        max_steps=MAX_STEPS,
         learning_rate=5e-2,
         logging_steps=1,
         seed=0,
         delta=10.0,
         sft_loss_coef=0.1,
         dynamic_sampling=True,
+        gppo_beta1_schedule="linear:0.5->0.25",
+        entropy_controller="band=0-1,step=0.05,mode=both,damping=0",
         disable_tqdm=True,
     )
     trainer = CEGPPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
         rollout_func=rollout_func,
     )  # fmt: skip
-    trainer.train()
+    trainer.train(resume_from_checkpoint=spec.get("resume"))
+    if spec.get("zero3"):
+        # Each rank holds a shard of every parameter (ZeRO-3), not a replica: the module's tensors are empty.
+        params = list(trainer.model.parameters())
+        shards = [(p.numel(), p.ds_numel, p.ds_tensor.numel()) for p in params if hasattr(p, "ds_tensor")]
+        rank = trainer.accelerator.process_index
+        with open(os.path.join(out_dir, f"partition_{loss_type}_rank{rank}.json"), "w") as f:
+            json.dump({"params": len(params), "shards": shards}, f)
+    state = trainer.accelerator.get_state_dict(trainer.model_wrapped)  # collective under ZeRO-3: gathers shards
     if trainer.accelerator.is_main_process:
-        state = {k: v.detach().cpu() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
-        torch.save(state, os.path.join(out_dir, f"params_{loss_type}.pt"))
+        params = {k: v.detach().cpu().float() for k, v in state.items()}
+        torch.save(params, os.path.join(out_dir, f"params_{loss_type}.pt"))
         with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+        with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
+            json.dump(trainer.entropy_controller.state_dict(), f)
+        plugin = trainer.accelerator.state.deepspeed_plugin
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper, if any
+        with open(os.path.join(out_dir, f"engine_{loss_type}.json"), "w") as f:
+            json.dump({
+                "distributed_type": str(trainer.accelerator.distributed_type),
+                "num_processes": trainer.accelerator.num_processes,
+                "zero_stage": None if plugin is None else plugin.zero_stage,
+                "optimizer": type(optimizer).__name__,
+            }, f)  # fmt: skip
     trainer.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})

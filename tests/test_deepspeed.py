@@ -1,0 +1,255 @@
+"""Scale-out on CPU: DeepSpeed ZeRO-2/3 and two nodes train what DDP trains, and no launch falls back silently.
+
+The parity tests launch tests/helpers/mp_train.py's job (4 steps at lr 5e-2, SFT term, dynamic sampling, a β schedule
+and the entropy controller; steps 2 and 4 off-policy) from the shipped accelerate configs, made to run here by
+`cegppo_trl.distributed.cpu_rehearsal_config` (`use_cpu`, 2 processes, fp32), and compare with 2-process DDP
+(`ddp_two_process_run`, tests/conftest.py). Measured on a 2-core shared CPU (2026-12-01), the largest parameter
+difference from DDP is 6.5e-6 for ZeRO-2 and 1.1e-4 for ZeRO-3 (its gradients are reduce-scattered and its AdamW
+steps flat partitions: fp32 rounding in another order, which the off-policy steps amplify), and at most 1e-5
+relative on the `cegppo/*` metrics; tolerances in tests/helpers/mp_launch.py. Two nodes and a ZeRO-3 resume are
+bit-identical to their references.
+
+DeepSpeed's first run on a machine JIT-compiles its CPU communication op (gcc + ninja, 1-3 minutes) into
+~/.cache/cegppo_trl/torch_extensions; later runs load it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from helpers.mp_launch import (
+    ACCELERATE,
+    LAYOUT_ATOL,
+    METRIC_RTOL,
+    REPO,
+    TORCHRUN,
+    ZERO2_ATOL,
+    cpu_accelerate_config,
+    free_port,
+    launch,
+    load,
+    run,
+    same_training,
+    start,
+    wait,
+)
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.distributed import check_distributed_engine
+
+DAPO = {"loss_types": ["dapo"]}
+# What a CPU rehearsal overrides in a GPU recipe (docs/usage.md): device and precision, no vLLM, short completions, a
+# batch layout for 2 processes, 2 steps.
+REHEARSAL_FLAGS = [
+    "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false",
+    "--solution_column", "solution", "--max_completion_length", "16", "--per_device_train_batch_size", "4",
+    "--gradient_accumulation_steps", "1", "--steps_per_generation", "2", "--max_steps", "2", "--logging_steps", "1",
+    "--save_strategy", "no",
+]  # fmt: skip
+
+
+def _accelerate_launch(config, *extra: str) -> list[str]:
+    return [str(ACCELERATE), "launch", "--config_file", str(config), "--main_process_port", str(free_port()), *extra]
+
+
+def _engine(tmp) -> dict:
+    return json.loads((tmp / "engine_dapo.json").read_text())
+
+
+def _steps(logs: list[dict]) -> list[dict]:
+    return [h for h in logs if "cegppo/beta1" in h]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parity with DDP (real multi-process jobs)
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_zero2_trains_what_ddp_trains(tmp_path, ddp_two_process_run):
+    zero2 = run(_accelerate_launch(cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)), tmp_path, DAPO)
+    assert _engine(tmp_path) == {
+        "distributed_type": "DistributedType.DEEPSPEED", "num_processes": 2, "zero_stage": 2,
+        "optimizer": "DeepSpeedZeroOptimizer",
+    }  # fmt: skip
+    same_training("zero2", ddp_two_process_run["dapo"], zero2["dapo"], atol=ZERO2_ATOL, metric_rtol=METRIC_RTOL)
+
+
+@pytest.mark.slow
+def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, ddp_two_process_run):
+    config = cpu_accelerate_config("deepspeed_zero3.yaml", tmp_path)
+    full = run(_accelerate_launch(config), tmp_path, {**DAPO, "zero3": True, "save_steps": 2})
+    assert _engine(tmp_path)["zero_stage"] == 3
+    assert _engine(tmp_path)["optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+    for rank in (0, 1):  # every parameter is a half-size shard on each rank, the module's own tensor is empty
+        partition = json.loads((tmp_path / f"partition_dapo_rank{rank}.json").read_text())
+        assert len(partition["shards"]) == partition["params"] > 0
+        for numel, full_numel, shard in partition["shards"]:
+            assert numel == 0 and shard == math.ceil(full_numel / 2)
+    same_training("zero3", ddp_two_process_run["dapo"], full["dapo"], atol=LAYOUT_ATOL, metric_rtol=METRIC_RTOL)
+
+    # Resume from the rollout-batch boundary: the same parameters, metrics and controller state, bit for bit.
+    checkpoint = tmp_path / "dapo" / "checkpoint-2"
+    saved_controller = json.loads((checkpoint / "cegppo_state.json").read_text())["controller"]
+    assert saved_controller["num_updates"] == 2 and saved_controller["offset_beta1"] != 0
+    resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
+    for name, value in full["dapo"][0].items():
+        assert torch.equal(resumed["dapo"][0][name], value), name
+    after = [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(resumed["dapo"][1])[2:]]
+    assert len(after) == 2
+    assert after == [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(full["dapo"][1])[2:]]
+    controller = [json.loads((d / "controller_dapo.json").read_text()) for d in (tmp_path, tmp_path / "resumed")]
+    assert controller[0] == controller[1] and controller[0]["num_updates"] == 4
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_what_one_node_trains(tmp_path, ddp_two_process_run):
+    port = str(free_port())
+    nodes = [
+        start(
+            [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
+             "--master_addr", "127.0.0.1", "--master_port", port],
+            tmp_path, DAPO, ACCELERATE_USE_CPU="1",
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    wait(nodes)
+    assert _engine(tmp_path)["num_processes"] == 2
+    two_nodes = load(tmp_path, ["dapo"])["dapo"]
+    same_training("two nodes", ddp_two_process_run["dapo"], two_nodes, atol=0.0, metric_rtol=0.0, metric_atol=0.0)
+
+
+@pytest.mark.slow
+def test_cpu_rehearsal_of_the_7b_recipe_under_zero3(tmp_path):
+    # docs/usage.md, "Rehearse on CPU": the shipped recipe and accelerate config, a tiny model, 2 steps. The model is
+    # loaded partition by partition (`zero3_init_flag`), generates through TRL's ZeRO-3 gather, and is saved whole.
+    from safetensors.torch import load_file
+
+    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = cpu_accelerate_config("deepspeed_zero3.yaml", tmp_path)
+    argv = _accelerate_launch(config) + [
+        str(REPO / "examples" / "cegppo.py"), "--config", str(REPO / "examples/recipes/cegppo_r1_distill_7b.yaml"),
+        *REHEARSAL_FLAGS, "--model_name_or_path", str(tmp_path / "tiny"),
+        "--dataset_name", str(tmp_path / "data.jsonl"), "--output_dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    wait([launch(argv, tmp_path)])
+    log = (tmp_path / "output_0.txt").read_text()
+    assert log.count("'cegppo/beta1': '0.75'") == 2  # two optimizer steps with the recipe's beta1
+    # Warm-up keeps the learning rate at ~0 for these steps: what was saved is what was loaded, so neither the
+    # partitioned load nor the gathered save lost or re-initialised a weight.
+    before, after = (load_file(tmp_path / d / "model.safetensors") for d in ("tiny", "out"))
+    assert sorted(after) == sorted(before)
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# No silent fallback to DDP
+# ----------------------------------------------------------------------------------------------------------------
+def _config(tmp_path, **kw) -> CEGPPOConfig:
+    return CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **kw)
+
+
+def _clean_env(monkeypatch):
+    for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(key, raising=False)
+
+
+DEEPSPEED_OFF_BY_CPU = r"(?s)DeepSpeed was asked for \(ACCELERATE_USE_DEEPSPEED=true.*ACCELERATE_USE_CPU=1 makes accelerate skip DeepSpeed.*plain DDP.*DS_ACCELERATOR=cpu accelerate launch"  # noqa: E501
+FSDP_ON_CPU = r"(?s)FSDP was asked for \(.*\) but would not run.*not on CPU.*unsharded.*accelerate cannot shard on CPU; DeepSpeed ZeRO-3 is the way to rehearse a sharded job there.*deepspeed_zero3.yaml"  # noqa: E501
+
+
+def test_trainer_refuses_deepspeed_turned_off_by_accelerate_use_cpu_before_loading_the_model(tmp_path, monkeypatch):
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    with pytest.raises(RuntimeError, match=DEEPSPEED_OFF_BY_CPU):  # a model that would fail to load if reached
+        CEGPPOTrainer(model=str(tmp_path / "no-model-here"), reward_funcs=[lambda **k: [0.0]], args=_config(tmp_path))
+
+
+def test_cli_refuses_deepspeed_turned_off_by_accelerate_use_cpu_before_loading_anything(tmp_path, monkeypatch):
+    from cegppo_trl.scripts import main, parse_args
+
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    parsed = parse_args(
+        ["--model_name_or_path", "org/not-on-this-machine", "--dataset_name", str(tmp_path / "missing.jsonl"),
+         "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=DEEPSPEED_OFF_BY_CPU.replace("=1", "=true")):
+        main(*parsed)
+
+
+@pytest.mark.parametrize("how", ["env", "fsdp_argument"])
+def test_fsdp_on_cpu_is_refused_and_points_at_zero3(tmp_path, monkeypatch, how):
+    _clean_env(monkeypatch)
+    if how == "env":
+        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        args = _config(tmp_path)
+    else:
+        args = _config(tmp_path, fsdp=True)
+    with pytest.raises(RuntimeError, match=FSDP_ON_CPU):
+        check_distributed_engine(args)
+
+
+def test_deepspeed_on_cpu_with_bf16_is_refused(tmp_path, monkeypatch):
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")  # bf16 left at its default, True
+    with pytest.raises(RuntimeError, match=r"DeepSpeed on CPU .* with `bf16=True`.*Set `bf16: false`"):
+        check_distributed_engine(args)
+    assert check_distributed_engine(_config(tmp_path)) == "deepspeed"  # the rehearsal the tests above run
+
+
+def test_engine_flags_not_spelled_true_are_refused(tmp_path):
+    # accelerate compares ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP with "true": "1" silently means DDP.
+    args = _config(tmp_path)
+    with pytest.raises(RuntimeError, match=r"ACCELERATE_USE_DEEPSPEED=1.*only reads ACCELERATE_USE_DEEPSPEED=true"):
+        check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "1"}, "MULTI_CPU", "cpu")
+    with pytest.raises(RuntimeError, match=r"ACCELERATE_USE_FSDP=1.*only reads ACCELERATE_USE_FSDP=true"):
+        check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "1"}, "MULTI_GPU", "cuda")
+    # On GPUs the same launches run the engine they asked for; plain launches ask for none.
+    assert check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "true"}, "MULTI_GPU", "cuda") == "fsdp"
+    assert check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED", "cuda") == "deepspeed"
+    assert check_distributed_engine(args, {"ACCELERATE_USE_CPU": "1"}, "MULTI_CPU", "cpu") is None
+
+
+@pytest.mark.slow
+def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path):
+    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU. One process
+    # each (refused before a second would matter), both at once.
+    cases = {"deepspeed_zero2.yaml": "makes accelerate skip DeepSpeed", "fsdp2.yaml": "accelerate cannot shard on CPU"}
+    procs = {}
+    for shipped in cases:
+        config = cpu_accelerate_config(shipped, tmp_path / shipped, num_processes=1)
+        env = {"ACCELERATE_USE_CPU": "1"} if shipped.startswith("deepspeed") else {}
+        procs[shipped] = start(_accelerate_launch(config), tmp_path / shipped, DAPO, **env)
+    for shipped, proc in procs.items():
+        proc.wait(timeout=300)
+        output = proc.log_path.read_text()
+        assert proc.returncode != 0 and cases[shipped] in output, output[-3000:]
+        assert not (tmp_path / shipped / "params_dapo.pt").exists()
+
+
+def test_cpu_rehearsal_config_keeps_the_shipped_settings(tmp_path):
+    import yaml
+
+    from cegppo_trl.distributed import _main
+
+    _main([str(REPO / "accelerate_configs" / "two_nodes.yaml"), str(tmp_path / "two_nodes_cpu.yaml")])
+    config = yaml.safe_load((tmp_path / "two_nodes_cpu.yaml").read_text())
+    assert config["use_cpu"] is True and config["num_processes"] == 2 and config["num_machines"] == 2
+    assert config["main_process_ip"] == "127.0.0.1" and config["distributed_type"] == "DEEPSPEED"
+    ds = json.loads((tmp_path / "two_nodes_cpu.deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert config["deepspeed_config"]["deepspeed_config_file"] == str((tmp_path / "two_nodes_cpu.deepspeed.json"))
+    assert "mixed_precision" not in config  # accelerate refuses it beside a DeepSpeed file
