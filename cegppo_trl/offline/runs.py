@@ -1,5 +1,7 @@
 """The quickstart run: CE-GPPO (or a baseline) on a verifiable task, held-out accuracy before and after, plots.
 
+(Moved from `cegppo_trl/quickstart/run.py`; the command line goes back there in the next change.)
+
 `run_training` is the reusable core (one RL run, returns its history); `main` is the command line
 (`python -m cegppo_trl.quickstart`): it builds or loads the model and task, calls `run_training`, writes
 `metrics.json` and `summary.json`, prints a summary table, then draws the PNG plots (skipped with the install line
@@ -27,8 +29,7 @@ from ..baselines import METHODS, method_config
 from ..config import CEGPPOConfig
 from ..trainer import CEGPPOTrainer
 from .plots import PLOT_INSTALL_HINT
-from .smollm2 import SMOLLM2_STEPS
-from .task import Task, addition_task, evaluate_accuracy, hub_dataset_task
+from .tasks import Task, addition_task, evaluate_accuracy, hub_dataset_task
 
 __all__ = [
     "HUB_MODEL_TRAINING",
@@ -81,6 +82,21 @@ HUB_MODEL_TRAINING: dict = {
     "max_grad_norm": 1.0,
     "beta": 0.0,
 }
+
+SMOLLM2_TRAINING: dict = {
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": 8,
+    "num_generations": 8,
+    "temperature": 1.0,
+    "learning_rate": 1e-5,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0,
+    "beta": 0.0,
+}
+SMOLLM2_STEPS = 48
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -415,7 +431,8 @@ def quiet_libraries() -> None:
 
 def _smollm2_setup(args: argparse.Namespace, num_heldout: int | None):
     """`--model smollm2`: SmolLM2-135M-Instruct, its CPU training settings and the chat-addition task it partly solves."""
-    from .smollm2 import SMOLLM2_TRAINING, chat_addition_task, load_smollm2
+    from .smollm2 import load_smollm2
+    from .tasks import chat_addition_task
 
     model, tokenizer, path = load_smollm2(args.cache_dir)
     training = dict(SMOLLM2_TRAINING)
