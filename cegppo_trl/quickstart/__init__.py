@@ -1,5 +1,8 @@
-"""Quickstart: watch CE-GPPO improve a small model on CPU in a couple of minutes (`python -m cegppo_trl.quickstart`)."""
+"""Quickstart: watch CE-GPPO improve a small model on CPU in a couple of minutes (`python -m cegppo_trl.quickstart`).
 
-from ..offline.runs import main
+The demo script is `run.py`; the models, tasks and run harness it uses are in `cegppo_trl.offline`.
+"""
+
+from .run import main
 
 __all__ = ["main"]

@@ -2,7 +2,7 @@
 
 import psutil
 
-from ..offline.runs import main
+from .run import main
 
 if __name__ == "__main__":
     main(started_at=psutil.Process().create_time())  # the wall time reported includes the imports
