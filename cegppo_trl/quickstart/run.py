@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         "--baseline",
         choices=[m for m in METHODS if m != "cegppo"],
         default=None,
-        help="run this baseline instead of CE-GPPO on the same task and model (fields from `cegppo_trl.baselines.method_config`)",
+        help="run this baseline instead of CE-GPPO on the same task and model (fields from "
+        "`cegppo_trl.baselines.method_config`)",
     )
     add("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
     add("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
