@@ -1,6 +1,6 @@
 """The command line as a user meets it: --help of every entry point, CPU launches, bad data and options, safe resume.
 
-Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.tiny`) and a small `.jsonl` file.
+Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline.tiny`) and a small `.jsonl` file.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
 
     path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = build_char_tokenizer()

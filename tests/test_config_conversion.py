@@ -51,7 +51,7 @@ def test_from_grpo_config_overrides_the_batch_layout_and_names_unknown_fields(tm
 
 
 def test_trainer_given_a_grpo_config_suggests_the_conversion_that_works(tmp_path, tokenizer, prompt_dataset):
-    from cegppo_trl.tiny import build_tiny_llama
+    from cegppo_trl.offline.tiny import build_tiny_llama
 
     grpo = _grpo(tmp_path, beta=0.0)  # no reference model to load (the tiny model has no Hub name)
     with pytest.raises(TypeError, match=r"`CEGPPOConfig.from_grpo_config\(your_grpo_config, gppo_beta1=") as error:

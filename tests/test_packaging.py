@@ -174,10 +174,14 @@ def test_python_m_cegppo_trl_cli_help_runs(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_path):
-    # Built from this checkout without build isolation (no download), installed into a plain folder, run from
-    # outside the repository.
+    # Built from a copy of this checkout without build isolation (no download), installed into a plain folder, run
+    # from outside the repository. The copy leaves out setuptools' `build/` folder: modules left there by an earlier
+    # build would ship in the wheel (a module since moved, or one missing from `packages`, would still be found).
+    source = tmp_path / "source"
+    outputs = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "outputs")
+    shutil.copytree(ROOT, source, ignore=outputs)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q", "-w",
          str(tmp_path / "dist")], check=False, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
@@ -188,6 +192,8 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
             assert f"{package.replace('.', '/')}/{path.name}" in names, path
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cegppo_trl").rglob("*.py")}
+    assert not sources - names, f"modules missing from the wheel: {sorted(sources - names)}"
 
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(tmp_path / "site")
@@ -198,3 +204,11 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
     )
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip() == str(tmp_path / "site" / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
+
+    # The README's first command after `pip install`: the quickstart and the `cegppo_trl.offline` modules it imports.
+    quickstart = subprocess.run(
+        [sys.executable, "-m", "cegppo_trl.quickstart", "--help"], check=False, cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert quickstart.returncode == 0, quickstart.stderr[-2000:]
+    assert quickstart.stdout.startswith("usage: python -m cegppo_trl.quickstart")

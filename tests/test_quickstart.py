@@ -11,17 +11,11 @@ import sys
 import pytest
 import torch
 
-from cegppo_trl.quickstart import (
-    PLOT_FILES,
-    WarmupSettings,
-    addition_problems,
-    addition_reward,
-    build_default_model,
-    generate_greedy,
-    main,
-    numeric_is_correct,
-)
-from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.offline.plots import PLOT_FILES
+from cegppo_trl.offline.tasks import addition_problems, addition_reward, generate_greedy, numeric_is_correct
+from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.offline.warmup import WarmupSettings, build_default_model
+from cegppo_trl.quickstart import main
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 

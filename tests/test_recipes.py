@@ -11,9 +11,9 @@ from datasets import Dataset, DatasetDict
 
 from cegppo_trl import CEGPPOConfig, cli
 from cegppo_trl.baselines import method_config
+from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
 from cegppo_trl.rewards import REWARD_FUNCS
 from cegppo_trl.scripts import CEGPPOScriptArguments, load_dataset_dict, parse_args, prepare_dataset
-from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "examples" / "recipes"

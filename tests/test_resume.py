@@ -1,7 +1,7 @@
 """Resuming from checkpoints: nothing unpickled, settings compared from plain JSON, the controller state restored.
 
-Runs offline on a tiny local Llama saved to disk (`cegppo_trl.tiny`) and a small `.jsonl` file, through the same
-`cegppo_trl.scripts.main` the `cegppo train` command calls.
+Runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline.tiny`) and a small `.jsonl` file, through the
+same `cegppo_trl.scripts.main` the `cegppo train` command calls.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
 
     path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = build_char_tokenizer()

@@ -11,8 +11,8 @@ import torch
 from trl import GRPOTrainer
 
 from cegppo_trl import CEGPPOTrainer
+from cegppo_trl.offline.tiny import build_tiny_llama
 from cegppo_trl.schedules import parse_schedule
-from cegppo_trl.tiny import build_tiny_llama
 from helpers.batches import loss_and_grads, make_offpolicy_batch
 from helpers.reference import reference_per_token_loss
 

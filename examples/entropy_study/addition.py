@@ -81,7 +81,8 @@ _MODEL_CACHE: dict = {}
 
 def _model(warmup: dict, cache_dir: str | None):
     """The warmed-up model (built once, then loaded from the quickstart's cache), kept per process."""
-    from cegppo_trl.quickstart import WarmupSettings, addition_task, build_default_model
+    from cegppo_trl.offline.tasks import addition_task
+    from cegppo_trl.offline.warmup import WarmupSettings, build_default_model
 
     key = (json.dumps(warmup, sort_keys=True), cache_dir)
     if key not in _MODEL_CACHE:
@@ -112,7 +113,7 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
 
     import torch
 
-    from cegppo_trl.quickstart import quiet_libraries, run_training
+    from cegppo_trl.offline.runs import quiet_libraries, run_training
 
     quiet_libraries()
     torch.set_num_threads(1)
@@ -611,7 +612,8 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
 
     import torch
 
-    from cegppo_trl.quickstart import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, WarmupSettings, quiet_libraries
+    from cegppo_trl.offline.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
+    from cegppo_trl.offline.warmup import WarmupSettings
 
     quiet_libraries()
     torch.set_num_threads(1)

@@ -85,7 +85,7 @@ MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the swee
 def training_settings(learning_rate: float = MAIN_SETTING[0], steps_per_generation: int = MAIN_SETTING[1]) -> dict:
     """Shared by every arm: the quickstart's tiny-model settings, 64 completions (8 prompts x 8 samples) per
     optimizer step and `steps_per_generation` optimizer steps per rollout batch (off-policy after the first)."""
-    from cegppo_trl.quickstart import TINY_MODEL_TRAINING
+    from cegppo_trl.offline.runs import TINY_MODEL_TRAINING
 
     return {**TINY_MODEL_TRAINING, "per_device_train_batch_size": 64, "steps_per_generation": steps_per_generation,
             "learning_rate": learning_rate}  # fmt: skip
@@ -127,7 +127,7 @@ def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate:
     (`runner.run_once`'s dict plus `arm`, `seed`, `learning_rate`, `steps_per_generation`)."""
     import torch
 
-    from cegppo_trl.quickstart import quiet_libraries
+    from cegppo_trl.offline.runs import quiet_libraries
 
     from .runner import run_once
     from .testbed import digit_task

