@@ -133,6 +133,17 @@ class CEGPPOTrainer(GRPOTrainer):
     correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
     TRL's objective unchanged.
 
+    Besides the surrogate, this class owns (each inside a `# --- CE-GPPO ---` fence or in its own method):
+
+    - the rollout-batch normalisers (`_aggregate`): a batch's update does not depend on its micro-batch split;
+    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
+      `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
+      `self._last_rewards_per_func` (TRL does not return them);
+    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stop after
+      `max_unscorable_batches` unscorable rollout batches in a row;
+    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table,
+      and the refusals before training (TRL drift, a distributed engine that would silently fall back to DDP).
+
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
     """
@@ -641,6 +652,10 @@ class CEGPPOTrainer(GRPOTrainer):
 
         # From here, log_importance_weights (and all subsequent tensors, coef_1, coef_2, etc.) shape depends on
         # importance_sampling_level: "token" level: (B, T); "sequence" level: (B, 1)
+        # --- CE-GPPO begin: the cispo, sapo and vespo branches below (and their metrics further down) cannot run ---
+        # here, since those loss types go to `super()` at the top; they are kept so that this copy diffs line for line
+        # against TRL's method (tests/test_trl_drift.py).
+        # --- CE-GPPO end ---
         if self.loss_type == "cispo":
             clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()
             per_token_loss = -clamped_ratios * advantages * per_token_logps
@@ -763,6 +778,9 @@ class CEGPPOTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         # Log the metrics
+        # --- CE-GPPO begin: `masked_seq_mean` is unused here (TRL's clip metrics come from `cegppo_diagnostics`); ---
+        # kept, like the branches above, for the line-for-line diff.
+        # --- CE-GPPO end ---
         def masked_seq_mean(x):
             if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
                 return x.squeeze(1)
