@@ -190,6 +190,7 @@ class CEGPPOTrainer(GRPOTrainer):
         )
         self._schedules_checked_for = None
         self._unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
