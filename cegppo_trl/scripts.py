@@ -46,8 +46,6 @@ RESUME_COMPARED_FIELDS = (
     "max_steps",
 )
 CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
-# What `check_cpu_dtype` says half precision costs on CPU (placeholder until measured).
-CPU_HALF_PRECISION_COST = "half-precision matmuls slower than float32 unless they have bfloat16 instructions"
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -561,11 +559,26 @@ def check_chat_template(
     )
 
 
-def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
-    """Warn when a CPU run loads its weights in half precision, which CPUs compute several times slower.
+def cpu_computes_natively(dtype: str) -> bool:
+    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it.
 
-    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed,
-    but the warning gives the cost and the flag.
+    Without them half-precision matmuls are emulated: several times slower than float32 (with them, bfloat16 is
+    faster; `benchmarks/bench_cpu_dtype.py` measures both).
+    """
+    import torch
+
+    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):  # a private probe: assume the slow path if this build lacks it
+        return False
+
+
+def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
+    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for.
+
+    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed, but
+    where the CPU would emulate that dtype (several times slower than float32) the warning says so and gives the flag.
     """
     configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
     if training_args.device.type != "cpu":
@@ -585,15 +598,15 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
             return
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = str(dtype).removeprefix("torch.")
-    if name in ("bfloat16", "float16"):
+    if name in ("bfloat16", "float16") and not cpu_computes_natively(name):
         logger.warning(
-            "The model's weights load as %s (`dtype: %s`) on a CPU run: CPUs compute %s %s. Pass `--dtype float32` "
-            "unless you need the memory. CPU launch: `--use_cpu true --bf16 false --dtype float32` (or start from "
+            "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions: every "
+            "matmul is emulated, several times slower than float32 (`benchmarks/bench_cpu_dtype.py` measures it). "
+            "Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype float32` (or start from "
             "examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
             name,
             configured,
             name,
-            CPU_HALF_PRECISION_COST,
             CPU_LAUNCH_LINE,
         )
 

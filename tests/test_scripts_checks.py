@@ -148,8 +148,12 @@ def test_base_model_trains_on_raw_text_with_chat_prompts_false(base_model_dir, d
 # Item 17: half-precision weights on a CPU run
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only warning")
-def test_bfloat16_weights_on_cpu_warn_with_the_cost_and_the_flag(model_dir, tmp_path, caplog):
+def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_flag(
+    model_dir, tmp_path, caplog, monkeypatch
+):
     from transformers import AutoConfig
+
+    import cegppo_trl.scripts
 
     def warnings_for(path, *extra):
         _, training_args, model_args = parse_args(
@@ -161,10 +165,12 @@ def test_bfloat16_weights_on_cpu_warn_with_the_cost_and_the_flag(model_dir, tmp_
             check_cpu_dtype(model_args, training_args)
         return caplog.text
 
-    text = warnings_for(model_dir, "--dtype", "bfloat16")
-    assert "load as bfloat16 (`dtype: bfloat16`) on a CPU run" in text
-    assert "`--dtype float32`" in text and "--use_cpu true --bf16 false --dtype float32" in text
-    assert "torchrun --nproc_per_node 2" in text
+    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: False)  # e.g. AVX2-only CPUs
+    for dtype in ("bfloat16", "float16"):
+        text = warnings_for(model_dir, "--dtype", dtype)
+        assert f"load as {dtype} (`dtype: {dtype}`) on a CPU run, and this CPU has no {dtype} instructions" in text
+        assert "several times slower than float32" in text and "Pass `--dtype float32`" in text
+        assert "--use_cpu true --bf16 false --dtype float32" in text and "torchrun --nproc_per_node 2" in text
     assert warnings_for(model_dir, "--dtype", "float32") == ""
     assert warnings_for(model_dir) == ""  # TRL's default dtype is float32
     # `auto` takes the checkpoint's dtype: a model saved in bfloat16 loads in bfloat16
@@ -174,6 +180,9 @@ def test_bfloat16_weights_on_cpu_warn_with_the_cost_and_the_flag(model_dir, tmp_
     config.save_pretrained(bf16_dir)
     assert "load as bfloat16 (`dtype: auto`)" in warnings_for(str(bf16_dir), "--dtype", "auto")
     assert warnings_for(model_dir, "--dtype", "auto") == ""  # saved in float32
+    # a CPU with bfloat16 instructions runs it natively (faster than float32 there): nothing to warn about
+    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: True)
+    assert warnings_for(model_dir, "--dtype", "bfloat16") == ""
 
 
 # ----------------------------------------------------------------------------------------------------------------
