@@ -546,24 +546,21 @@ def check_chat_template(
     tokenizer = getattr(processor, "tokenizer", processor)
     if getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None):
         return
-    if script_args.chat_prompts or script_args.system_prompt is not None:
-        fix = "For a base model trained on raw text pass `--chat_prompts false`" + (
-            " and drop `--system_prompt`" if script_args.system_prompt is not None else ""
-        )
-    else:
-        fix = "The dataset's prompts are chat messages: give plain-text prompts for a base model"
+    drop_system = " and drop `--system_prompt`" if script_args.system_prompt is not None else ""
     raise ValueError(
         f"The prompts are chat messages, but the tokenizer of {model_args.model_name_or_path} has no chat template "
-        f"(a base model), so they cannot be rendered. {fix}; or use a model with a chat template (an instruct "
-        "model), or set one on the tokenizer (`tokenizer.chat_template = ...`, then `save_pretrained`)."
+        f"(a base model), so they cannot be rendered. For a base model trained on raw text pass `--chat_prompts "
+        f"false`{drop_system} (plain-text prompts then stay text; prompts that are chat messages in the dataset "
+        "need a template whatever the flag); or use a model with a chat template (an instruct model), or set one on "
+        "the tokenizer (`tokenizer.chat_template = ...`, then `save_pretrained`)."
     )
 
 
 def cpu_computes_natively(dtype: str) -> bool:
     """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it.
 
-    Without them half-precision matmuls are emulated: several times slower than float32 (with them, bfloat16 is
-    faster; `benchmarks/bench_cpu_dtype.py` measures both).
+    Without them half-precision matmuls are emulated, slower than float32; with them, bfloat16 is faster for full
+    fine-tuning (`benchmarks/bench_cpu_dtype.py` measures both).
     """
     import torch
 
@@ -575,10 +572,11 @@ def cpu_computes_natively(dtype: str) -> bool:
 
 
 def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
-    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for.
+    """Warn when a CPU run loads its weights in a half precision that makes its steps slower than float32.
 
-    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed, but
-    where the CPU would emulate that dtype (several times slower than float32) the warning says so and gives the flag.
+    That is: a dtype this CPU has no instructions for (emulated), or bfloat16/float16 base weights under LoRA, whose
+    adapters peft keeps in float32 (measured slower than float32 weights even on a CPU with bfloat16 instructions). A GPU recipe (`dtype: bfloat16`) run on CPU keeps its
+    dtype: the setting is the user's, so it is not changed, but the warning says why it is slow and gives the flag.
     """
     configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
     if training_args.device.type != "cpu":
@@ -598,17 +596,23 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
             return
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = str(dtype).removeprefix("torch.")
-    if name in ("bfloat16", "float16") and not cpu_computes_natively(name):
-        logger.warning(
-            "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions: every "
-            "matmul is emulated, several times slower than float32 (`benchmarks/bench_cpu_dtype.py` measures it). "
-            "Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype float32` (or start from "
-            "examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
-            name,
-            configured,
-            name,
-            CPU_LAUNCH_LINE,
-        )
+    if name not in ("bfloat16", "float16"):
+        return
+    if not cpu_computes_natively(name):
+        why = f"this CPU has no {name} instructions, so every matmul is emulated"
+    elif model_args.use_peft:
+        why = f"LoRA trains float32 adapters beside the {name} base weights (casts in every adapted layer)"
+    else:  # native half precision, full fine-tuning: faster than float32 here
+        return
+    logger.warning(
+        "The model's weights load as %s (`dtype: %s`) on a CPU run, and %s: each step is slower than with float32 "
+        "weights (`benchmarks/bench_cpu_dtype.py` measures it). Pass `--dtype float32`. CPU launch: `--use_cpu true "
+        "--bf16 false --dtype float32` (or start from examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
+        name,
+        configured,
+        why,
+        CPU_LAUNCH_LINE,
+    )
 
 
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
