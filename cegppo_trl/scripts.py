@@ -559,8 +559,8 @@ def check_chat_template(
 def cpu_computes_natively(dtype: str) -> bool:
     """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it.
 
-    Without them half-precision matmuls are emulated, slower than float32; with them, bfloat16 is faster for full
-    fine-tuning (`benchmarks/bench_cpu_dtype.py` measures both).
+    Without them half-precision matmuls are emulated, slower than float32; with them, bfloat16 is faster
+    (`benchmarks/bench_cpu_dtype.py` measures the ratio).
     """
     import torch
 
@@ -572,11 +572,12 @@ def cpu_computes_natively(dtype: str) -> bool:
 
 
 def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
-    """Warn when a CPU run loads its weights in a half precision that makes its steps slower than float32.
+    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for (emulated: every
+    matmul is slower than in float32).
 
-    That is: a dtype this CPU has no instructions for (emulated), or bfloat16/float16 base weights under LoRA, whose
-    adapters peft keeps in float32 (measured slower than float32 weights even on a CPU with bfloat16 instructions). A GPU recipe (`dtype: bfloat16`) run on CPU keeps its
-    dtype: the setting is the user's, so it is not changed, but the warning says why it is slow and gives the flag.
+    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed, but
+    the warning says why it is slow and gives the flag. Where the CPU has the instructions, bfloat16 weights are
+    faster than float32 (full fine-tuning and LoRA alike, `benchmarks/bench_cpu_dtype.py`): nothing to warn about.
     """
     configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
     if training_args.device.type != "cpu":
@@ -596,21 +597,16 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
             return
         dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = str(dtype).removeprefix("torch.")
-    if name not in ("bfloat16", "float16"):
-        return
-    if not cpu_computes_natively(name):
-        why = f"this CPU has no {name} instructions, so every matmul is emulated"
-    elif model_args.use_peft:
-        why = f"LoRA trains float32 adapters beside the {name} base weights (casts in every adapted layer)"
-    else:  # native half precision, full fine-tuning: faster than float32 here
+    if name not in ("bfloat16", "float16") or cpu_computes_natively(name):
         return
     logger.warning(
-        "The model's weights load as %s (`dtype: %s`) on a CPU run, and %s: each step is slower than with float32 "
-        "weights (`benchmarks/bench_cpu_dtype.py` measures it). Pass `--dtype float32`. CPU launch: `--use_cpu true "
-        "--bf16 false --dtype float32` (or start from examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
+        "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions, so every "
+        "matmul is emulated: each step is slower than with float32 weights (`benchmarks/bench_cpu_dtype.py` measures "
+        "it). Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype float32` (or start from "
+        "examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
         name,
         configured,
-        why,
+        name,
         CPU_LAUNCH_LINE,
     )
 
