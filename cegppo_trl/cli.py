@@ -89,16 +89,23 @@ def _list_rewards() -> None:
     import shutil
     import textwrap
 
-    from .rewards import REWARD_FUNCS, describe_reward
+    from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, describe_reward
 
     width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
-    name_width = max(map(len, REWARD_FUNCS)) + 2
-    print("Reward functions for --reward_funcs (or a dotted path to your own):\n")
-    for name, func in REWARD_FUNCS.items():
-        lines = textwrap.wrap(describe_reward(func), width=width - name_width, break_long_words=False)
-        print(f"{name:<{name_width}}{lines[0]}")
-        for line in lines[1:]:
-            print(" " * name_width + line)
+    name_width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
+    sections = (
+        ("Reward functions for --reward_funcs (or a dotted path to your own):", {
+            name: describe_reward(func) for name, func in REWARD_FUNCS.items()
+        }),
+        ("TRL's reward functions, by name (any other as trl.rewards.<name>):", TRL_REWARD_FUNCS),
+    )  # fmt: skip
+    for i, (title, entries) in enumerate(sections):
+        print(("\n" if i else "") + title + "\n")
+        for name, text in entries.items():
+            lines = textwrap.wrap(text, width=width - name_width, break_long_words=False)
+            print(f"{name:<{name_width}}{lines[0]}")
+            for line in lines[1:]:
+                print(" " * name_width + line)
 
 
 def main(argv: list[str] | None = None) -> int:

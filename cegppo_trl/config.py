@@ -252,7 +252,9 @@ class CEGPPOConfig(GRPOConfig):
             if getattr(self, name) is None:
                 continue
             try:
-                parse(getattr(self, name))
+                parsed = parse(getattr(self, name))
+                if name != "entropy_controller" and self.max_steps > 0:
+                    parsed.check(self.max_steps)  # a window mixing steps and percentages may be empty for this run
             except ValueError as error:
                 raise ValueError(f"`{name}`: {error}") from None
         _check_finite_nonnegative("sft_loss_coef", self.sft_loss_coef)

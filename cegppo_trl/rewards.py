@@ -1,9 +1,11 @@
 """Reward functions for CE-GPPO runs, selectable by name (`--reward_funcs math_verify format`).
 
 Every reward follows TRL's signature `f(completions, **kwargs) -> list[float | None]`: `completions` are strings or
-conversational message lists, dataset columns arrive as keyword lists (the reference answer as `solution`). None of
-them raises on a malformed completion or a missing reference: such a rollout gets the "wrong" score, so a group
-whose reference is unusable has all-equal rewards, zero advantage, and no policy gradient.
+conversational message lists, dataset columns arrive as keyword lists (the reference answer as `solution`). A reward
+that compares with a reference raises when the batch has no `solution` column at all (as TRL's `accuracy_reward`
+does), naming the column to map: scoring every rollout "wrong" would train on nothing without a word. Within a batch,
+a malformed completion or one row's missing or unusable reference gets the "wrong" score, so that group has
+all-equal rewards, zero advantage, and no policy gradient.
 
 Registry (`REWARD_FUNCS`):
 
@@ -15,6 +17,10 @@ Registry (`REWARD_FUNCS`):
 | `gsm8k_01`       | 1 / 0 on the final number                                  | `solution`               |
 | `format`         | 1 if the answer is a well-formed `\\boxed{}` (and any       | none                     |
 |                  | `<think>` block is closed before it), else 0               |                          |
+
+TRL's reward functions are accepted by name too (`TRL_REWARD_FUNCS`: `accuracy_reward`, `reasoning_accuracy_reward`,
+`think_format_reward`, as TRL's `grpo.py` accepts them), and any reward by dotted import path (`trl.rewards.<name>`,
+`my_lib.rewards.my_reward`).
 """
 
 from __future__ import annotations
@@ -105,6 +111,49 @@ def _main_thread_timeout() -> int | None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The reference column and the math-verify dependency
+# ----------------------------------------------------------------------------------------------------------------
+REFERENCE_COLUMN = "solution"
+# Keyword arguments TRL's GRPOTrainer passes to every reward besides the dataset columns.
+TRAINER_KWARGS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+)
+# Column names that usually hold the reference answer, for the hint in the missing-reference error.
+_LIKELY_REFERENCE_COLUMNS = ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label")
+
+
+def missing_reference_message(reward: str, columns: Sequence[str]) -> str:
+    """Why `reward` cannot score without a `solution` column, and how to map one of `columns` to it."""
+    columns = [c for c in columns if c not in TRAINER_KWARGS]
+    likely = next((c for c in _LIKELY_REFERENCE_COLUMNS if c in columns), None)
+    flag = {"reward_model": "reward_model.ground_truth"}.get(likely, likely) or "<column>"
+    return (
+        f"Reward `{reward}` compares each completion with a reference answer, passed as the `{REFERENCE_COLUMN}` "
+        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). Name the column that holds "
+        f"the reference: `--solution_column {flag}` on the command line, or rename it to `{REFERENCE_COLUMN}` in the "
+        "dataset given to the trainer. Without a reference, use a reference-free reward such as `format`."
+    )
+
+
+def require_math_verify(reward: str) -> None:
+    """Raise an `ImportError` naming the package when `math-verify` cannot be imported."""
+    try:
+        import math_verify  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            f"Reward `{reward}` checks answers with the `math-verify` package, which cannot be imported ({error}). "
+            "Install it with `pip install math-verify` (a dependency of cegppo-trl, missing when installed with "
+            "`--no-deps`)."
+        ) from error
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Math (math-verify)
 # ----------------------------------------------------------------------------------------------------------------
 class MathVerifyReward:
@@ -116,10 +165,13 @@ class MathVerifyReward:
     `math_verify.verify` (symbolic and numeric equivalence).
 
     Scores `correct` or `incorrect`. `incorrect` also covers: no boxed answer (unless `require_boxed=False`), an
-    unclosed or unparseable box, an empty completion, a `None`/empty/unparseable reference, and any math-verify error
-    or timeout. Deviation from the authors' reward (plain `math_verify.parse` of the whole response): by default a
-    boxed answer is required, so "the answer is 7" without a box is wrong; `require_boxed=False` restores their
-    fallback to un-boxed expressions.
+    unclosed or unparseable box, an empty completion, a row whose reference is `None`/empty/unparseable, and any
+    math-verify error or timeout. Called without a `solution` column at all, it raises a `ValueError` naming the
+    column to map; without `math-verify` installed, an `ImportError` naming the package.
+
+    Deviation from the authors' reward (plain `math_verify.parse` of the whole response): by default a boxed answer is
+    required, so "the answer is 7" without a box is wrong; `require_boxed=False` restores their fallback to un-boxed
+    expressions.
 
     Args:
         correct: score of a correct answer.
@@ -134,10 +186,14 @@ class MathVerifyReward:
         self.require_boxed = require_boxed
         self.__name__ = name or "math_verify"
 
+    required_columns = (REFERENCE_COLUMN,)
+
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
-        solutions = solution if solution is not None else [None] * len(completions)
+        if solution is None:
+            raise ValueError(missing_reference_message(self.__name__, list(kwargs)))
+        require_math_verify(self.__name__)
         rewards, answers = [], []
-        for completion, gold in zip(completions, solutions, strict=True):
+        for completion, gold in zip(completions, solution, strict=True):
             ok, answer = self.score_one(completion_text(completion), gold)
             rewards.append(self.correct if ok else self.incorrect)
             answers.append(answer)
@@ -242,7 +298,8 @@ def extract_gsm8k_answer(text: str) -> Fraction | None:
 class GSM8KReward:
     """Exact numeric match of the completion's final number with the GSM8K reference (`#### 72`).
 
-    `incorrect` also covers completions with no number and a missing or number-less reference.
+    `incorrect` also covers completions with no number and a row whose reference is missing or has no number.
+    Called without a `solution` column at all, it raises a `ValueError` naming the column to map.
     """
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = "gsm8k"):
@@ -250,10 +307,13 @@ class GSM8KReward:
         self.incorrect = incorrect
         self.__name__ = name
 
+    required_columns = (REFERENCE_COLUMN,)
+
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
-        solutions = solution if solution is not None else [None] * len(completions)
+        if solution is None:
+            raise ValueError(missing_reference_message(self.__name__, list(kwargs)))
         rewards, answers = [], []
-        for completion, gold in zip(completions, solutions, strict=True):
+        for completion, gold in zip(completions, solution, strict=True):
             predicted, reference = extract_gsm8k_answer(completion_text(completion)), extract_gsm8k_gold(gold)
             ok = predicted is not None and reference is not None and predicted == reference
             rewards.append(self.correct if ok else self.incorrect)
@@ -316,17 +376,72 @@ def describe_reward(func: Callable) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 
+# TRL's reward functions accepted by bare name (TRL's `grpo.py` accepts the same three), with the line `cegppo rewards`
+# prints for each (static: listing them must not import TRL). All three read conversational completions only.
+TRL_REWARD_FUNCS: dict[str, str] = {
+    "accuracy_reward": "math-verify equivalence of the completion with `solution`. Scores 1 correct, 0 otherwise, "
+    "None (row skipped) when the reference does not parse. Chat prompts only.",
+    "reasoning_accuracy_reward": "accuracy_reward on the text after </think>; 0 when the reasoning is not closed. "
+    "Chat prompts only.",
+    "think_format_reward": "1 if the completion opens with one <think>...</think> block, else 0; reads no "
+    "reference. Chat prompts only.",
+}
+# Also in `trl.rewards`, but factories: called with their settings, they return a reward function.
+TRL_REWARD_FACTORIES = ("get_cosine_scaled_reward", "get_repetition_penalty_reward", "get_soft_overlong_punishment")
+_MATH_VERIFY_REWARDS = ("math_verify", "math_verify_01", "accuracy_reward", "reasoning_accuracy_reward")
+
+
+def _unknown_reward_message(name: str) -> str:
+    import difflib
+
+    known = [*REWARD_FUNCS, *TRL_REWARD_FUNCS]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"Unknown reward function {name!r}{hint}. Built-in: {', '.join(REWARD_FUNCS)} (`cegppo rewards` describes "
+        f"them); TRL's: {', '.join(TRL_REWARD_FUNCS)}, or any other as `trl.rewards.<name>`; or a dotted import path "
+        "to your own (`my_lib.rewards.my_reward`)."
+    )
+
+
+def _factory_message(name: str) -> str:
+    return (
+        f"`{name}` in `trl.rewards` is not a reward function but a factory: called with its settings it returns "
+        f"one. Write `my_reward = {name}(...)` in a module of yours and pass its dotted path "
+        "(`--reward_funcs my_module.my_reward`)."
+    )
+
+
+def check_reward_name(name: str) -> None:
+    """Refuse a reward name that `get_reward_func` cannot resolve, without importing anything (parse time).
+
+    Raises:
+        ValueError: an unknown bare name, or one of TRL's reward factories (they need settings).
+    """
+    if name.removeprefix("trl.rewards.") in TRL_REWARD_FACTORIES:
+        raise ValueError(_factory_message(name.removeprefix("trl.rewards.")))
+    if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
+        raise ValueError(_unknown_reward_message(name))
+
+
 def get_reward_func(name: str) -> Callable:
-    """A reward function by registry name, or by dotted import path (`my_pkg.rewards.my_reward`, resolved from the
+    """A reward function by registry name, by the name of one of TRL's (`accuracy_reward`, `think_format_reward`,
+    ...), or by dotted import path (`trl.rewards.accuracy_reward`, `my_pkg.rewards.my_reward`, resolved from the
     current directory too, like TRL's `grpo.py`).
 
     Raises:
-        ValueError: an unknown name that is not an importable `module.attribute` path.
+        ValueError: an unknown name that is not an importable `module.attribute` path, or a TRL reward factory.
+        ImportError: the reward needs `math-verify` and it is not installed (raised here, before any model loads,
+            rather than at the first rollout).
     """
+    import importlib
+
+    check_reward_name(name)
     if name in REWARD_FUNCS:
-        return REWARD_FUNCS[name]
-    if "." in name:
-        import importlib
+        func = REWARD_FUNCS[name]
+    elif name in TRL_REWARD_FUNCS:
+        func = getattr(importlib.import_module("trl.rewards"), name)
+    else:
         import os
         import sys
 
@@ -334,7 +449,37 @@ def get_reward_func(name: str) -> Callable:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
         try:
-            return getattr(importlib.import_module(module_path), attr)
+            func = getattr(importlib.import_module(module_path), attr)
         except (ImportError, AttributeError) as error:
             raise ValueError(f"Could not import reward function {name!r}: {error}") from error
-    raise ValueError(f"Unknown reward function {name!r}. Expected one of {sorted(REWARD_FUNCS)} or a dotted path.")
+    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
+    key = getattr(func, "__name__", name) if from_trl else name
+    if from_trl and key in TRL_REWARD_FACTORIES:
+        raise ValueError(_factory_message(key))
+    if key in _MATH_VERIFY_REWARDS:
+        require_math_verify(key)
+    return func
+
+
+def reward_required_columns(func: Callable) -> tuple[str, ...]:
+    """The dataset columns a reward cannot score without: its `required_columns` if it declares them, else the
+    parameters of its signature that have no default and that TRL's trainer does not pass itself."""
+    import inspect
+
+    declared = getattr(func, "required_columns", None)
+    if declared is not None:
+        return tuple(declared)
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(
+        p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS
+    )
+
+
+def reward_needs_chat(func: Callable) -> bool:
+    """Whether a reward reads conversational completions only (TRL's rewards index `completion[0]["content"]`)."""
+    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
+    return from_trl and getattr(func, "__name__", "") in TRL_REWARD_FUNCS

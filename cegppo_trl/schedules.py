@@ -170,13 +170,22 @@ class Schedule:
         _check_step(step, total_steps)
         return float(self._value(step, total_steps))
 
-    def check(self, total_steps: int) -> None:
+    def check(self, total_steps: int, field: str | None = None) -> None:
         """Raises ValueError now if the schedule cannot be evaluated for a run of ``total_steps`` steps.
 
         Only schedules that mix steps and percentages can fail (e.g. ``linear:0->1@600-50%`` with 1000 steps); a
         trainer calls this once before training so the error does not surface mid-run.
+
+        Args:
+            total_steps: the run length.
+            field: the config field the schedule came from (``gppo_beta1_schedule``), named in the error.
         """
-        self(0, total_steps)
+        try:
+            self(0, total_steps)
+        except ValueError as error:
+            if field is None:
+                raise
+            raise ValueError(f"`{field}`: {error}") from None
 
     def _value(self, step: int, total_steps: int) -> float:
         raise NotImplementedError
@@ -236,7 +245,8 @@ class _RampSchedule(Schedule):
         if hi <= lo:  # only reachable when steps and percentages are mixed; parse rejects the rest
             raise ValueError(
                 f"schedule {self.spec()!r}: window {self.window_start}-{self.window_end} is empty for "
-                f"total_steps={total_steps} (it resolves to steps {float(lo):g}-{float(hi):g})"
+                f"total_steps={total_steps} (it resolves to steps {float(lo):g}-{float(hi):g}). Write both ends in "
+                "steps or both in percentages, or move the end after the start for this run length."
             )
         # The ends are returned exactly (exp's pow would otherwise give end * (1 + 1e-16)).
         if step <= lo:
@@ -329,7 +339,8 @@ class PiecewiseSchedule(Schedule):
         if any(b <= a for a, b in zip(resolved, resolved[1:])):  # only when steps and percentages are mixed
             raise ValueError(
                 f"schedule {self.spec()!r}: boundaries are not increasing for total_steps={total_steps} "
-                f"(they resolve to steps {', '.join(f'{float(b):g}' for b in resolved)})"
+                f"(they resolve to steps {', '.join(f'{float(b):g}' for b in resolved)}). Write every boundary in "
+                "steps or every one in percentages, or reorder them for this run length."
             )
         # Last boundary <= step; resolved[0] == 0 <= step, so the index is never -1.
         return self.values[bisect.bisect_right(resolved, step) - 1]

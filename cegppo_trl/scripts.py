@@ -31,10 +31,18 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
 from .config import CEGPPOConfig
 from .distributed import check_distributed_engine
 from .resources import resolve_config_args
-from .rewards import REWARD_FUNCS, get_reward_func
+from .rewards import (
+    REWARD_FUNCS,
+    TRL_REWARD_FUNCS,
+    check_reward_name,
+    get_reward_func,
+    missing_reference_message,
+    reward_needs_chat,
+    reward_required_columns,
+)
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset, DatasetDict, IterableDatasetDict
 
     from .trainer import CEGPPOTrainer
 
@@ -57,10 +65,11 @@ class CEGPPOScriptArguments(ScriptArguments):
     Args:
         dataset_name (`str`):
             Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
-            `.json`/`.jsonl`/`.csv`/`.parquet` file.
+            `.json`/`.jsonl`/`.csv`/`.parquet` file. `dataset_streaming` streams local files and directories too.
         reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
             Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
-            `gsm8k`, `gsm8k_01`, `format`) or dotted import paths. Weight them with `reward_weights`.
+            `gsm8k`, `gsm8k_01`, `format`), TRL's by name (`accuracy_reward`, `reasoning_accuracy_reward`,
+            `think_format_reward`), or dotted import paths. Weight them with `reward_weights`.
         prompt_column (`str`, *optional*, defaults to `"prompt"`):
             Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
         solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
@@ -70,7 +79,8 @@ class CEGPPOScriptArguments(ScriptArguments):
             Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
             braces are literal, so `\\boxed{}` needs no escaping.
         system_prompt (`str` or `None`, *optional*):
-            System message prepended to every prompt (turning plain-text prompts into chat prompts).
+            System message prepended to every prompt (turning plain-text prompts into chat prompts). A prompt that
+            already opens with a system message keeps its own (a warning says how many do).
         chat_prompts (`bool`, *optional*, defaults to `True`):
             Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
             reasoning models). Set `False` for base models trained on raw text.
@@ -81,8 +91,8 @@ class CEGPPOScriptArguments(ScriptArguments):
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_verify"],
         metadata={
-            "help": f"Reward functions by name ({', '.join(REWARD_FUNCS)}) or dotted import path "
-            "(`my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
+            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
+            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
         },
     )
     prompt_column: str = field(
@@ -99,7 +109,10 @@ class CEGPPOScriptArguments(ScriptArguments):
         default=None,
         metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
     )
-    system_prompt: str | None = field(default=None, metadata={"help": "System message prepended to every prompt."})
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
+    )
     chat_prompts: bool = field(
         default=True,
         metadata={
@@ -138,10 +151,7 @@ class CEGPPOScriptArguments(ScriptArguments):
         if isinstance(self.reward_funcs, str):
             self.reward_funcs = [self.reward_funcs]
         for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
-            if name not in REWARD_FUNCS and "." not in name:
-                raise ValueError(
-                    f"Unknown reward function {name!r}. Expected one of {sorted(REWARD_FUNCS)} or a dotted path."
-                )
+            check_reward_name(name)
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -184,10 +194,14 @@ def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
 
 def load_any_dataset(
     name: str | None, *, config: str | None = None, train_split: str = "train", streaming: bool = False
-) -> DatasetDict:
+) -> DatasetDict | IterableDatasetDict:
     """Load `name` as a `DatasetDict`, from the Hub, a local dataset directory, a `save_to_disk` directory or a
-    single data file (whose rows become the `train_split` split)."""
-    from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+    single data file (whose rows become the `train_split` split).
+
+    With `streaming`, every source gives an `IterableDatasetDict`: rows are read as training consumes them (a
+    `save_to_disk` directory is memory-mapped anyway, and is wrapped with `to_iterable_dataset`).
+    """
+    from datasets import Dataset, DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
 
     if name is None:
         raise ValueError("`dataset_name` is required (a Hub id, a local directory, or a .json/.jsonl/.csv file).")
@@ -195,12 +209,15 @@ def load_any_dataset(
         os.path.exists(os.path.join(name, marker)) for marker in ("dataset_dict.json", "state.json")
     ):
         loaded = load_from_disk(name)
+        if streaming:
+            splits = loaded if isinstance(loaded, DatasetDict) else {train_split: loaded}
+            return IterableDatasetDict({split: data.to_iterable_dataset() for split, data in splits.items()})
     elif os.path.isfile(name):
         builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
         if builder is None:
             raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
         try:
-            loaded = load_dataset(builder, data_files={train_split: name})
+            loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
         except Exception as error:  # datasets fails obscurely on empty files (StopIteration, ArrowInvalid, ...)
             if _data_file_is_empty(name, builder):
                 raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
@@ -267,6 +284,8 @@ def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dat
             out["solution"] = None if gold is None else str(gold)
         return out
 
+    if script_args.system_prompt is not None:
+        _warn_on_own_system_messages(dataset, prompt_col)
     unchanged = (
         prompt_col == "prompt"
         and solution_col in (None, "solution")
@@ -277,6 +296,45 @@ def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dat
     if unchanged:  # skip rewriting every row of a large dataset for nothing
         return dataset
     return dataset.map(convert)
+
+
+def _opens_with_system_message(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"
+    )
+
+
+def _warn_on_own_system_messages(dataset: Dataset, prompt_col: str) -> None:
+    """`system_prompt` only fills in prompts without a system message: say how many keep their own."""
+    from datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):  # counting would read the whole stream: look at its first row
+        first = next(iter(dataset), None)
+        if first is not None and _opens_with_system_message(_get_path(first, prompt_col)):
+            logger.warning(
+                "`system_prompt` is not used for prompts that already open with a system message (the stream's "
+                "first one does): the dataset's own system message wins; the others get `system_prompt`."
+            )
+        return
+    rows = dataset.select_columns([prompt_col.split(".")[0]])
+    own = sum(_opens_with_system_message(_get_path(row, prompt_col)) for row in rows)
+    if own:
+        logger.warning(
+            "`system_prompt` is not used for %d of %d prompts: they already open with a system message, which wins "
+            "(the other %d get `system_prompt`). To use yours everywhere, drop the system messages from the data.",
+            own,
+            len(rows),
+            len(rows) - own,
+        )
+
+
+def _first_row(dataset: Dataset) -> dict[str, Any] | None:
+    """The first row (a streaming dataset reads just that one), `None` for an empty dataset."""
+    from datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return next(iter(dataset), None)
+    return dataset[0] if len(dataset) else None
 
 
 def _first_prompt_is_text(dataset: Dataset) -> bool:
@@ -359,11 +417,18 @@ def main(
     eval_dataset = None
     if training_args.eval_strategy != "no":
         if script_args.dataset_test_split not in dataset:
+            strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
             raise ValueError(
-                f"eval_strategy={training_args.eval_strategy!r} but the dataset has no split "
-                f"{script_args.dataset_test_split!r} (splits: {list(dataset)})."
+                f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
+                f"(splits: {list(dataset)}). Name the split with `--dataset_test_split`, or `--eval_strategy no`."
             )
         eval_dataset = prepare_dataset(dataset[script_args.dataset_test_split], script_args)
+    # Before the model loads: each of these would otherwise fail (or train on nothing) after it.
+    for data in (train_dataset, eval_dataset):
+        check_rewards_fit_data(script_args.reward_funcs, reward_funcs, data)
+    check_streaming_length(train_dataset, training_args)
+    check_chat_template(model_args, training_args, train_dataset, script_args)
+    check_cpu_dtype(model_args, training_args)
 
     trainer = CEGPPOTrainer(
         model=model_args.model_name_or_path,
@@ -439,6 +504,138 @@ def check_launch(training_args: CEGPPOConfig) -> None:
             "`accelerate launch --cpu --num_processes N` starts only one process (MASTER_ADDR is set, WORLD_SIZE is "
             "not). For one CPU process drop `--num_processes`; for several use:\n    " + CPU_LAUNCH_LINE
         )
+
+
+def check_rewards_fit_data(names: list[str], reward_funcs: list, dataset: Dataset | None) -> None:
+    """Refuse a reward that needs a column the prepared data lacks, or chat completions the data will not give.
+
+    Without its reference a built-in reward raises at the first rollout, and a function of TRL's fails there on a
+    plain-text completion: both after the model has loaded and generated.
+    """
+    if dataset is None:
+        return
+    columns = dataset.column_names  # None for some streaming datasets: checked by the rewards themselves then
+    for name, func in zip(names, reward_funcs, strict=True):
+        missing = [c for c in reward_required_columns(func) if columns is not None and c not in columns]
+        if missing == ["solution"]:
+            raise ValueError(missing_reference_message(name, columns))
+        if missing:
+            raise ValueError(
+                f"Reward `{name}` needs the dataset column(s) {missing}, which the prepared data lacks (columns: "
+                f"{', '.join(columns)}). Add them to the dataset, or map one with `--solution_column` (it arrives "
+                "as `solution`)."
+            )
+    if any(reward_needs_chat(func) for func in reward_funcs):
+        first = _first_row(dataset)
+        if first is not None and isinstance(first.get("prompt"), str):
+            chat_only = [name for name, func in zip(names, reward_funcs) if reward_needs_chat(func)]
+            raise ValueError(
+                f"TRL's {', '.join(chat_only)} read(s) chat completions (`completion[0]['content']`), and the prompts "
+                "are plain text (`chat_prompts` is false), so the completions will be too. Use chat prompts "
+                "(`--chat_prompts true`, a model with a chat template), or this library's rewards, which read both "
+                "(`math_verify_01` for accuracy_reward, `format` for a format check)."
+            )
+
+
+def check_streaming_length(train_dataset: Dataset, training_args: CEGPPOConfig) -> None:
+    """A streamed dataset has no length, so the number of steps must be given."""
+    from datasets import IterableDataset
+
+    if isinstance(train_dataset, IterableDataset) and training_args.max_steps <= 0:
+        raise ValueError(
+            "`dataset_streaming` reads the rows as training goes, so the run length cannot come from "
+            "`num_train_epochs`: set `--max_steps N`, or drop `--dataset_streaming`."
+        )
+
+
+def check_chat_template(
+    model_args: ModelConfig, training_args: CEGPPOConfig, train_dataset: Dataset, script_args: CEGPPOScriptArguments
+) -> None:
+    """Refuse chat prompts for a model whose tokenizer has no chat template (a base model), before the model loads.
+
+    Chat prompts are the default (`chat_prompts` wraps plain text as a user message); transformers would only fail
+    at the first rollout. The tokenizer is loaded as TRL's trainer loads it, which takes a moment, not the weights.
+    """
+    from transformers import AutoProcessor
+
+    first = _first_row(train_dataset)
+    if first is None or isinstance(first.get("prompt"), str):
+        return
+    try:
+        processor = AutoProcessor.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+        )
+    except Exception as error:  # the model load reports the real problem; this check only looks for a template
+        logger.debug("check_chat_template: could not load the processor: %s", error)
+        return
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None):
+        return
+    drop_system = " and drop `--system_prompt`" if script_args.system_prompt is not None else ""
+    raise ValueError(
+        f"The prompts are chat messages, but the tokenizer of {model_args.model_name_or_path} has no chat template "
+        f"(a base model), so they cannot be rendered. For a base model trained on raw text pass `--chat_prompts "
+        f"false`{drop_system} (plain-text prompts then stay text; prompts that are chat messages in the dataset "
+        "need a template whatever the flag); or use a model with a chat template (an instruct model), or set one on "
+        "the tokenizer (`tokenizer.chat_template = ...`, then `save_pretrained`)."
+    )
+
+
+def cpu_computes_natively(dtype: str) -> bool:
+    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it.
+
+    Without them half-precision matmuls are emulated, slower than float32; with them, bfloat16 is faster
+    (`benchmarks/bench_cpu_dtype.py` measures the ratio).
+    """
+    import torch
+
+    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):  # a private probe: assume the slow path if this build lacks it
+        return False
+
+
+def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
+    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for (emulated: every
+    matmul is slower than in float32).
+
+    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed, but
+    the warning says why it is slow and gives the flag. Where the CPU has the instructions, bfloat16 weights are
+    faster than float32 (full fine-tuning and LoRA alike, `benchmarks/bench_cpu_dtype.py`): nothing to warn about.
+    """
+    configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
+    if training_args.device.type != "cpu":
+        return
+    dtype = configured
+    if dtype == "auto":  # the checkpoint's own dtype (config.json), cheap to read
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(
+                model_args.model_name_or_path,
+                revision=model_args.model_revision,
+                trust_remote_code=training_args.trust_remote_code,
+            )
+        except Exception as error:  # the model load reports the real problem
+            logger.debug("check_cpu_dtype: could not read the config: %s", error)
+            return
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(dtype).removeprefix("torch.")
+    if name not in ("bfloat16", "float16") or cpu_computes_natively(name):
+        return
+    logger.warning(
+        "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions, so every "
+        "matmul is emulated: each step is slower than with float32 weights (`benchmarks/bench_cpu_dtype.py` measures "
+        "it). Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype float32` (or start from "
+        "examples/recipes/cpu_smoke.yaml); several CPU processes: %s",
+        name,
+        configured,
+        name,
+        CPU_LAUNCH_LINE,
+    )
 
 
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:

@@ -254,8 +254,8 @@ class CEGPPOTrainer(GRPOTrainer):
             beta1, beta2 = self.beta1_schedule.initial, self.beta2_schedule.initial
         else:
             if total != self._schedules_checked_for:  # once per run length: a window that is empty for it fails now
-                self.beta1_schedule.check(total)
-                self.beta2_schedule.check(total)
+                self.beta1_schedule.check(total, field="gppo_beta1_schedule")
+                self.beta2_schedule.check(total, field="gppo_beta2_schedule")
                 self._schedules_checked_for = total
             beta1, beta2 = self.beta1_schedule(step, total), self.beta2_schedule(step, total)
         if self.entropy_controller is not None:

@@ -107,14 +107,18 @@ def test_cegppo_rewards_shows_each_score_convention_without_cutting_words(capsys
     monkeypatch.setenv("COLUMNS", "80")
     cli.main(["rewards"])
     out = capsys.readouterr().out
-    entries = {}
-    for line in out.splitlines()[2:]:
-        if line and not line.startswith(" "):
+    sections, entries = [], {}
+    for line in out.splitlines():
+        if line.endswith(":") and "reward functions" in line.lower():
+            sections.append(line)
+        elif line and not line.startswith(" "):
             name, _, text = line.partition(" ")
             entries[name] = text.strip()
         elif line:
             entries[name] += " " + line.strip()
-    assert set(entries) == {"math_verify", "math_verify_01", "gsm8k", "gsm8k_01", "format"}
+    assert len(sections) == 2 and "trl.rewards.<name>" in sections[1]
+    assert set(entries) == {"math_verify", "math_verify_01", "gsm8k", "gsm8k_01", "format", "accuracy_reward",
+                            "reasoning_accuracy_reward", "think_format_reward"}  # fmt: skip
     assert "+1 correct, -1 otherwise" in entries["math_verify"]
     assert "1 correct, 0 otherwise" in entries["math_verify_01"] and "-1" not in entries["math_verify_01"]
     assert entries["math_verify"] != entries["math_verify_01"]

@@ -95,8 +95,15 @@ def test_math_verify_scores_a_missing_or_unparseable_reference_as_wrong(gold):
     assert REWARD_FUNCS["math_verify"]([R1_CORRECT], solution=[gold]) == [-1.0]
 
 
-def test_math_verify_without_solution_column_scores_everything_wrong():
-    assert REWARD_FUNCS["math_verify"]([R1_CORRECT, R1_WRONG]) == [-1.0, -1.0]
+@pytest.mark.parametrize("name", ["math_verify", "math_verify_01", "gsm8k", "gsm8k_01"])
+def test_reference_reward_without_a_solution_column_raises_naming_the_column_and_the_fix(name):
+    # Scoring every rollout "wrong" would train on nothing (reward -1, loss 0, no gradient) without a word.
+    with pytest.raises(ValueError, match=rf"Reward `{name}` .* `solution` column, and the data has none \(its "
+                       r"columns: answer\).*`--solution_column answer`"):  # fmt: skip
+        get_reward_func(name)(["\\boxed{4}"], answer=["4"], prompts=["2+2?"], trainer_state=None)
+    with pytest.raises(ValueError, match=r"columns: none\).*`--solution_column <column>`"):
+        REWARD_FUNCS[name]([R1_CORRECT])
+    assert format_reward(["\\boxed{4}"], answer=["4"]) == [1.0]  # a reference-free reward needs none
 
 
 def test_math_verify_runs_off_the_main_thread():
@@ -205,6 +212,57 @@ def test_last_boxed_balances_nested_braces():
     assert last_boxed("\\fbox{7}") == "7"
     assert last_boxed("\\boxed{\\frac{1}{2}") is None
     assert last_boxed("no box") is None
+
+
+def test_math_verify_missing_is_refused_when_the_reward_is_built_naming_the_package(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` now raises ImportError
+    for name in ("math_verify", "math_verify_01", "accuracy_reward"):
+        with pytest.raises(ImportError, match=rf"Reward `{name}` checks answers with the `math-verify` package.*"
+                           r"`pip install math-verify`"):  # fmt: skip
+            get_reward_func(name)
+    with pytest.raises(ImportError, match="`pip install math-verify`"):  # called directly, as the Python API does
+        REWARD_FUNCS["math_verify"](["\\boxed{4}"], solution=["4"])
+    assert get_reward_func("gsm8k")(["\\boxed{4}"], solution=["4"]) == [1.0]  # the others do not need it
+
+
+def test_math_verify_is_a_core_dependency():
+    # `reward_funcs` defaults to math_verify: a plain `pip install cegppo-trl` must be able to run it.
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    dependencies = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)  # the core list only
+    assert re.search(r'^\s*"math-verify>=', dependencies, re.M)
+
+
+def test_trl_reward_functions_are_accepted_by_name():
+    import trl.rewards
+
+    for name in ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward"):
+        assert get_reward_func(name) is getattr(trl.rewards, name)
+        assert get_reward_func(f"trl.rewards.{name}") is getattr(trl.rewards, name)
+    assert get_reward_func("think_format_reward")([[{"content": "<think>a</think>b"}]]) == [1.0]
+    # factories need settings: by name they would be called as a reward and fail at the first rollout
+    for name in ("get_soft_overlong_punishment", "trl.rewards.get_repetition_penalty_reward"):
+        with pytest.raises(ValueError, match=r"is not a reward function but a factory.*my_module.my_reward"):
+            get_reward_func(name)
+
+
+def test_unknown_reward_lists_the_built_ins_and_suggests_trl_names():
+    with pytest.raises(ValueError) as error:
+        get_reward_func("accuracy")
+    message = str(error.value)
+    assert "Unknown reward function 'accuracy' (did you mean 'accuracy_reward'?)" in message
+    assert "Built-in: math_verify, math_verify_01, gsm8k, gsm8k_01, format" in message
+    assert "TRL's: accuracy_reward, reasoning_accuracy_reward, think_format_reward" in message
+    assert "`trl.rewards.<name>`" in message
+    from cegppo_trl.scripts import CEGPPOScriptArguments
+
+    with pytest.raises(ValueError, match=r"Unknown reward function 'accuracy' \(did you mean"):  # at parse time
+        CEGPPOScriptArguments(dataset_name="x", reward_funcs=["accuracy"])
+    assert CEGPPOScriptArguments(dataset_name="x", reward_funcs=["think_format_reward"]).reward_funcs
 
 
 def test_registry_names_and_dotted_paths():

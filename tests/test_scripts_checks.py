@@ -1,0 +1,250 @@
+"""The training script's checks before the model loads: rewards against the prepared data, chat template, CPU dtype,
+streaming, and the wording of the schedule / eval-split / system-prompt messages.
+
+Each refusal is asserted to come before `CEGPPOTrainer` is built (the model would load there).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.scripts import (
+    CEGPPOScriptArguments,
+    check_cpu_dtype,
+    check_streaming_length,
+    load_any_dataset,
+    parse_args,
+    prepare_dataset,
+)
+from cegppo_trl.scripts import main as train
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
+
+
+def _save_tiny_model(path: Path, chat_template: bool = True) -> str:
+    from cegppo_trl.tiny import build_char_tokenizer, build_tiny_llama
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(path)
+    if not chat_template:  # a base model: transformers saves no chat_template.jinja
+        tokenizer.chat_template = None
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="module")
+def base_model_dir(tmp_path_factory) -> str:
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-base"), chat_template=False)
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gsm8k_file(tmp_path_factory) -> str:
+    """GSM8K's layout: `question` and `answer` (worked solution ending in `#### N`), no `solution` column."""
+    rows = [{"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(8)]
+    return _write_jsonl(tmp_path_factory.mktemp("gsm8k") / "gsm8k.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> str:
+    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(8)]
+    return _write_jsonl(tmp_path_factory.mktemp("data") / "add.jsonl", rows)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if the script gets as far as building the trainer (which loads the model)."""
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the check refused")
+
+    monkeypatch.setattr(CEGPPOTrainer, "__init__", refuse)
+
+
+def smoke_args(model_dir, data_file, output_dir, *extra):
+    return parse_args(
+        ["--config", str(SMOKE), "--model_name_or_path", model_dir, "--dataset_name", data_file,
+         "--output_dir", str(output_dir), "--max_steps", "2", *extra]
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 5: a reward that needs a reference is refused before the model loads when the data has none
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reward", ["math_verify", "gsm8k", "accuracy_reward"])
+def test_reward_needing_a_reference_without_one_is_refused_before_the_model_loads(
+    reward, model_dir, gsm8k_file, tmp_path, no_model_load
+):
+    pytest.importorskip("math_verify")
+    args = smoke_args(model_dir, gsm8k_file, tmp_path, "--prompt_column", "question", "--solution_column", "none",
+                      "--reward_funcs", reward)  # fmt: skip
+    with pytest.raises(ValueError, match=rf"Reward `{reward}` .*`solution` column.*`--solution_column answer`"):
+        train(*args)
+
+
+def test_reference_free_reward_without_a_reference_passes_the_check(model_dir, gsm8k_file, tmp_path, no_model_load):
+    args = smoke_args(model_dir, gsm8k_file, tmp_path, "--prompt_column", "question", "--solution_column", "none",
+                      "--reward_funcs", "format")  # fmt: skip
+    with pytest.raises(AssertionError, match="the model was loaded"):  # got past every check to the trainer
+        train(*args)
+
+
+def test_a_custom_reward_is_checked_against_its_signature(model_dir, data_file, tmp_path, no_model_load):
+    # `tests/helpers` is on sys.path (conftest imports from it); the reward declares a `difficulty` column
+    args = smoke_args(model_dir, data_file, tmp_path, "--reward_funcs", "test_scripts_checks.difficulty_reward")
+    with pytest.raises(ValueError, match=r"`test_scripts_checks.difficulty_reward` needs the dataset column\(s\) "
+                       r"\['difficulty'\]"):  # fmt: skip
+        train(*args)
+
+
+def difficulty_reward(completions, difficulty, **kwargs):
+    return [float(d) for d in difficulty]
+
+
+def test_trl_reward_on_plain_text_prompts_is_refused(model_dir, data_file, tmp_path, no_model_load):
+    # TRL's rewards read completion[0]["content"]: plain-text prompts give string completions, a TypeError there.
+    args = smoke_args(model_dir, data_file, tmp_path, "--reward_funcs", "think_format_reward",
+                      "--chat_prompts", "false")  # fmt: skip
+    with pytest.raises(ValueError, match=r"TRL's think_format_reward read\(s\) chat completions.*`format`"):
+        train(*args)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 9: a base model without a chat template, with the default chat prompts
+# ----------------------------------------------------------------------------------------------------------------
+def test_base_model_without_chat_template_is_refused_naming_chat_prompts_false(
+    base_model_dir, data_file, tmp_path, no_model_load
+):
+    with pytest.raises(ValueError, match=r"has no chat template \(a base model\).*`--chat_prompts false`"):
+        train(*smoke_args(base_model_dir, data_file, tmp_path))
+    # with raw-text prompts it gets past every check (to the trainer, which this test stops)
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        train(*smoke_args(base_model_dir, data_file, tmp_path, "--chat_prompts", "false"))
+
+
+@pytest.mark.slow
+def test_base_model_trains_on_raw_text_with_chat_prompts_false(base_model_dir, data_file, tmp_path):
+    trainer = train(*smoke_args(base_model_dir, data_file, tmp_path, "--chat_prompts", "false", "--max_steps", "1"))
+    assert trainer.state.global_step == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 17: half-precision weights on a CPU run
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only warning")
+def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_flag(
+    model_dir, tmp_path, caplog, monkeypatch
+):
+    from transformers import AutoConfig
+
+    import cegppo_trl.scripts
+
+    def warnings_for(path, *extra):
+        _, training_args, model_args = parse_args(
+            ["--model_name_or_path", path, "--dataset_name", "x.jsonl", "--output_dir", str(tmp_path),
+             "--use_cpu", "true", "--bf16", "false", *extra]
+        )  # fmt: skip
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+            check_cpu_dtype(model_args, training_args)
+        return caplog.text
+
+    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: False)  # e.g. AVX2-only CPUs
+    for dtype in ("bfloat16", "float16"):
+        text = warnings_for(model_dir, "--dtype", dtype)
+        assert f"load as {dtype} (`dtype: {dtype}`) on a CPU run, and this CPU has no {dtype} instructions" in text
+        assert "emulated: each step is slower than with float32" in text and "Pass `--dtype float32`" in text
+        assert "--use_cpu true --bf16 false --dtype float32" in text and "torchrun --nproc_per_node 2" in text
+    assert warnings_for(model_dir, "--dtype", "float32") == ""
+    assert warnings_for(model_dir) == ""  # TRL's default dtype is float32
+    # `auto` takes the checkpoint's dtype: a model saved in bfloat16 loads in bfloat16
+    bf16_dir = tmp_path / "bf16-model"
+    config = AutoConfig.from_pretrained(model_dir)
+    config.dtype = "bfloat16"
+    config.save_pretrained(bf16_dir)
+    assert "load as bfloat16 (`dtype: auto`)" in warnings_for(str(bf16_dir), "--dtype", "auto")
+    assert warnings_for(model_dir, "--dtype", "auto") == ""  # saved in float32
+    # a CPU with bfloat16 instructions runs it natively, faster than float32 (full fine-tuning and LoRA measured)
+    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: True)
+    assert warnings_for(model_dir, "--dtype", "bfloat16") == ""
+    assert warnings_for(model_dir, "--dtype", "bfloat16", "--use_peft", "true") == ""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 18
+# ----------------------------------------------------------------------------------------------------------------
+def test_schedule_window_empty_for_the_run_length_names_its_field():
+    # 600-50% is fine for runs longer than 1200 steps, empty for 1000: refused at config time, naming the field
+    with pytest.raises(ValueError, match=r"^`gppo_beta2_schedule`: schedule 'linear:0->1@600-50%'.*empty for "
+                       r"total_steps=1000.*both in percentages"):  # fmt: skip
+        CEGPPOConfig(output_dir="/tmp/x", use_cpu=True, max_steps=1000, gppo_beta2_schedule="linear:0->1@600-50%")
+    CEGPPOConfig(output_dir="/tmp/x", use_cpu=True, max_steps=2000, gppo_beta2_schedule="linear:0->1@600-50%")
+    # the trainer checks again once it knows the run length (num_train_epochs runs), naming the field as well
+    from cegppo_trl.schedules import parse_schedule
+
+    with pytest.raises(ValueError, match=r"^`gppo_beta1_schedule`: schedule"):
+        parse_schedule("piecewise:0,1@600,2@50%").check(1000, field="gppo_beta1_schedule")
+
+
+def test_eval_split_error_prints_the_strategy_value_not_the_enum(model_dir, data_file, tmp_path, no_model_load):
+    args = smoke_args(model_dir, data_file, tmp_path, "--eval_strategy", "steps", "--eval_steps", "1")
+    with pytest.raises(ValueError) as error:
+        train(*args)
+    assert "eval_strategy='steps' but the dataset has no split 'test'" in str(error.value)
+    assert "IntervalStrategy" not in str(error.value)
+
+
+def test_system_prompt_beside_the_datasets_own_system_messages_warns_which_wins(caplog):
+    from datasets import Dataset
+
+    own = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "1+1="}]
+    data = Dataset.from_dict({"prompt": [own, [{"role": "user", "content": "2+2="}], own]})
+    args = CEGPPOScriptArguments(dataset_name="x", system_prompt="Think step by step.", solution_column=None)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        out = prepare_dataset(data, args)
+    assert "`system_prompt` is not used for 2 of 3 prompts: they already open with a system message, which wins" in (
+        caplog.text
+    )
+    assert [p[0]["content"] for p in out["prompt"]] == ["Be terse.", "Think step by step.", "Be terse."]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        prepare_dataset(data.select([1]), args)
+    assert caplog.text == ""  # nothing to say when every prompt takes the system prompt
+
+
+def test_dataset_streaming_streams_local_files_and_saved_datasets(data_file, tmp_path):
+    from datasets import Dataset, IterableDataset, IterableDatasetDict
+
+    streamed = load_any_dataset(data_file, streaming=True)
+    assert isinstance(streamed, IterableDatasetDict) and isinstance(streamed["train"], IterableDataset)
+    assert next(iter(streamed["train"])) == {"prompt": "0+0=", "solution": "0"}
+    saved = tmp_path / "saved"
+    Dataset.from_dict({"prompt": ["a", "b"]}).save_to_disk(saved)
+    streamed = load_any_dataset(str(saved), streaming=True)
+    assert isinstance(streamed["train"], IterableDataset) and [r["prompt"] for r in streamed["train"]] == ["a", "b"]
+    assert isinstance(load_any_dataset(data_file)["train"], Dataset)  # without the flag, in memory as before
+    # A stream has no length: the run length must be max_steps.
+    with pytest.raises(ValueError, match=r"`dataset_streaming` .* set `--max_steps N`"):
+        check_streaming_length(streamed["train"], CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
+
+
+@pytest.mark.slow
+def test_dataset_streaming_trains_from_a_local_file(model_dir, data_file, tmp_path):
+    trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--dataset_streaming", "true", "--max_steps", "1"))
+    assert trainer.state.global_step == 1
