@@ -16,7 +16,6 @@ import platform
 import statistics
 
 import torch
-
 from bench_train_step import quiet, timed_run
 
 FULL_LENGTHS, FULL_GROUPS = (16, 32, 64, 128), (2, 4, 8, 16)

@@ -26,9 +26,8 @@ import platform
 import statistics
 import subprocess
 
-import torch
-
 import bench_loss
+import torch
 from bench_train_step import quiet, timed_run
 
 LOSS_SIZES = [(64, 4096), (256, 8192), (1024, 16384)]

@@ -34,4 +34,11 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))
 
 
-__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_objective", "cegppo_per_token_loss", "cegppo_regions"]
+__all__ = [
+    "CEGPPOConfig",
+    "CEGPPOTrainer",
+    "__version__",
+    "cegppo_objective",
+    "cegppo_per_token_loss",
+    "cegppo_regions",
+]

@@ -129,8 +129,17 @@ class EntropyControllerConfig:
     update_every: int = 1
 
     def __post_init__(self):
-        for name in ("target_low", "target_high", "step_size", "beta1_min", "beta1_max", "beta2_min", "beta2_max",
-                     "damping", "ema"):
+        for name in (
+            "target_low",
+            "target_high",
+            "step_size",
+            "beta1_min",
+            "beta1_max",
+            "beta2_min",
+            "beta2_max",
+            "damping",
+            "ema",
+        ):
             if not _finite(getattr(self, name)):
                 raise ValueError(f"`{name}` must be a finite number, got {getattr(self, name)!r}.")
             setattr(self, name, float(getattr(self, name)))
@@ -406,10 +415,19 @@ def _check_beta(name: str, value: float) -> float:
 
 # -- parsing ------------------------------------------------------------------------------------------------------
 # Spec keys -> config fields; ranges fill two fields.
-_RANGE_KEYS = {"band": ("target_low", "target_high"), "beta1": ("beta1_min", "beta1_max"),
-               "beta2": ("beta2_min", "beta2_max")}
-_SCALAR_KEYS = {"step": "step_size", "mode": "mode", "gain": "gain", "damping": "damping", "ema": "ema",
-                "every": "update_every"}
+_RANGE_KEYS = {
+    "band": ("target_low", "target_high"),
+    "beta1": ("beta1_min", "beta1_max"),
+    "beta2": ("beta2_min", "beta2_max"),
+}
+_SCALAR_KEYS = {
+    "step": "step_size",
+    "mode": "mode",
+    "gain": "gain",
+    "damping": "damping",
+    "ema": "ema",
+    "every": "update_every",
+}
 _FIELD_NAMES = {f.name for f in fields(EntropyControllerConfig)}
 
 

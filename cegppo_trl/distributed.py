@@ -60,7 +60,10 @@ def _asked(env: Mapping[str, str], args: Any) -> tuple[str | None, str]:
     if getattr(args, "deepspeed", None):
         return "deepspeed", f"`deepspeed={args.deepspeed!r}` in the training arguments"
     if _flag(env, "ACCELERATE_USE_FSDP"):
-        return "fsdp", f"ACCELERATE_USE_FSDP={env['ACCELERATE_USE_FSDP']}, from `accelerate launch` with an FSDP config"
+        return (
+            "fsdp",
+            f"ACCELERATE_USE_FSDP={env['ACCELERATE_USE_FSDP']}, from `accelerate launch` with an FSDP config",
+        )
     if getattr(args, "fsdp", None):
         return "fsdp", f"`fsdp={args.fsdp!r}` in the training arguments"
     return None, ""

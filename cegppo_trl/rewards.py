@@ -253,9 +253,7 @@ def _to_number(token: str) -> Fraction | None:
 
 def _normalise(text: str) -> str:
     # Unicode minus signs and TeX's thin-space thousands separator ("1{,}000", "1\,000") are common in outputs.
-    return (
-        text.replace("\u2212", "-").replace("\u2013", "-").replace("{,}", ",").replace("\\,", "").replace("\\!", "")
-    )
+    return text.replace("\u2212", "-").replace("\u2013", "-").replace("{,}", ",").replace("\\,", "").replace("\\!", "")
 
 
 def parse_number(text: str | None) -> Fraction | None:

@@ -20,9 +20,7 @@ def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     return rewards.view(-1, num_generations)  # [G, n]
 
 
-def correct_completions(
-    rewards: torch.Tensor, num_generations: int, threshold: float | None = None
-) -> torch.Tensor:
+def correct_completions(rewards: torch.Tensor, num_generations: int, threshold: float | None = None) -> torch.Tensor:
     """Which completions the SFT term treats as correct.
 
     Args:

@@ -364,9 +364,7 @@ def _format_prompt(prompt: Any, script_args: CEGPPOScriptArguments) -> Any:
 # ----------------------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------------------
-def main(
-    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
-) -> CEGPPOTrainer:
+def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
     """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
 
     Follows TRL's `grpo.py`: `ModelConfig` supplies `model_init_kwargs` (revision, attention implementation,

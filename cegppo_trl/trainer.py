@@ -279,7 +279,9 @@ class CEGPPOTrainer(GRPOTrainer):
                 delta_low=args.delta_low,  # None: the paper's objective, no left guard
                 **({} if args.delta_low is None else {"delta_low_mode": args.delta_low_mode}),
                 importance_sampling_level=args.importance_sampling_level,
-                entropy_controller=None if self.entropy_controller is None else self.entropy_controller.config.to_spec(),
+                entropy_controller=None
+                if self.entropy_controller is None
+                else self.entropy_controller.config.to_spec(),
                 sft_loss_coef=args.sft_loss_coef,
                 dynamic_sampling=args.dynamic_sampling,
             )
@@ -347,7 +349,9 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
             write_state(folder, state_record(self.args, controller))
         super()._save_checkpoint(model, trial)

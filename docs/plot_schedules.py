@@ -28,8 +28,10 @@ EXAMPLES = {
     "linear": ("linear ramps", ["linear:0->0.5", "linear:0->0.5@100-600", "linear:1->0.25@60%-90%"]),
     "cosine": ("half-cosine ramps", ["cosine:1->0.5", "cosine:0->0.75@200-400"]),
     "exp": ("geometric ramps", ["exp:1->0.1", "exp:0.05->1@25%-75%"]),
-    "piecewise": ("piecewise: the CE-GPPO paper's beta1 switch", ["piecewise:0@0,0.5@585",
-                                                                  "piecewise:1@0,0.75@30%,0.5@70%"]),
+    "piecewise": (
+        "piecewise: the CE-GPPO paper's beta1 switch",
+        ["piecewise:0@0,0.5@585", "piecewise:1@0,0.75@30%,0.5@70%"],
+    ),
     "warmup": ("warm-up, then hold", ["warmup:0->0.5@50", "warmup:0.25->1@20%"]),
 }
 

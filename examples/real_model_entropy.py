@@ -144,7 +144,11 @@ def plot(output_dir: Path, window: int = 8) -> list[Path]:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    runs = {arm: json.loads((output_dir / f"{arm}.json").read_text()) for arm in ARMS if (output_dir / f"{arm}.json").exists()}
+    runs = {
+        arm: json.loads((output_dir / f"{arm}.json").read_text())
+        for arm in ARMS
+        if (output_dir / f"{arm}.json").exists()
+    }
     common = min(len(r["steps"]) for r in runs.values())  # compare the arms over the same steps
     panels = [
         ("entropy", "token entropy (nats)"),
@@ -184,7 +188,11 @@ def plot(output_dir: Path, window: int = 8) -> list[Path]:
 
 
 def summarize(output_dir: Path) -> dict:
-    runs = {arm: json.loads((output_dir / f"{arm}.json").read_text()) for arm in ARMS if (output_dir / f"{arm}.json").exists()}
+    runs = {
+        arm: json.loads((output_dir / f"{arm}.json").read_text())
+        for arm in ARMS
+        if (output_dir / f"{arm}.json").exists()
+    }
     common = min(len(r["steps"]) for r in runs.values())
     table = {}
     for arm, run in runs.items():

@@ -11,10 +11,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from helpers.batches import base_config_kwargs, count_ones_reward  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
 from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
-from helpers.batches import base_config_kwargs, count_ones_reward  # noqa: E402
 
 
 @pytest.fixture(scope="session")

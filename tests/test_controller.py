@@ -14,8 +14,16 @@ TOL = 1e-12
 
 
 def make(mode="both", beta1=0.5, beta2=1.0, **overrides) -> EntropyController:
-    kwargs = dict(target_low=0.3, target_high=0.6, step_size=0.05, mode=mode, beta1_min=0.0, beta1_max=1.0,
-                  beta2_min=0.5, beta2_max=1.5)
+    kwargs = dict(
+        target_low=0.3,
+        target_high=0.6,
+        step_size=0.05,
+        mode=mode,
+        beta1_min=0.0,
+        beta1_max=1.0,
+        beta2_min=0.5,
+        beta2_max=1.5,
+    )
     kwargs.update(overrides)
     return EntropyController(EntropyControllerConfig(**kwargs), beta1=beta1, beta2=beta2)
 
@@ -279,8 +287,9 @@ def test_parse_string_spec():
     assert config == EntropyControllerConfig(0.3, 0.6, 0.05, "both", 0.0, 1.0, 0.5, 2.0)
     assert parse_controller("band=0.3-0.6") == EntropyControllerConfig(0.3, 0.6)  # defaults
     spec = " band = 0.3-0.6 , gain = 2 , damping = 0 , ema = 0.5 , every = 10 , mode = BETA2 "
-    assert parse_controller(spec) == EntropyControllerConfig(0.3, 0.6, gain=2.0, damping=0.0, ema=0.5,
-                                                             update_every=10, mode="beta2")
+    assert parse_controller(spec) == EntropyControllerConfig(
+        0.3, 0.6, gain=2.0, damping=0.0, ema=0.5, update_every=10, mode="beta2"
+    )
 
 
 def test_parse_mapping_spec_as_yaml_gives_it():
@@ -298,8 +307,10 @@ def test_parse_disabled(spec):
 
 
 def test_to_spec_round_trips():
-    for config in (EntropyControllerConfig(0.3, 0.6), replace(EntropyControllerConfig(0.1, 0.25), gain=1.5, ema=0.9,
-                                                               update_every=8, mode="beta1", beta2_max=2.5)):
+    for config in (
+        EntropyControllerConfig(0.3, 0.6),
+        replace(EntropyControllerConfig(0.1, 0.25), gain=1.5, ema=0.9, update_every=8, mode="beta1", beta2_max=2.5),
+    ):
         assert parse_controller(config.to_spec()) == config
     assert parse_controller(EntropyControllerConfig(0.3, 0.6)).to_spec() == (
         "band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,damping=1,ema=0,every=1"

@@ -108,9 +108,22 @@ def test_two_nodes_on_loopback_train_what_one_node_trains(tmp_path, ddp_two_proc
     port = str(free_port())
     nodes = [
         start(
-            [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-             "--master_addr", "127.0.0.1", "--master_port", port],
-            tmp_path, DAPO, ACCELERATE_USE_CPU="1",
+            [
+                str(TORCHRUN),
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "1",
+                "--node_rank",
+                str(rank),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                port,
+            ],
+            tmp_path,
+            DAPO,
+            ACCELERATE_USE_CPU="1",
         )  # fmt: skip
         for rank in (0, 1)
     ]
@@ -251,5 +264,5 @@ def test_cpu_rehearsal_config_keeps_the_shipped_settings(tmp_path):
     ds = json.loads((tmp_path / "two_nodes_cpu.deepspeed.json").read_text())
     assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["stage3_param_persistence_threshold"] == 0
     assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
-    assert config["deepspeed_config"]["deepspeed_config_file"] == str((tmp_path / "two_nodes_cpu.deepspeed.json"))
+    assert config["deepspeed_config"]["deepspeed_config_file"] == str(tmp_path / "two_nodes_cpu.deepspeed.json")
     assert "mixed_precision" not in config  # accelerate refuses it beside a DeepSpeed file

@@ -28,7 +28,9 @@ class RecordingHubApi:
         return SimpleNamespace(repo_id=repo_id)
 
     def upload_folder(self, repo_id, folder_path, **kwargs):
-        files = {p.relative_to(folder_path).as_posix(): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()}
+        files = {
+            p.relative_to(folder_path).as_posix(): p.read_bytes() for p in Path(folder_path).rglob("*") if p.is_file()
+        }
         self.calls.append(("upload_folder", repo_id, files, kwargs))
         done = Future()  # checkpoint pushes ask for `run_as_future=True`
         done.set_result(None)
@@ -96,10 +98,10 @@ def test_saved_model_reloads_for_generation(make_trainer, tmp_path, tokenizer):
 
 
 def test_lora_adapter_saves_and_reloads(make_trainer, tmp_path, tokenizer, prompt_dataset):
+    from helpers.batches import base_config_kwargs, count_ones_reward
     from peft import AutoPeftModelForCausalLM, LoraConfig
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from helpers.batches import base_config_kwargs, count_ones_reward
 
     base_dir = tmp_path / "base"
     build_tiny_llama(tokenizer, seed=0).save_pretrained(base_dir)  # the adapter config points at its base
@@ -135,8 +137,14 @@ def test_tensorboard_event_file_holds_cegppo_scalars(make_trainer, tmp_path):
     acc = EventAccumulator(os.path.dirname(event_files[0]))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for name in ("cegppo/beta1", "cegppo/beta2", "cegppo/preserved/left_frac", "cegppo/preserved/right_frac",
-                 "cegppo/ratio/max", "cegppo/preserved/grad_share"):
+    for name in (
+        "cegppo/beta1",
+        "cegppo/beta2",
+        "cegppo/preserved/left_frac",
+        "cegppo/preserved/right_frac",
+        "cegppo/ratio/max",
+        "cegppo/preserved/grad_share",
+    ):
         assert f"train/{name}" in tags, sorted(tags)
     beta1 = [e.value for e in acc.Scalars("train/cegppo/beta1")]
     assert beta1 == [0.5, 0.5]

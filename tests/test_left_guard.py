@@ -13,13 +13,13 @@ import math
 
 import pytest
 import torch
+from helpers.batches import base_config_kwargs, loss_and_grads, make_offpolicy_batch
+from helpers.reference import reference_per_token_loss
 from torch.testing import assert_close
 
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.loss import cegppo_diagnostics, cegppo_objective, cegppo_per_token_loss, cegppo_regions
 from cegppo_trl.trainer import LeftDriftAlarm
-from helpers.batches import base_config_kwargs, loss_and_grads, make_offpolicy_batch
-from helpers.reference import reference_per_token_loss
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75)
 MODES = ["cutoff", "decay"]

@@ -12,10 +12,10 @@ import math
 
 import pytest
 import torch
+from helpers.reference import reference_loss
 from torch.testing import assert_close
 
 from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
-from helpers.reference import reference_loss
 
 EPS_LOW, EPS_HIGH, BETA1, BETA2 = 0.2, 0.2, 0.5, 0.75
 LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta2=BETA2)

@@ -79,6 +79,7 @@ TINY_WARMUP = WarmupSettings(
     hidden_size=16, intermediate_size=32, max_steps=10, eval_every=5, warmup_problems=64, dev_problems=16
 )
 
+
 def test_default_model_is_rebuilt_bit_for_bit_and_then_loaded_from_the_cache(tmp_path):
     model, _, info = build_default_model(TINY_WARMUP, cache_dir=tmp_path, log=None)
     assert not info["cached"] and info["steps"] == 10

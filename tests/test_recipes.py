@@ -63,9 +63,10 @@ def test_every_recipe_parses_into_a_valid_config(path, tmp_path):
     assert training_args.bf16 is True and model_args.dtype == "bfloat16"
     assert training_args.use_vllm is True
     # Off-policy, or CE-GPPO would be GRPO: some optimizer steps must reuse an older rollout batch.
-    assert training_args.gradient_accumulation_steps % (
-        training_args.steps_per_generation * training_args.num_iterations
-    ) != 0
+    assert (
+        training_args.gradient_accumulation_steps % (training_args.steps_per_generation * training_args.num_iterations)
+        != 0
+    )
 
 
 def test_paper_1_5b_recipe_matches_the_papers_setting(tmp_path):

@@ -50,5 +50,18 @@ def test_every_third_party_import_of_the_package_is_declared():
         for match in re.finditer(r"^\s*(?:from|import)\s+([a-zA-Z_][\w]*)", path.read_text(), re.MULTILINE):
             found.add(match.group(1))
     third_party = {m for m in found if m not in stdlib and m not in ("cegppo_trl", "__future__")}
-    undeclared = sorted(m for m in third_party if import_names.get(m, m).lower().replace("-", "_") not in declared_names)
+    undeclared = sorted(
+        m for m in third_party if import_names.get(m, m).lower().replace("-", "_") not in declared_names
+    )
     assert not undeclared, f"imported by cegppo_trl but not declared in pyproject.toml: {undeclared}"
+
+
+@pytest.mark.parametrize("command", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"])
+def test_ruff_finds_nothing(command):
+    # The linter and formatter config is `[tool.ruff]` in pyproject.toml; `ruff check --fix . && ruff format .` fixes
+    # most findings. Part of the suite so that CI (which runs README's test command) runs it too.
+    ruff = pytest.importorskip("ruff")
+    result = subprocess.run(
+        [str(Path(ruff.find_ruff_bin())), *command], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

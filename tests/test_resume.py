@@ -208,7 +208,9 @@ def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
     assert "removed the earlier run's checkpoints" in caplog.text
     assert "(checkpoint-2, checkpoint-20, checkpoint-184)" in caplog.text
 
-    trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
+    trainer = train(
+        *smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
+    )
     assert trainer.args.resume_from_checkpoint == str(tmp_path / "checkpoint-1")
     assert trainer.state.global_step == 2
 
@@ -223,7 +225,9 @@ def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
         r"steps and save that checkpoint's weights as the final model.*set it above 184"
     )
     with pytest.raises(ValueError, match=refused):
-        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", max_steps))
+        train(
+            *smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", max_steps)
+        )
 
 
 def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):

@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
-
-from cegppo_trl.rollouts import correct_completions, informative_groups
 from helpers.batches import loss_and_grads, make_offpolicy_batch
 from helpers.reference import reference_per_token_loss
+
+from cegppo_trl.rollouts import correct_completions, informative_groups
 
 nan = math.nan
 

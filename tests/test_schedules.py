@@ -270,8 +270,15 @@ def test_malformed_spec_names_the_problem_and_lists_accepted_forms(spec, problem
     assert problem in message
     assert repr(spec) in message
     assert SCHEDULE_SYNTAX in message
-    for example in ("constant:0.5", "linear:0->0.5@100-600", "linear:0->0.5@10%-60%", "cosine:", "exp:",
-                    "piecewise:0@0,0.5@585", "warmup:0->0.5@50"):
+    for example in (
+        "constant:0.5",
+        "linear:0->0.5@100-600",
+        "linear:0->0.5@10%-60%",
+        "cosine:",
+        "exp:",
+        "piecewise:0@0,0.5@585",
+        "warmup:0->0.5@50",
+    ):
         assert example in message
 
 
@@ -288,8 +295,14 @@ def test_base_class_is_abstract():
 
 @pytest.mark.parametrize(
     "spec",
-    ["0.5", "linear:0.2->1@5-50%", "cosine:1->0.5@10%-60%", "exp:1->0.1", "warmup:0.1->0.5@50",
-     "piecewise:0@0,0.5@585"],
+    [
+        "0.5",
+        "linear:0.2->1@5-50%",
+        "cosine:1->0.5@10%-60%",
+        "exp:1->0.1",
+        "warmup:0.1->0.5@50",
+        "piecewise:0@0,0.5@585",
+    ],
 )
 def test_initial_is_the_step_0_value_for_every_run_length(spec):
     # Before training the run length is unknown; the step-0 value must not depend on it, and reading it must not

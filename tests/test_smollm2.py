@@ -19,7 +19,9 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [[{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}] for a, b in [(3, 4), (6, 2)]]
+PROMPTS = [
+    [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}] for a, b in [(3, 4), (6, 2)]
+]
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
+from helpers.batches import loss_and_grads, make_offpolicy_batch
+from helpers.reference import reference_per_token_loss
 from trl import GRPOTrainer
 
 from cegppo_trl import CEGPPOTrainer
 from cegppo_trl.offline.tiny import build_tiny_llama
 from cegppo_trl.schedules import parse_schedule
-from helpers.batches import loss_and_grads, make_offpolicy_batch
-from helpers.reference import reference_per_token_loss
 
 EPS = 0.2
 
@@ -98,9 +98,9 @@ def _feature_inputs(trainer, features):
     inputs = make_offpolicy_batch(trainer, seed=1)
     if features.get("beta"):
         g = torch.Generator().manual_seed(5)
-        inputs["ref_per_token_logps"] = inputs["old_per_token_logps"] + torch.rand(
-            inputs["old_per_token_logps"].shape, generator=g
-        ) * 0.2
+        inputs["ref_per_token_logps"] = (
+            inputs["old_per_token_logps"] + torch.rand(inputs["old_per_token_logps"].shape, generator=g) * 0.2
+        )
     return inputs
 
 

@@ -149,6 +149,7 @@ def test_one_reward_call_per_rollout_batch_split_into_steps_per_generation_micro
     trainer.train()
 
     assert reward_calls == [8, 8] and len(rollouts) == 2 and len(micro_batches) == 4
+
     def rows(batch):
         return sorted(zip(batch["completion_ids"].tolist(), batch["advantages"].tolist(), batch["sft_mask"].tolist()))
 

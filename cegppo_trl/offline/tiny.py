@@ -34,9 +34,7 @@ def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side="left", **SPECIAL_TOKENS)
     # Conversational datasets work too: the template concatenates the turns as plain text.
-    tokenizer.chat_template = (
-        "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-    )
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
     return tokenizer
 
 

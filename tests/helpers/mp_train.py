@@ -65,11 +65,17 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
             g = torch.Generator().manual_seed(1000 * trainer.state.global_step + rank * local + i)
             length = int(torch.randint(3, COMPLETION_LEN + 1, (1,), generator=g))
             completion_ids.append(torch.randint(4, vocab, (length,), generator=g).tolist())
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[0.0] * len(c) for c in completion_ids]}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(c) for c in completion_ids],
+        }
 
     def reward(prompts, completions, **kwargs):
         # Groups of prompts starting with "0" are constant (dropped by dynamic sampling).
-        return [1.0 if p.startswith("0") else float(sum(ch.isdigit() for ch in c)) for p, c in zip(prompts, completions)]
+        return [
+            1.0 if p.startswith("0") else float(sum(ch.isdigit() for ch in c)) for p, c in zip(prompts, completions)
+        ]
 
     dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * 4})
     save_steps = spec.get("save_steps")
