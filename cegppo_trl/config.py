@@ -98,7 +98,7 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta1_schedule: str | None = field(
         default=None,
         metadata={
-            "help": "Schedule of beta1 over optimizer steps (one string, e.g. 'piecewise:0,0.5@58.5%'); overrides "
+            "help": "Schedule of beta1 over optimizer steps (one string, e.g. 'linear:0->0.5@10%-60%'); overrides "
             "`gppo_beta1`. Syntax: docs/schedules.md."
         },
     )

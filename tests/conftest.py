@@ -3,6 +3,7 @@ thread. Helpers that tests import live in tests/helpers/ (the reference loss, ha
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +26,25 @@ def tokenizer():
 @pytest.fixture
 def prompt_dataset():
     return Dataset.from_dict({"prompt": [f"{i}+{i % 7}=" for i in range(32)]})
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny Llama with its char tokenizer (and chat template) saved to disk, for tests that go through the CLI."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_char_tokenizer()
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def data_file(tmp_path_factory) -> str:
+    """16 additions as a `.jsonl` file with `prompt` and `solution` columns."""
+    path = tmp_path_factory.mktemp("data") / "add.jsonl"
+    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
 
 
 @pytest.fixture

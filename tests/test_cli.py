@@ -5,7 +5,6 @@ Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -31,25 +30,6 @@ def _env(**extra) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_char_tokenizer()
-    build_tiny_llama(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def smoke_args(model_dir, data_file, output_dir, *extra):

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from helpers.batches import base_config_kwargs, loss_and_grads, make_offpolicy_batch
-from helpers.reference import reference_per_token_loss
+from helpers.reference import random_inputs, reference_per_token_loss
 from torch.testing import assert_close
 
 from cegppo_trl import CEGPPOConfig
@@ -30,15 +30,6 @@ def loss_and_grad(logp, old_logp, advantages, fn=cegppo_per_token_loss, grad_out
     loss = fn(logp, old_logp, advantages, **{**KWARGS, **kwargs})
     (grad,) = torch.autograd.grad(loss, logp, torch.ones_like(loss) if grad_out is None else grad_out)
     return loss.detach(), grad
-
-
-def random_inputs(spread, batch=16, length=32, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 4
-    logp = old + (torch.rand(batch, length, generator=g, dtype=torch.float64) * 2 - 1) * spread
-    advantages = torch.randn(batch, 1, generator=g, dtype=torch.float64)
-    advantages[0] = 0.0
-    return logp.to(dtype), old.to(dtype), advantages.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

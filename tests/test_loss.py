@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from helpers.reference import reference_loss
+from helpers.reference import random_inputs, reference_loss
 from torch.testing import assert_close
 
 from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
@@ -36,16 +36,6 @@ def ppo_clip_loss(logp, old_logp, advantages, *, epsilon_low, epsilon_high, delt
     if delta is not None:
         coef_1 = torch.clamp(coef_1, max=delta)
     return -torch.min(coef_1 * advantages, coef_2 * advantages)
-
-
-def random_inputs(batch=16, length=32, dtype=torch.float64, seed=0, spread=0.6):
-    """Log-ratios uniform in [-spread, spread] (every region populated), (B, 1) advantages with one zero."""
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 4
-    logp = old + (torch.rand(batch, length, generator=g, dtype=torch.float64) * 2 - 1) * spread
-    advantages = torch.randn(batch, 1, generator=g, dtype=torch.float64)
-    advantages[0] = 0.0
-    return logp.to(dtype), old.to(dtype), advantages.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -27,25 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_char_tokenizer()
-    build_tiny_llama(tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": f"{i}+{i % 5}=", "solution": str(i + i % 5)} for i in range(16)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def smoke_args(model_dir, data_file, output_dir, *extra):
     return parse_args(
         ["--config", str(SMOKE), "--model_name_or_path", model_dir, "--dataset_name", data_file,

@@ -11,7 +11,7 @@ import torch
 
 from cegppo_trl.loss import cegppo_objective as reference_loss
 
-__all__ = ["reference_loss", "reference_per_token_loss", "reference_regions"]
+__all__ = ["random_inputs", "reference_loss", "reference_per_token_loss", "reference_regions"]
 
 
 def reference_regions(logp, old_logp, advantages, *, epsilon_low, epsilon_high):
@@ -27,3 +27,13 @@ def reference_per_token_loss(logp, old, advantages, beta1, beta2, eps_low=0.2, e
     eps = dict(epsilon_low=eps_low, epsilon_high=eps_high)
     loss = reference_loss(logp, old, advantages, **eps, beta1=beta1, beta2=beta2, delta=delta, **guard)
     return (loss, *reference_regions(logp, old, advantages, **eps))
+
+
+def random_inputs(batch=16, length=32, dtype=torch.float64, seed=0, spread=0.6):
+    """Log-ratios uniform in [-spread, spread] (every region populated), (B, 1) advantages with one zero."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=g, dtype=torch.float64) * 4
+    logp = old + (torch.rand(batch, length, generator=g, dtype=torch.float64) * 2 - 1) * spread
+    advantages = torch.randn(batch, 1, generator=g, dtype=torch.float64)
+    advantages[0] = 0.0
+    return logp.to(dtype), old.to(dtype), advantages.to(dtype)
