@@ -7,6 +7,11 @@ import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One torch thread per test process (and the processes it launches), unless OMP_NUM_THREADS says otherwise: the models
+# here are tiny, and with two threads on two cores that another job shares every small op waits for the other thread
+# (measured: tests/test_split_invariance.py + test_trainer_betas.py took 77-81 s with 2 threads and 6.5-7.4 s with 1,
+# paired, on the 2-core CPU with a background job, 2026-12-01).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
@@ -16,6 +21,8 @@ from helpers.batches import base_config_kwargs, count_ones_reward  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
 from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
