@@ -184,13 +184,13 @@ def test_guard_check_counts_warnings_against_collapses():
 
 
 def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it():
-    from examples.entropy_study.runner import left_cutoff_logps
+    from examples.entropy_study.runner import delta_low_logps
 
     old = torch.zeros(2, 3)
     # Row 0, A < 0: r = 0.1 (below 0.25: cut), r = 0.5 (left-clipped but above the cut-off), r = 1.
     # Row 1, A > 0: r = 0.1 is not cut, whatever the ratio: the guard only bounds the push on A < 0 tokens.
     logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
-    out = left_cutoff_logps(logps, old, torch.tensor([-1.0, 1.0]), cutoff=0.25)
+    out = delta_low_logps(logps, old, torch.tensor([-1.0, 1.0]), 0.25, "cutoff")
     torch.testing.assert_close(out, logps.detach())  # values unchanged
     (grad,) = torch.autograd.grad(out.sum(), logps)
     torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
@@ -202,7 +202,7 @@ def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it(
     guard = rows["cegppo_1_1_cut validity_final > cegppo_1_1 validity_final"]
     assert guard["verdict"] == "held" and guard["seeds_held"] == 5
     assert rows["cegppo_1_1_cut validity_final < grpo validity_final"]["verdict"] == "held"
-    assert all(digits.arm_overrides()[a][1]["study_left_cutoff"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
+    assert all(digits.arm_overrides()[a][1]["study_delta_low"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
 
 
 def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup_seconds: float = 70.0) -> Path:
