@@ -9,12 +9,14 @@ library ships (`CEGPPOConfig.delta_low` / `delta_low_mode`, here the study's inp
 batch, a second strength and the soft r-decay, and the first study's addition task.
 
 Everything below (stages, arms, settings, seeds, steps, the claims, their metrics, margins and the paired test) was
-committed before any run. Stages, in the order they run (the most decisive first, so a cut-off leaves usable data):
+committed before any run. Stages, in the order they run (the most decisive first; each writes its curves.json after
+every finished run, so a cut-off leaves usable data):
 
-    python -m examples.entropy_study.confirm --stage digits --lrs 3e-4 --output-dir DIR1   # then --lrs 1e-4
-    python -m examples.entropy_study.confirm --stage addition --output-dir DIR3
-    python -m examples.entropy_study.confirm --stage strengths --output-dir DIR4             # if time allows
-    python -m examples.entropy_study.confirm --merge DIR1 DIR2 DIR4 --output-dir OUT          # results + figures
+    python -m examples.entropy_study.confirm --stage digits --output-dir DIR1
+    python -m examples.entropy_study.confirm --stage beta0.75 --output-dir DIR2
+    python -m examples.entropy_study.confirm --stage addition --digits-dir DIR1 --output-dir DIR3
+    python -m examples.entropy_study.confirm --stage strengths --output-dir DIR4
+    python -m examples.entropy_study.confirm --merge DIR1 DIR2 DIR4 --output-dir OUT      # results + figures
 
 Results and their discussion: docs/entropy-study.md ("Third study: confirming the guard").
 """
@@ -42,30 +44,37 @@ __all__ = ["CLAIMS", "STAGES", "claim_rows", "confirm_markdown", "main", "run_ad
 # Seeds 1-5 ran the grid and the guard's development; 0 the pilot. New seeds, so nothing here was seen before.
 SEEDS = (6, 7, 8, 9, 10)
 BETA1S = (0.5, 0.75, 1.0)  # β2 = 1 throughout
-# (lr, steps per rollout batch), the most decisive first: the guard was developed at (3e-4, 8) on seeds 1-5.
-DIGITS_SETTINGS = ((3e-4, 8), (3e-4, 4), (1e-4, 8), (1e-4, 4))
+# (lr, steps per rollout batch), the most decisive first: 3e-4 / 4 (unguarded β1 > 0 lost validity there on the grid)
+# and 1e-4 / 4 (it was close to GRPO: claim (b)), then the 8-step points (the guard was developed at 3e-4 / 8).
+DIGITS_SETTINGS = ((3e-4, 4), (1e-4, 4), (3e-4, 8), (1e-4, 8))
 ADDITION_SETTINGS = ((3e-4, 8), (1e-4, 8))
 MAIN_CANDIDATES = digits.GUARD_CANDIDATES[:2]  # the soft r-decay below 0.8 (= β1·r·A) and the cut-off r < 0.25
 EXTRA_CANDIDATES = digits.GUARD_CANDIDATES[2:]  # cut-off 0.1 and 0.5: the strengths either side, if time allows
-COMPARATORS = ("grpo", "cegppo_0_1", *(f"cegppo_{b:g}_1" for b in BETA1S))
 
 
 def _guards(candidates, beta1s=BETA1S) -> tuple[str, ...]:
     return tuple(guard_name(b, mode, d) for mode, d in candidates for b in beta1s)
 
 
+# Sized on a measured run: 160 digits steps take 18 s on a quiet core, 2-3 min when the 2 cores are shared with
+# ~15 other processes (as when this study started), so the stages are ordered to fail gracefully. Jobs run
+# setting by setting (all seeds of one setting before the next), so the first settings finish with 5 seeds each.
 STAGES: dict[str, dict] = {
-    # 11 arms x 4 settings x 5 seeds = 220 runs of 160 steps (~18 s alone, 30-60 s on loaded cores).
-    "digits": {"task": "digits", "arms": COMPARATORS + _guards(MAIN_CANDIDATES), "settings": DIGITS_SETTINGS,
-               "steps": 160, "probe_every": 20},
+    # 8 arms x 4 settings x 5 seeds = 160 runs of 160 steps.
+    "digits": {"task": "digits", "arms": ("grpo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_1_1",
+                                          *_guards(MAIN_CANDIDATES, (0.5, 1.0))),
+               "settings": DIGITS_SETTINGS, "steps": 160, "probe_every": 40},
+    # β1 = 0.75, unguarded and with both candidates: 60 runs.
+    "beta0.75": {"task": "digits", "arms": ("cegppo_0.75_1", *_guards(MAIN_CANDIDATES, (0.75,))),
+                 "settings": DIGITS_SETTINGS, "steps": 160, "probe_every": 40},
     # The first study's task, smaller: GRPO, (0.5, 1), (1, 1) and each with the candidate chosen on the digits
     # (`addition_candidate`), 8 steps per batch at both learning rates, 300 steps instead of the first study's 600
-    # (a 600-step run takes ~80 s alone): 5 arms x 2 settings x 5 seeds = 50 runs.
+    # (a 600-step run takes ~80 s on a quiet core): 5 arms x 2 settings x 5 seeds = 50 runs.
     "addition": {"task": "addition", "arms": ("grpo", "cegppo_0.5_1", "cegppo_1_1"), "guard_beta1s": (0.5, 1.0),
                  "settings": ADDITION_SETTINGS, "steps": 300, "probe_every": 25},
-    # The other strengths (cut-off 0.1 and 0.5) on the digits, comparators from the "digits" stage: 120 runs.
-    "strengths": {"task": "digits", "arms": _guards(EXTRA_CANDIDATES), "settings": DIGITS_SETTINGS, "steps": 160,
-                  "probe_every": 20},
+    # The other strengths (cut-off 0.1 and 0.5) on β1 = 0.5 and 1, comparators from the "digits" stage: 80 runs.
+    "strengths": {"task": "digits", "arms": _guards(EXTRA_CANDIDATES, (0.5, 1.0)), "settings": DIGITS_SETTINGS,
+                  "steps": 160, "probe_every": 40},
 }  # fmt: skip
 
 # "Within noise" / "changes nothing measurable": no one-sided paired sign-flip test at ALPHA finds the difference,
@@ -380,10 +389,18 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
                 for lr, spg in settings for s in seeds for a in arms]  # fmt: skip
         log(f"Third entropy study, stage {args.stage} ({spec['task']}): {len(jobs)} runs of {steps} steps, "
             f"{args.workers} worker(s)")  # fmt: skip
-        runs = digits._run_all(jobs, args.workers, log, fn=fn)
         meta = {"task": spec["task"], "stage": args.stage, "steps": steps, "seeds": seeds, "arms": list(arms),
-                "settings": settings, "warmup": warmup, "workers": args.workers, "command": command,
-                "wall_seconds": time.time() - started}  # fmt: skip
+                "settings": settings, "warmup": warmup, "workers": args.workers, "command": command}  # fmt: skip
+
+        def checkpoint(done: list[dict]) -> None:  # the finished runs so far, as a curves.json --merge can read
+            out.mkdir(parents=True, exist_ok=True)
+            partial = {**meta, "mode": "confirm", "partial": f"{len(done)}/{len(jobs)} runs",
+                       "wall_seconds": time.time() - started}  # fmt: skip
+            runs = [digits._rounded(c) for c in sorted(done, key=digits._run_order)]
+            (out / "curves.json").write_text(json.dumps({"meta": partial, "runs": runs}, separators=(",", ":")))
+
+        runs = digits._run_all(jobs, args.workers, log, fn=fn, on_result=checkpoint)
+        meta["wall_seconds"] = time.time() - started
         text = _write(runs, meta, out)
         log("\n" + text)
         return {"meta": {**meta, "mode": "confirm"}, "runs": runs}

@@ -169,14 +169,17 @@ def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate:
             **curves}  # fmt: skip
 
 
-def _run_all(jobs: list[dict], workers: int, log, fn=None) -> list[dict]:
-    """Every job (keyword arguments of `fn`, default `run_arm`), in `workers` spawned processes or in this one."""
+def _run_all(jobs: list[dict], workers: int, log, fn=None, on_result=None) -> list[dict]:
+    """Every job (keyword arguments of `fn`, default `run_arm`), in `workers` spawned processes or in this one;
+    `on_result(finished runs)` after each."""
     fn = fn or run_arm
     results: list[dict] = []
     start = time.perf_counter()
 
     def done(c: dict) -> None:
         results.append(c)
+        if on_result is not None:
+            on_result(results)
         elapsed = time.perf_counter() - start
         p = c["probe"]
         log(f"  [{len(results):2d}/{len(jobs)}] {c['arm']:<14} seed {c['seed']} lr {c['learning_rate']:g} "
