@@ -6,7 +6,10 @@
   probe's private RNG.
 - `--quick`-style runs of both studies on the small model: outputs exist, every curve has the right keys and
   lengths, the switch and the controller act, the first study's results.md verdicts match the curves they come from,
-  and worker processes reproduce in-process runs.
+  and worker processes reproduce in-process runs (marked slow: each trains a model).
+- The third study: the guard transform's value and gradient through the library loss (cut-off and r-decay), the
+  design's arms and seeds, claims (a)-(d) from synthetic runs with known answers, the Monte Carlo sign-flip p-value
+  past 20 pairs, the wrapped stability figure.
 """
 
 from __future__ import annotations
@@ -293,6 +296,7 @@ def small_model(tmp_path_factory):
     return model, tokenizer, cache
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_probe_uses_a_private_rng(small_model):
     model, tokenizer, _ = small_model
     torch.manual_seed(123)
@@ -310,6 +314,7 @@ def test_probe_uses_a_private_rng(small_model):
 QUICK_STEPS = 16  # --quick: two rollout batches, so the switch (58.5% -> step 10) and a controller update happen
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_digits_quick_run_writes_curves_with_the_right_keys_and_shapes(small_model, tmp_path):
     _, _, cache = small_model
     out = tmp_path / "digits"
@@ -365,6 +370,7 @@ def quick_study(tmp_path_factory):
     return _quick(tmp_path_factory.mktemp("quick"), "--arms", ",".join(SMOKE_ARMS), "--workers", "1")
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_quick_json_has_one_finite_curve_per_arm_and_seed(quick_study):
     out, returned = quick_study
     for name in addition.OUTPUT_FILES:
@@ -384,6 +390,7 @@ def test_first_study_quick_json_has_one_finite_curve_per_arm_and_seed(quick_stud
     assert training["gradient_accumulation_steps"] % training["steps_per_generation"] != 0  # off-policy
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_results_md_verdicts_match_the_curves(quick_study):
     out, _ = quick_study
     data = json.loads((out / "curves.json").read_text())
@@ -399,6 +406,7 @@ def test_first_study_results_md_verdicts_match_the_curves(quick_study):
     assert row.endswith(f"| {held}/{len(SEEDS)} | {verdict} |")
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_switch_changes_beta1_and_matches_the_0_1_arm_before(quick_study):
     _, data = quick_study
     by = {(r["arm"], r["seed"]): r for r in data["runs"]}
@@ -409,6 +417,7 @@ def test_first_study_switch_changes_beta1_and_matches_the_0_1_arm_before(quick_s
         assert run["entropy"][:switch] == constant["entropy"][:switch]  # same seed, data and betas up to it
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_worker_processes_reproduce_the_in_process_runs(quick_study, tmp_path):
     _, in_process = quick_study
     _, parallel = _quick(tmp_path, "--arms", "grpo", "--workers", "2")
@@ -418,6 +427,7 @@ def test_first_study_worker_processes_reproduce_the_in_process_runs(quick_study,
             assert ours[key] == theirs[key], key
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_replot_rewrites_the_outputs_from_the_json(quick_study, tmp_path):
     out, _ = quick_study
     copy = tmp_path / "replot"
@@ -481,6 +491,8 @@ def test_confirm_design_arms_are_known_new_seeds_and_map_to_the_library_fields()
     assert digits.guard_base("cegppo_0.5_1_cut") == "cegppo_0.5_1" and digits.guard_base("cegppo_0.5_1") is None
     with pytest.raises(SystemExit, match="--digits-dir"):
         confirm.stage_arms("addition")
+    with pytest.raises(SystemExit, match=r"--arms \['grpo'\] are not in stage beta0.75's arms"):
+        confirm.main(["--stage", "beta0.75", "--arms", "grpo", "--output-dir", "unused"], **QUIET)
 
 
 def _claim_runs(setting, arms_validity: dict[str, list[float]], entropy: dict[str, float] | None = None) -> list[dict]:

@@ -281,12 +281,34 @@ def _claim_verdicts(rows: list[dict], warning: dict) -> dict[str, str]:
     return out
 
 
+def validity_table(runs: list[dict]) -> str:
+    """Final validity per arm (rows) and setting (columns): mean, the range over seeds, collapsed seeds."""
+    tables = _by_setting(runs)
+    arms = [a for a in digits.KNOWN_ARMS if any(a in t for t in tables.values())]
+    labels = {a: lab for a, (lab, _) in digits.arm_overrides().items()}
+    lines = ["| arm | " + " | ".join(f"lr {lr:g}, {spg} steps" for lr, spg in tables) + " |",
+             "|---" * (len(tables) + 1) + "|"]  # fmt: skip
+    for arm in arms:
+        cells = []
+        for t in tables.values():
+            if arm not in t:
+                cells.append("not run")
+                continue
+            v, n = t[arm]["validity_final"], len(t[arm]["validity_final"])
+            collapsed = int(sum(t[arm]["collapsed"]))
+            cells.append(f"{statistics.fmean(v):.2f} ({min(v):.2f}–{max(v):.2f})" + (f", {collapsed}/{n} coll."
+                         if collapsed else "") + (f", {n} seeds" if n != len(SEEDS) else ""))  # fmt: skip
+        lines.append(f"| {labels[arm]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def confirm_markdown(runs: list[dict]) -> str:
     """The claims section of results.md for the confirm mode: verdicts, claim rows, the warning table."""
     rows = claim_rows(runs)
     leads = warning_leads(runs)
     unguarded = [r for r in leads if not guard_base(r["arm"])]
-    lines = ["## Third study: the claims (fixed before the runs)", ""]
+    lines = ["## Final validity: mean (range over seeds), collapsed seeds", "", validity_table(runs),
+             "## Third study: the claims (fixed before the runs)", ""]
     lines += [f"- ({cid}) {text}" for cid, text in CLAIMS.items()]
     lines += ["", "| claim, candidate | verdict |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _claim_verdicts(rows, warning_summary(leads)).items()]
@@ -324,6 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--lrs", default=None, help="comma-separated subset of the stage's learning rates")
     p.add_argument("--spgs", default=None, help="comma-separated subset of the stage's steps per rollout batch")
+    p.add_argument("--arms", default=None, help="comma-separated subset of the stage's arms (a cut-down run)")
     p.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {','.join(map(str, SEEDS))})")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the stage's)")
     p.add_argument("--digits-dir", action="append", default=None,
@@ -357,6 +380,11 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
     if args.digits_dir:
         digits_rows = claim_rows(digits.merge_curves([Path(d) for d in args.digits_dir])["runs"])
     arms = stage_arms(args.stage, digits_rows)
+    if args.arms:
+        unknown = sorted(set(args.arms.split(",")) - set(arms))
+        if unknown:
+            raise SystemExit(f"--arms {unknown} are not in stage {args.stage}'s arms {list(arms)}.")
+        arms = tuple(a for a in arms if a in args.arms.split(","))
     lrs = {float(x) for x in args.lrs.split(",")} if args.lrs else {lr for lr, _ in spec["settings"]}
     spgs = {int(x) for x in args.spgs.split(",")} if args.spgs else {spg for _, spg in spec["settings"]}
     settings = [(lr, spg) for lr, spg in spec["settings"] if lr in lrs and spg in spgs]
