@@ -234,6 +234,13 @@ def test_merge_pairs_runs_from_several_folders_and_refuses_what_cannot_be_paired
     again = _curves_dir(tmp_path, "again", [fake_run("grpo", 1, h, r)])
     with pytest.raises(SystemExit, match="repeat runs"):
         digits.merge_curves([sweep, again])
+
+
+@pytest.mark.slow  # writes every figure (2-4 s)
+def test_merge_command_writes_the_results_and_figures(tmp_path):
+    h, r = [0.4] * 10, [0.3] * 10
+    grid = _curves_dir(tmp_path, "grid", [_at(fake_run("grpo", 1, h, r), 1e-3, 8)])
+    sweep = _curves_dir(tmp_path, "sweep", [fake_run("grpo", 1, h, r), fake_run("cegppo_1_1", 2, h, r)])
     out = tmp_path / "merged"
     digits.main(["--merge", str(grid), str(sweep), "--output-dir", str(out)], **QUIET)
     assert "(h) stability map" in (out / "results.md").read_text()
