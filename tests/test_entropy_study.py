@@ -542,7 +542,11 @@ def test_confirm_claims_a_b_c_from_known_runs():
     # The addition stage's candidate: (a) ties 1-1 (the cut-off's row at (1e-4, 4)), (b) 1-0 for the cut-off.
     assert confirm.addition_candidate(list(rows.values())) == ("cutoff", 0.25)
     assert confirm.addition_candidate([r for r in rows.values() if r["setting"] == (3e-4, 8)]) == ("decay", 0.8)
-    text = confirm.confirm_markdown(runs)
+    # A stage cut off mid-seed: the seed some arms lack is left out at that setting, so every test stays paired.
+    cut = runs + _claim_runs((3e-4, 8), {"grpo": [0.6] * 6})[5:]  # GRPO seed 11 only
+    kept, dropped = confirm.complete_seeds(cut)
+    assert kept == runs and [(c["arm"], c["seed"]) for c in dropped] == [("grpo", 11)]
+    text = confirm.confirm_markdown(cut)
     assert "| (a) cutoff 0.25 | failed: 1/2 rows held |" in text and "| (a) decay 0.8 | held: 1/1 rows held |" in text
 
 

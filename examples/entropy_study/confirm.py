@@ -303,7 +303,9 @@ def validity_table(runs: list[dict]) -> str:
 
 
 def confirm_markdown(runs: list[dict]) -> str:
-    """The claims section of results.md for the confirm mode: verdicts, claim rows, the warning table."""
+    """The claims section of results.md for the confirm mode: verdicts, claim rows, the warning table (on the
+    `complete_seeds` runs)."""
+    runs = complete_seeds(runs)[0]
     rows = claim_rows(runs)
     leads = warning_leads(runs)
     unguarded = [r for r in leads if not guard_base(r["arm"])]
@@ -357,7 +359,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def complete_seeds(runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(kept, dropped): a seed counts at a setting only if every arm that ran there ran it, so every comparison is
+    paired (a stage cut off mid-seed leaves some arms one seed short)."""
+    arms: dict[tuple, set] = {}
+    for c in runs:
+        arms.setdefault((c["learning_rate"], c["steps_per_generation"]), set()).add(c["arm"])
+    have: dict[tuple, set] = {}
+    for c in runs:
+        have.setdefault((c["learning_rate"], c["steps_per_generation"], c["seed"]), set()).add(c["arm"])
+    ok = lambda c: have[c["learning_rate"], c["steps_per_generation"], c["seed"]] == arms[c["learning_rate"],
+                                                                                         c["steps_per_generation"]]
+    return [c for c in runs if ok(c)], [c for c in runs if not ok(c)]
+
+
 def _write(runs: list[dict], meta: dict, out: Path) -> str:
+    runs, dropped = complete_seeds(runs)
+    if dropped:
+        meta = {**meta, "dropped_incomplete_seeds": sorted(f"{c['arm']} seed {c['seed']} lr {c['learning_rate']:g} "
+                                                           f"spg {c['steps_per_generation']}" for c in dropped)}
     return digits.write_outputs(runs, {**meta, "mode": "confirm"}, out)
 
 
