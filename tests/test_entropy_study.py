@@ -460,7 +460,6 @@ def test_delta_low_transform_gives_the_guarded_gradient_through_the_library_loss
     has value and gradient weight -β1(1-ε)A = 0.4. The cut-off 0.25 drops the gradient of r = 0.1 only; the r-decay
     below 0.8 scales it by r / 0.8 (so β1·r·|A| = 0.05 at r = 0.1, 0.25 at r = 0.5); values never change."""
     from cegppo_trl.loss import cegppo_per_token_loss
-
     from examples.entropy_study.runner import delta_low_logps
 
     old = torch.zeros(2, 3)
@@ -485,7 +484,7 @@ def test_delta_low_transform_gives_the_guarded_gradient_through_the_library_loss
 def test_confirm_design_arms_are_known_new_seeds_and_map_to_the_library_fields():
     from examples.entropy_study import confirm
 
-    assert set(confirm.SEEDS).isdisjoint(range(0, 6))  # seeds 0-5 ran the pilot, the grid and the guard's tuning
+    assert set(confirm.SEEDS).isdisjoint(range(6))  # seeds 0-5 ran the pilot, the grid and the guard's tuning
     assert set(confirm.DIGITS_SETTINGS) == {(lr, spg) for lr in (1e-4, 3e-4) for spg in (4, 8)}
     overrides = digits.arm_overrides()
     for spec in confirm.STAGES.values():
@@ -504,10 +503,10 @@ def test_confirm_design_arms_are_known_new_seeds_and_map_to_the_library_fields()
 
 def _claim_runs(setting, arms_validity: dict[str, list[float]], entropy: dict[str, float] | None = None) -> list[dict]:
     """One fake run per (arm, seed): start validity 0.2, the given final validity; constant entropy per arm."""
-    h, r = [0.4] * 10, [0.6] * 10
+    r = [0.6] * 10
     runs = []
     for arm, finals in arms_validity.items():
-        for seed, v in enumerate(finals, start=6):
+        for seed, v in enumerate(finals, 6):
             run = _at(fake_run(arm, seed, [(entropy or {}).get(arm, 0.4)] * 10, r, validity=(0.2, v)), *setting)
             run["left_logratio"] = [-0.3] * 80
             runs.append(run)

@@ -314,17 +314,17 @@ def confirm_markdown(runs: list[dict]) -> str:
     lines += [f"- ({cid}) {text}" for cid, text in CLAIMS.items()]
     lines += ["", "| claim, candidate | verdict |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _claim_verdicts(rows, warning_summary(leads)).items()]
-    lines += ["", "| claim | lr, steps/batch | comparison | mean left vs right | difference (mean ± std) "
-              "| seeds with left < right | p (sign-flip, one-sided) | held |", "|---" * 8 + "|"]  # fmt: skip
+    lines += ["", ("| claim | lr, steps/batch | comparison | mean left vs right | difference (mean ± std) "
+              "| seeds with left < right | p (sign-flip, one-sided) | held |"), "|---" * 8 + "|"]  # fmt: skip
     for r in rows:
         lines.append(f"| ({r['claim']}) | {r['setting'][0]:g}, {r['setting'][1]} | {r['text']} | "
                      f"{r['mean_left']:.3f} vs {r['mean_right']:.3f} | {r['mean_diff']:+.3f} ± {r['std_diff']:.3f} | "
                      f"{r['seeds_held']}/{r['n']} | {r['p']:.3f} | {'yes' if r['held'] else '**no**'} |")  # fmt: skip
     lines += ["", "(a0): unguarded arms against GRPO, for context (not claim rows).", "",
-              f"**(d) the drift warning** (a step's mean left-clipped log r < {DRIFT_THRESHOLD}) as a collapse "
-              "detector; lead = steps from the first warning to the first probe that showed the collapse:", "",
-              "| runs | n | collapsed | warned and collapsed | of them before the probe | collapsed, silent | "
-              "warned, stable | stable | median lead | mean lead (silent = warned at the end) | p |",
+              (f"**(d) the drift warning** (a step's mean left-clipped log r < {DRIFT_THRESHOLD}) as a collapse "
+              "detector; lead = steps from the first warning to the first probe that showed the collapse:"), "",
+              ("| runs | n | collapsed | warned and collapsed | of them before the probe | collapsed, silent | "
+              "warned, stable | stable | median lead | mean lead (silent = warned at the end) | p |"),
               "|---" * 11 + "|"]  # fmt: skip
     for name, subset in (("all", leads), ("unguarded (GRPO, (0, 1), β1 > 0)", unguarded),
                          ("guarded", [r for r in leads if guard_base(r["arm"])])):  # fmt: skip

@@ -452,16 +452,16 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
     if meta["mode"] == "grid":
         lines += [stability_map(runs), ""]
         held_out = [c for c in runs if (c["learning_rate"], c["steps_per_generation"]) != MAIN_SETTING]
-        for name, subset in (("all", runs), (f"outside lr {MAIN_SETTING[0]:g} / {MAIN_SETTING[1]} steps (the "
-                                            "point the threshold was read from)", held_out)):  # fmt: skip
+        for name, subset in (("all", runs), ((f"outside lr {MAIN_SETTING[0]:g} / {MAIN_SETTING[1]} steps (the "
+                                            "point the threshold was read from)"), held_out)):  # fmt: skip
             g = guard_check(subset)
-            lines += [f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse "
+            lines += [(f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse "
                       f"detector, {name} ({len(subset)} runs): warned and collapsed {g['warned_collapsed']} (warned "
                       f"no later than the first probe that showed it: {g['in_time']}), warned but stable "
                       f"{g['warned_stable']}, collapsed without a warning {g['silent_collapsed']}, stable and silent "
-                      f"{g['silent_stable']}.", ""]  # fmt: skip
-        lines += ["Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
-                  f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it.", ""]
+                      f"{g['silent_stable']}."), ""]  # fmt: skip
+        lines += [("Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
+                  f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it."), ""]
     groups: dict[tuple, list[dict]] = {}
     for c in runs:
         groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)
