@@ -75,6 +75,12 @@ STAGES: dict[str, dict] = {
     # The other strengths (cut-off 0.1 and 0.5) on β1 = 0.5 and 1, comparators from the "digits" stage: 80 runs.
     "strengths": {"task": "digits", "arms": _guards(EXTRA_CANDIDATES, (0.5, 1.0)), "settings": DIGITS_SETTINGS,
                   "steps": 160, "probe_every": 40},
+    # Added after the results above, so exploratory, not part of the fixed design: the cut-off 0.5 came closest to
+    # claim (a) on the digits, so it is checked where it had not run (β1 = 0.75; the addition task).
+    "followup-digits": {"task": "digits", "arms": _guards([("cutoff", 0.5)], (0.75,)), "settings": DIGITS_SETTINGS,
+                        "steps": 160, "probe_every": 40},
+    "followup-addition": {"task": "addition", "arms": _guards([("cutoff", 0.5)], (0.5, 1.0)),
+                          "settings": ADDITION_SETTINGS, "steps": 300, "probe_every": 25},
 }  # fmt: skip
 
 # "Within noise" / "changes nothing measurable": no one-sided paired sign-flip test at ALPHA finds the difference,
