@@ -6,7 +6,10 @@
   probe's private RNG.
 - `--quick`-style runs of both studies on the small model: outputs exist, every curve has the right keys and
   lengths, the switch and the controller act, the first study's results.md verdicts match the curves they come from,
-  and worker processes reproduce in-process runs.
+  and worker processes reproduce in-process runs (marked slow: each trains a model).
+- The third study: the guard transform's value and gradient through the library loss (cut-off and r-decay), the
+  design's arms and seeds, claims (a)-(d) from synthetic runs with known answers, the Monte Carlo sign-flip p-value
+  past 20 pairs, the wrapped stability figure.
 """
 
 from __future__ import annotations
@@ -184,13 +187,13 @@ def test_guard_check_counts_warnings_against_collapses():
 
 
 def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it():
-    from examples.entropy_study.runner import left_cutoff_logps
+    from examples.entropy_study.runner import delta_low_logps
 
     old = torch.zeros(2, 3)
     # Row 0, A < 0: r = 0.1 (below 0.25: cut), r = 0.5 (left-clipped but above the cut-off), r = 1.
     # Row 1, A > 0: r = 0.1 is not cut, whatever the ratio: the guard only bounds the push on A < 0 tokens.
     logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
-    out = left_cutoff_logps(logps, old, torch.tensor([-1.0, 1.0]), cutoff=0.25)
+    out = delta_low_logps(logps, old, torch.tensor([-1.0, 1.0]), 0.25, "cutoff")
     torch.testing.assert_close(out, logps.detach())  # values unchanged
     (grad,) = torch.autograd.grad(out.sum(), logps)
     torch.testing.assert_close(grad, torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]))
@@ -202,7 +205,7 @@ def test_left_cutoff_drops_only_the_gradient_of_negative_tokens_pushed_below_it(
     guard = rows["cegppo_1_1_cut validity_final > cegppo_1_1 validity_final"]
     assert guard["verdict"] == "held" and guard["seeds_held"] == 5
     assert rows["cegppo_1_1_cut validity_final < grpo validity_final"]["verdict"] == "held"
-    assert all(digits.arm_overrides()[a][1]["study_left_cutoff"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
+    assert all(digits.arm_overrides()[a][1]["study_delta_low"] == digits.LEFT_CUTOFF for a in digits.GUARD_ARMS)
 
 
 def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup_seconds: float = 70.0) -> Path:
@@ -231,6 +234,13 @@ def test_merge_pairs_runs_from_several_folders_and_refuses_what_cannot_be_paired
     again = _curves_dir(tmp_path, "again", [fake_run("grpo", 1, h, r)])
     with pytest.raises(SystemExit, match="repeat runs"):
         digits.merge_curves([sweep, again])
+
+
+@pytest.mark.slow  # writes every figure (2-4 s)
+def test_merge_command_writes_the_results_and_figures(tmp_path):
+    h, r = [0.4] * 10, [0.3] * 10
+    grid = _curves_dir(tmp_path, "grid", [_at(fake_run("grpo", 1, h, r), 1e-3, 8)])
+    sweep = _curves_dir(tmp_path, "sweep", [fake_run("grpo", 1, h, r), fake_run("cegppo_1_1", 2, h, r)])
     out = tmp_path / "merged"
     digits.main(["--merge", str(grid), str(sweep), "--output-dir", str(out)], **QUIET)
     assert "(h) stability map" in (out / "results.md").read_text()
@@ -293,6 +303,7 @@ def small_model(tmp_path_factory):
     return model, tokenizer, cache
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_probe_uses_a_private_rng(small_model):
     model, tokenizer, _ = small_model
     torch.manual_seed(123)
@@ -310,6 +321,7 @@ def test_probe_uses_a_private_rng(small_model):
 QUICK_STEPS = 16  # --quick: two rollout batches, so the switch (58.5% -> step 10) and a controller update happen
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_digits_quick_run_writes_curves_with_the_right_keys_and_shapes(small_model, tmp_path):
     _, _, cache = small_model
     out = tmp_path / "digits"
@@ -365,6 +377,7 @@ def quick_study(tmp_path_factory):
     return _quick(tmp_path_factory.mktemp("quick"), "--arms", ",".join(SMOKE_ARMS), "--workers", "1")
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_quick_json_has_one_finite_curve_per_arm_and_seed(quick_study):
     out, returned = quick_study
     for name in addition.OUTPUT_FILES:
@@ -384,6 +397,7 @@ def test_first_study_quick_json_has_one_finite_curve_per_arm_and_seed(quick_stud
     assert training["gradient_accumulation_steps"] % training["steps_per_generation"] != 0  # off-policy
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_results_md_verdicts_match_the_curves(quick_study):
     out, _ = quick_study
     data = json.loads((out / "curves.json").read_text())
@@ -399,6 +413,7 @@ def test_first_study_results_md_verdicts_match_the_curves(quick_study):
     assert row.endswith(f"| {held}/{len(SEEDS)} | {verdict} |")
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_switch_changes_beta1_and_matches_the_0_1_arm_before(quick_study):
     _, data = quick_study
     by = {(r["arm"], r["seed"]): r for r in data["runs"]}
@@ -409,6 +424,7 @@ def test_first_study_switch_changes_beta1_and_matches_the_0_1_arm_before(quick_s
         assert run["entropy"][:switch] == constant["entropy"][:switch]  # same seed, data and betas up to it
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_worker_processes_reproduce_the_in_process_runs(quick_study, tmp_path):
     _, in_process = quick_study
     _, parallel = _quick(tmp_path, "--arms", "grpo", "--workers", "2")
@@ -418,6 +434,7 @@ def test_first_study_worker_processes_reproduce_the_in_process_runs(quick_study,
             assert ours[key] == theirs[key], key
 
 
+@pytest.mark.slow  # trains a model (> 3 s)
 def test_first_study_replot_rewrites_the_outputs_from_the_json(quick_study, tmp_path):
     out, _ = quick_study
     copy = tmp_path / "replot"
@@ -433,3 +450,140 @@ def test_unknown_arm_is_refused():
         addition.main(["--arms", "grpo,ppo"], **QUIET)
     with pytest.raises(SystemExit, match="Unknown arm"):
         digits.main(["--arms", "grpo,ppo"], **QUIET)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Third study: the guard as an input transform, the design and the claims
+# ----------------------------------------------------------------------------------------------------------------
+def test_delta_low_transform_gives_the_guarded_gradient_through_the_library_loss():
+    """Hand-derived, through `cegppo_per_token_loss` with β1 = 0.5, ε = 0.2, A = -1: a left-clipped token (r < 0.8)
+    has value and gradient weight -β1(1-ε)A = 0.4. The cut-off 0.25 drops the gradient of r = 0.1 only; the r-decay
+    below 0.8 scales it by r / 0.8 (so β1·r·|A| = 0.05 at r = 0.1, 0.25 at r = 0.5); values never change."""
+    from cegppo_trl.loss import cegppo_per_token_loss
+    from examples.entropy_study.runner import delta_low_logps
+
+    old = torch.zeros(2, 3)
+    logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
+    adv = torch.tensor([-1.0, 1.0])  # row 1 has A > 0: never guarded, whatever its ratio
+    kw = {"epsilon_low": 0.2, "epsilon_high": 0.2, "beta1": 0.5, "beta2": 1.0}
+    plain = cegppo_per_token_loss(logps, old, adv, **kw)
+    (g_plain,) = torch.autograd.grad(plain.sum(), logps)
+    torch.testing.assert_close(g_plain[0], torch.tensor([0.4, 0.4, 1.0]))  # r = 1 is inside the clip: -r·A = 1
+    expected = {("cutoff", 0.25): [0.0, 0.4, 1.0], ("cutoff", 0.5): [0.0, 0.4, 1.0], ("decay", 0.8): [0.05, 0.25, 1.0],
+                ("decay", 0.4): [0.1, 0.4, 1.0]}  # fmt: skip
+    for (mode, delta_low), row0 in expected.items():
+        loss = cegppo_per_token_loss(delta_low_logps(logps, old, adv, delta_low, mode), old, adv, **kw)
+        torch.testing.assert_close(loss, plain.detach())  # values unchanged
+        (grad,) = torch.autograd.grad(loss.sum(), logps)
+        torch.testing.assert_close(grad[0], torch.tensor(row0), msg=f"{mode} {delta_low}")
+        torch.testing.assert_close(grad[1], g_plain[1])  # A > 0 untouched
+    with pytest.raises(ValueError, match="delta_low_mode must be one of"):
+        delta_low_logps(logps, old, adv, 0.5, "soft")
+
+
+def test_confirm_design_arms_are_known_new_seeds_and_map_to_the_library_fields():
+    from examples.entropy_study import confirm
+
+    assert set(confirm.SEEDS).isdisjoint(range(6))  # seeds 0-5 ran the pilot, the grid and the guard's tuning
+    assert set(confirm.DIGITS_SETTINGS) == {(lr, spg) for lr in (1e-4, 3e-4) for spg in (4, 8)}
+    overrides = digits.arm_overrides()
+    for spec in confirm.STAGES.values():
+        assert set(spec["arms"]) <= set(digits.KNOWN_ARMS)
+    for arm, (b1, mode, delta_low) in digits.CONFIRM_GUARDS.items():
+        fields = overrides[arm][1]
+        assert (fields["gppo_beta1"], fields["study_delta_low_mode"], fields["study_delta_low"]) == (b1, mode, delta_low)
+        assert delta_low <= 1 - fields["epsilon"] and digits.guard_base(arm) == f"cegppo_{b1:g}_1"
+        assert {k: v for k, v in fields.items() if not k.startswith("study_")} == overrides[digits.guard_base(arm)][1]
+    assert digits.guard_base("cegppo_0.5_1_cut") == "cegppo_0.5_1" and digits.guard_base("cegppo_0.5_1") is None
+    with pytest.raises(SystemExit, match="--digits-dir"):
+        confirm.stage_arms("addition")
+    with pytest.raises(SystemExit, match=r"--arms \['grpo'\] are not in stage beta0.75's arms"):
+        confirm.main(["--stage", "beta0.75", "--arms", "grpo", "--output-dir", "unused"], **QUIET)
+
+
+def _claim_runs(setting, arms_validity: dict[str, list[float]], entropy: dict[str, float] | None = None) -> list[dict]:
+    """One fake run per (arm, seed): start validity 0.2, the given final validity; constant entropy per arm."""
+    r = [0.6] * 10
+    runs = []
+    for arm, finals in arms_validity.items():
+        for seed, v in enumerate(finals, 6):
+            run = _at(fake_run(arm, seed, [(entropy or {}).get(arm, 0.4)] * 10, r, validity=(0.2, v)), *setting)
+            run["left_logratio"] = [-0.3] * 80
+            runs.append(run)
+    return runs
+
+
+def test_confirm_claims_a_b_c_from_known_runs():
+    from examples.entropy_study import confirm
+
+    grpo = [0.60, 0.62, 0.58, 0.61, 0.59]
+    runs = _claim_runs((3e-4, 8), {
+        "grpo": grpo,
+        "cegppo_0_1": grpo,
+        "cegppo_0.5_1": [0.05] * 5,  # collapsed: not "already stable", so no (b) row for its guards
+        "cegppo_0.5_1_cut0.25": [v - 0.02 for v in grpo],  # lower on 5/5 seeds (p = 1/32) -> not within noise
+        "cegppo_0.5_1_decay0.8": [v + (0.01 if i % 2 else -0.01) for i, v in enumerate(grpo)],  # noise
+    }, entropy={"cegppo_0_1": 0.40, "cegppo_0.5_1_cut0.25": 0.35, "cegppo_0.5_1_decay0.8": 0.41})  # fmt: skip
+    runs += _claim_runs((1e-4, 4), {"grpo": grpo, "cegppo_1_1": grpo, "cegppo_1_1_cut0.25": [v + 0.1 for v in grpo]})
+    rows = {(r["claim"], r["setting"], r["text"]): r for r in confirm.claim_rows(runs)}
+    a = lambda arm, s=(3e-4, 8): rows[("a", s, f"{arm} validity_final ≈ grpo (not lower)")]
+    assert not a("cegppo_0.5_1_cut0.25")["held"] and a("cegppo_0.5_1_cut0.25")["p"] == 1 / 32
+    assert a("cegppo_0.5_1_decay0.8")["held"]
+    assert not rows[("a0", (3e-4, 8), "cegppo_0.5_1 validity_final ≈ grpo (not lower)")]["held"]
+    assert not any(r[0] == "b" and r[1] == (3e-4, 8) for r in rows)
+    # (1, 1) is stable at (1e-4, 4): its guard is compared with it; +0.1 on every seed is a measurable change.
+    b = rows[("b", (1e-4, 4), "cegppo_1_1_cut0.25 validity_final ≈ cegppo_1_1")]
+    assert not b["held"] and b["mean_diff"] == pytest.approx(0.1)
+    assert rows[("b", (1e-4, 4), "cegppo_1_1_cut0.25 entropy_final ≈ cegppo_1_1")]["held"]  # same entropy
+    c = {arm: rows[("c", (3e-4, 8), f"{arm} entropy_at_matched_reward < cegppo_0_1")]
+         for arm in ("cegppo_0.5_1_cut0.25", "cegppo_0.5_1_decay0.8")}  # fmt: skip
+    assert c["cegppo_0.5_1_cut0.25"]["held"] and not c["cegppo_0.5_1_decay0.8"]["held"]
+    # The addition stage's candidate: (a) ties 1-1 (the cut-off's row at (1e-4, 4)), (b) 1-0 for the cut-off.
+    assert confirm.addition_candidate(list(rows.values())) == ("cutoff", 0.25)
+    assert confirm.addition_candidate([r for r in rows.values() if r["setting"] == (3e-4, 8)]) == ("decay", 0.8)
+    # A stage cut off mid-seed: the seed some arms lack is left out at that setting, so every test stays paired.
+    cut = runs + _claim_runs((3e-4, 8), {"grpo": [0.6] * 6})[5:]  # GRPO seed 11 only
+    kept, dropped = confirm.complete_seeds(cut)
+    assert kept == runs and [(c["arm"], c["seed"]) for c in dropped] == [("grpo", 11)]
+    text = confirm.confirm_markdown(cut)
+    assert "| (a) cutoff 0.25 | failed: 1/2 rows held |" in text and "| (a) decay 0.8 | held: 1/1 rows held |" in text
+
+
+def test_confirm_warning_leads_count_hits_misses_false_alarms_and_silent_runs_as_warned_at_the_end():
+    from examples.entropy_study import confirm
+
+    h, r = [0.4] * 10, [0.3] * 10
+    probe = {"step": [0, 20, 40, 60, 80], "validity": [0.2, 0.2, 0.05, 0.02, 0.01], "pass@8": [0.0] * 5,
+             "distinct_correct": [0.0] * 5}  # fmt: skip
+    early = {**fake_run("cegppo_1_1", 6, h, r), "probe": probe}
+    early["lib_left_log_ratio"] = [math.nan] * 10 + [-1.6] * 70  # first below -1.5 at step 11; collapse seen at 40
+    silent = {**fake_run("cegppo_1_1", 7, h, r), "probe": probe, "lib_left_log_ratio": [-1.0] * 80}
+    false_alarm = {**fake_run("grpo", 6, h, r), "lib_left_log_ratio": [-2.0] * 80}  # validity 0.2 -> 0.6
+    quiet = {**fake_run("grpo", 7, h, r), "lib_left_log_ratio": [math.nan] * 80}
+    leads = confirm.warning_leads([early, silent, false_alarm, quiet])
+    assert [(x["warned_at"], x.get("lead")) for x in leads] == [(11, 29), (None, 40 - 80), (1, None), (None, None)]
+    w = confirm.warning_summary(leads)
+    assert (w["collapsed"], w["hits"], w["misses"], w["in_time"], w["false_alarms"], w["stable"]) == (2, 1, 1, 1, 1, 2)
+    assert w["mean_lead"] == pytest.approx((29 - 40) / 2) and not w["held"]
+    assert confirm.warning_summary(confirm.warning_leads([early]))["held"] is False  # one run: p = 1/2
+
+
+def test_sign_flip_p_past_max_exact_is_a_seeded_estimate_of_the_exact_binomial_tail():
+    n, k = stats.MAX_EXACT + 4, 18  # equal magnitudes: p = P(Binomial(n, 1/2) >= k positives)
+    d = [1.0] * k + [-1.0] * (n - k)
+    exact = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n
+    p = stats.sign_flip_p(d)
+    assert p == stats.sign_flip_p(d) and abs(p - exact) < 4 * math.sqrt(exact / stats.SAMPLES) + 1e-4
+
+
+def test_stability_plot_wraps_many_arms_into_rows(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    arms = ["grpo", "cegppo_0_1", *list(digits.CONFIRM_GUARDS)[:1]]  # 3 arms, 2 per row: one empty slot
+    runs = [_at(fake_run(arm, 6, [0.4] * 10, [0.3] * 10), *s) for arm in arms for s in ((1e-4, 4), (3e-4, 8))]
+    digits.write_stability_plot(runs, tmp_path, plt, np, per_row=2)
+    assert (tmp_path / "stability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

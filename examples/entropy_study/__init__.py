@@ -4,8 +4,11 @@ Run from the repository root (each module is a command line; `--help` lists its 
 
 - `python -m examples.entropy_study.addition`: the first study, on the quickstart's tiny Llama and 2-digit addition
   (one right answer per prompt, completions of at most 4 tokens).
-- `python -m examples.entropy_study.digits`: the second study, on a multi-solution task with 17-token completions
-  ("write 16 digits whose sum is S"), with the entropy controller, diversity probes and a stability grid.
+- `python -m examples.entropy_study.digits`: the second study, on a task with many right answers ("write 4 digits
+  whose sum is S, each followed by the running total", 19-23 tokens, 84-670 correct answers per prompt), with the
+  entropy controller, diversity probes and a stability grid.
+- `python -m examples.entropy_study.confirm`: the third study, confirming the left-side guard against the β1
+  collapse (`delta_low` / `delta_low_mode`) on settings it was not developed on, on both tasks.
 
 Results and their discussion: docs/entropy-study.md.
 """

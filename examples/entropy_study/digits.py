@@ -65,20 +65,47 @@ def arm_overrides() -> dict[str, tuple[str, dict]]:
         ),
         **{
             f"cegppo_{b1:g}_{b2:g}_cut": (f"CE-GPPO ({b1:g}, {b2:g}) + left cut-off r < {LEFT_CUTOFF:g}",
-                                         {**cegppo_arm(b1, b2), "study_left_cutoff": LEFT_CUTOFF})
+                                         guarded_arm(b1, b2, LEFT_CUTOFF, "cutoff"))
             for b1, b2 in ((0.5, 1.0), (1.0, 1.0))
         },
+        **{name: (guard_label(b1, mode, delta_low), guarded_arm(b1, 1.0, delta_low, mode))
+           for name, (b1, mode, delta_low) in CONFIRM_GUARDS.items()},
     }  # fmt: skip
 
+
+def guarded_arm(beta1: float, beta2: float, delta_low: float, mode: str) -> dict:
+    """CE-GPPO (β1, β2) plus the study's left-side guard (`runner.delta_low_logps`); the `study_` fields map 1:1 to
+    the library's `delta_low` / `delta_low_mode`."""
+    return {**cegppo_arm(beta1, beta2), "study_delta_low": delta_low, "study_delta_low_mode": mode}
+
+
+def guard_name(beta1: float, mode: str, delta_low: float) -> str:
+    """`cegppo_0.5_1_cut0.25`, `cegppo_1_1_decay0.8`: the third study's guard arms (β2 = 1)."""
+    return f"cegppo_{beta1:g}_1_{'cut' if mode == 'cutoff' else 'decay'}{delta_low:g}"
+
+
+def guard_label(beta1: float, mode: str, delta_low: float) -> str:
+    what = f"cut-off r < {delta_low:g}" if mode == "cutoff" else f"r-decay below {delta_low:g}"
+    return f"CE-GPPO ({beta1:g}, 1) + {what}"
+
+
+def guard_base(arm: str) -> str | None:
+    """The unguarded arm a guard arm is compared with (`cegppo_0.5_1_cut0.25` -> `cegppo_0.5_1`), else None."""
+    return arm.rsplit("_", 1)[0] if arm in GUARD_ARMS + tuple(CONFIRM_GUARDS) else None
+
+
+# The third study's guard candidates (confirm.py): (mode, delta_low) on β1 in {0.5, 0.75, 1} with β2 = 1.
+GUARD_CANDIDATES = (("decay", 0.8), ("cutoff", 0.25), ("cutoff", 0.1), ("cutoff", 0.5))
+CONFIRM_GUARDS = {guard_name(b1, mode, d): (b1, mode, d) for mode, d in GUARD_CANDIDATES for b1 in (0.5, 0.75, 1.0)}
 
 ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch",
         "controller")  # fmt: skip
 # Not claim arms (not in the default sweep): the proposed guard of docs/entropy-study.md, a left analogue of the dual
-# clip that drops the gradient of A < 0 tokens once r < LEFT_CUTOFF (`runner.left_cutoff_logps`). The cut-off is the
+# clip that drops the gradient of A < 0 tokens once r < LEFT_CUTOFF (`runner.delta_low_logps`). The cut-off is the
 # value the docs proposed before the guard was tried; run with --arms after the sweep, so they are exploratory.
 LEFT_CUTOFF = 0.25
 GUARD_ARMS = ("cegppo_0.5_1_cut", "cegppo_1_1_cut")
-KNOWN_ARMS = ARMS + GUARD_ARMS
+KNOWN_ARMS = ARMS + GUARD_ARMS + tuple(CONFIRM_GUARDS)
 MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the sweep; the grid's plots show this point
 
 
@@ -142,13 +169,17 @@ def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate:
             **curves}  # fmt: skip
 
 
-def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
-    """Every job (keyword arguments of `run_arm`), in `workers` spawned processes or in this one."""
+def _run_all(jobs: list[dict], workers: int, log, fn=None, on_result=None) -> list[dict]:
+    """Every job (keyword arguments of `fn`, default `run_arm`), in `workers` spawned processes or in this one;
+    `on_result(finished runs)` after each."""
+    fn = fn or run_arm
     results: list[dict] = []
     start = time.perf_counter()
 
     def done(c: dict) -> None:
         results.append(c)
+        if on_result is not None:
+            on_result(results)
         elapsed = time.perf_counter() - start
         p = c["probe"]
         log(f"  [{len(results):2d}/{len(jobs)}] {c['arm']:<14} seed {c['seed']} lr {c['learning_rate']:g} "
@@ -158,7 +189,7 @@ def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
 
     if workers <= 1:
         for job in jobs:
-            done(run_arm(**job))
+            done(fn(**job))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -167,7 +198,7 @@ def _run_all(jobs: list[dict], workers: int, log) -> list[dict]:
 
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=one_thread_worker_init) as pool:
-            for future in as_completed([pool.submit(run_arm, **job) for job in jobs]):
+            for future in as_completed([pool.submit(fn, **job) for job in jobs]):
                 done(future.result())
     return sorted(results, key=_run_order)
 
@@ -329,8 +360,8 @@ def check_stability(table: dict[str, dict[str, list[float]]]) -> list[dict]:
     from .stats import paired_verdict
 
     pairs = [(metric, rel, a, base) for metric, rel, base in GRID_CLAIMS for a in table if a != base and base in table]
-    pairs += [(metric, ">", a, a.removesuffix("_cut")) for metric, _, _ in GRID_CLAIMS for a in GUARD_ARMS
-              if a in table and a.removesuffix("_cut") in table]  # fmt: skip
+    pairs += [(metric, ">", a, guard_base(a)) for metric, _, _ in GRID_CLAIMS for a in table
+              if guard_base(a) in table]  # fmt: skip
     return [{"claim": "h", "claim_text": "stability", "text": f"{a} {metric} {rel} {base} {metric}",
              **paired_verdict(table[a][metric], table[base][metric], rel)} for metric, rel, a, base in pairs]
 
@@ -405,22 +436,32 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
         f"wall time {meta['wall_seconds'] / 60:.1f} min, {meta['workers']} worker(s). Mean ± std over seeds; "
         "entropy per rollout batch; probes: 32 samples at T = 1 for each of 13 fixed prompts."
     )
-    lines = [f"# Second entropy study: results ({meta['mode']})", "", intro, ""]
+    title = f"# Second entropy study: results ({meta['mode']})"
+    if meta["mode"] == "confirm":
+        title = f"# Third entropy study: confirming the guard, results ({meta['task']} task)"
+        if meta["task"] == "addition":
+            intro = intro.replace("probes: 32 samples at T = 1 for each of 13 fixed prompts", "validity: greedy "
+                                  "held-out accuracy on 200 prompts; no diversity probe (one right answer)")  # fmt: skip
+    lines = [title, "", intro, ""]
     if meta.get("sources"):
         lines += ["Merged from the runs of:", "", *[f"- `{cmd}`" for cmd in meta["sources"]], ""]
+    if meta["mode"] == "confirm":
+        from .confirm import confirm_markdown
+
+        lines += [stability_map(runs), "", confirm_markdown(runs)]
     if meta["mode"] == "grid":
         lines += [stability_map(runs), ""]
         held_out = [c for c in runs if (c["learning_rate"], c["steps_per_generation"]) != MAIN_SETTING]
-        for name, subset in (("all", runs), (f"outside lr {MAIN_SETTING[0]:g} / {MAIN_SETTING[1]} steps (the "
-                                            "point the threshold was read from)", held_out)):  # fmt: skip
+        for name, subset in (("all", runs), ((f"outside lr {MAIN_SETTING[0]:g} / {MAIN_SETTING[1]} steps (the "
+                                            "point the threshold was read from)"), held_out)):  # fmt: skip
             g = guard_check(subset)
-            lines += [f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse "
+            lines += [(f"Proposed warning (a step's mean left-clipped log r < {GUARD_THRESHOLD}) as a collapse "
                       f"detector, {name} ({len(subset)} runs): warned and collapsed {g['warned_collapsed']} (warned "
                       f"no later than the first probe that showed it: {g['in_time']}), warned but stable "
                       f"{g['warned_stable']}, collapsed without a warning {g['silent_collapsed']}, stable and silent "
-                      f"{g['silent_stable']}.", ""]  # fmt: skip
-        lines += ["Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
-                  f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it.", ""]
+                      f"{g['silent_stable']}."), ""]  # fmt: skip
+        lines += [("Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
+                  f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it."), ""]
     groups: dict[tuple, list[dict]] = {}
     for c in runs:
         groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)
@@ -448,7 +489,7 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
             "| p (sign-flip, one-sided) | verdict |"
         )
         lines += ["", header, "|---" * 7 + "|"]
-        rows = check_claims(table) + check_stability(table)
+        rows = (check_claims(table) if meta["mode"] != "confirm" else []) + check_stability(table)
         for r in rows:
             lines.append(f"| ({r['claim']}) | {r['text']} | {r['mean_left']:.3f} vs {r['mean_right']:.3f} | "
                          f"{r['mean_diff']:+.3f} ± {r['std_diff']:.3f} | {r['seeds_held']}/{r['n']} | {r['p']:.3f} "
@@ -460,6 +501,18 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
 _COLORS = {"grpo": "black", "dapo": "tab:gray", "cegppo_0_1": "#9ecae1", "cegppo_0.5_1": "#4292c6",
            "cegppo_0.75_1": "#2171b5", "cegppo_1_1": "#08306b", "cegppo_1_0.5": "tab:red", "switch": "tab:purple",
            "controller": "tab:green", "cegppo_0.5_1_cut": "tab:orange", "cegppo_1_1_cut": "tab:brown"}  # fmt: skip
+# Guard arms of the third study: one hue per candidate, darker for larger β1.
+_GUARD_HUES = {("decay", 0.8): "Greens", ("cutoff", 0.25): "Oranges", ("cutoff", 0.1): "Purples",
+               ("cutoff", 0.5): "Reds"}  # fmt: skip
+
+
+def _color(arm: str):
+    if arm in _COLORS:
+        return _COLORS[arm]
+    import matplotlib
+
+    b1, mode, delta_low = CONFIRM_GUARDS[arm]
+    return matplotlib.colormaps[_GUARD_HUES[mode, delta_low]](0.35 + 0.5 * b1)
 
 
 def write_plots(runs: list[dict], out: Path) -> None:
@@ -485,8 +538,8 @@ def write_plots(runs: list[dict], out: Path) -> None:
         y = np.array(ys, dtype=float)
         mean = np.nanmean(y, axis=0)
         std = np.nanstd(y, axis=0, ddof=1) if len(ys) > 1 else np.zeros_like(mean)
-        ax.plot(x, mean, color=_COLORS[arm], label=labels[arm], **kw)
-        ax.fill_between(x, mean - std, mean + std, color=_COLORS[arm], alpha=0.12, linewidth=0)
+        ax.plot(x, mean, color=_color(arm), label=labels[arm], **kw)
+        ax.fill_between(x, mean - std, mean + std, color=_color(arm), alpha=0.12, linewidth=0)
 
     def figure(name, panels):
         fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.4), squeeze=False)
@@ -538,12 +591,14 @@ def write_plots(runs: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def write_stability_plot(runs: list[dict], out: Path, plt, np) -> None:
+def write_stability_plot(runs: list[dict], out: Path, plt, np, per_row: int = 6) -> None:
     """stability.png: per arm, final probe validity (colour, mean over seeds) and collapsed seeds over the
-    learning rate x steps-per-batch grid, plus the lowest per-step mean log r of left-clipped tokens."""
+    learning rate x steps-per-batch grid, plus the lowest per-step mean log r of left-clipped tokens; `per_row`
+    arms per row of panel pairs."""
     labels = {a: lab for a, (lab, _) in arm_overrides().items()}
     arms, lrs, spgs, cells = _grid_cells(runs)
-    fig, axes = plt.subplots(2, len(arms), figsize=(3.6 * len(arms), 6.4), squeeze=False)
+    cols, blocks = min(len(arms), per_row), math.ceil(len(arms) / per_row)
+    fig, axes = plt.subplots(2 * blocks, cols, figsize=(3.6 * cols, 6.4 * blocks), squeeze=False)
     for j, arm in enumerate(arms):
         for i, (key, cmap, vmin, vmax) in enumerate([("validity_final", "RdYlGn", 0.0, 0.7),
                                                      ("left_logratio_min", "magma", -8.0, 0.0)]):  # fmt: skip
@@ -556,14 +611,17 @@ def write_stability_plot(runs: list[dict], out: Path, plt, np) -> None:
                         grid[a, b] = statistics.fmean(m[key] for m in ms)
                         collapsed = int(sum(m["collapsed"] for m in ms))
                         text[a, b] = f"{grid[a, b]:.2f}" + (f"\n{collapsed}/{len(ms)} coll." if i == 0 else "")
-            ax = axes[i][j]
+            ax = axes[2 * (j // per_row) + i][j % per_row]
             ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
             for (a, b), t in text.items():
                 ax.text(b, a, t, ha="center", va="center", fontsize=8)
             ax.set_xticks(range(len(spgs)), [str(x) for x in spgs])
             ax.set_yticks(range(len(lrs)), [f"{x:g}" for x in lrs])
-            ax.set(xlabel="optimizer steps per rollout batch", ylabel="learning rate" if j == 0 else None)
+            ax.set(xlabel="optimizer steps per rollout batch", ylabel="learning rate" if j % per_row == 0 else None)
             ax.set_title(labels[arm] if i == 0 else "min mean log r, left-clipped", fontsize=9)
+    for j in range(len(arms), blocks * cols):  # the last row's empty slots
+        for i in range(2):
+            axes[2 * (j // per_row) + i][j % per_row].set_axis_off()
     axes[0][0].annotate("final probe validity", (0, 1.18), xycoords="axes fraction", fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "stability.png", dpi=100)

@@ -1,19 +1,23 @@
 """Paired statistics for the entropy studies: per-run scalars, an exact sign-flip test, and claim verdicts.
 
 No scipy (not a dependency): the one test needed, the exact one-sided paired sign-flip (permutation) test on the
-mean difference, enumerates all 2^n sign patterns, which is instant for the 3-10 seeds a CPU study runs.
+mean difference, enumerates all 2^n sign patterns, which is instant for the 3-10 seeds a CPU study runs; past
+`MAX_EXACT` pairs (the third study's test over runs) it draws `SAMPLES` random sign patterns with a fixed seed.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 from collections.abc import Sequence
 
 __all__ = ["ALPHA", "paired_verdict", "sign_flip_p"]
 
 ALPHA = 0.05  # one-sided significance level, fixed before the sweep
+MAX_EXACT = 20  # 2^20 sign patterns; beyond, a Monte Carlo estimate
+SAMPLES = 100_000
 
 
 def sign_flip_p(differences: Sequence[float]) -> float:
@@ -22,6 +26,9 @@ def sign_flip_p(differences: Sequence[float]) -> float:
     Under the null each paired difference is as likely to have either sign, so the p-value is the share of the 2^n
     sign patterns whose mean is at least the observed mean. With n pairs the smallest attainable p is 2^-n: n >= 5
     seeds are needed to reach 0.05.
+
+    Past `MAX_EXACT` pairs the share is estimated from `SAMPLES` random sign patterns (seeded, so the same data give
+    the same p), counting the observed pattern once: (hits + 1) / (SAMPLES + 1).
 
     Args:
         differences: one paired difference per seed, oriented so that the claim predicts a positive mean.
@@ -34,6 +41,10 @@ def sign_flip_p(differences: Sequence[float]) -> float:
         return 1.0
     observed = sum(d)
     tolerance = 1e-12 * max(1.0, sum(abs(x) for x in d))
+    if len(d) > MAX_EXACT:
+        rng = random.Random(0)
+        hits = sum(sum(x if rng.random() < 0.5 else -x for x in d) >= observed - tolerance for _ in range(SAMPLES))
+        return (hits + 1) / (SAMPLES + 1)
     hits = sum(
         sum(s * x for s, x in zip(signs, d)) >= observed - tolerance
         for signs in itertools.product((1, -1), repeat=len(d))
