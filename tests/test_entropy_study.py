@@ -220,8 +220,9 @@ def _curves_dir(root: Path, name: str, runs: list[dict], steps: int = 80, warmup
 def test_merge_pairs_runs_from_several_folders_and_refuses_what_cannot_be_paired(tmp_path):
     h, r = [0.4] * 10, [0.3] * 10
     grid = _curves_dir(tmp_path, "grid", [_at(fake_run("grpo", 1, h, r), 1e-3, 8)])
-    sweep = _curves_dir(tmp_path, "sweep", [fake_run("grpo", 1, h, r), fake_run("cegppo_1_1", 2, h, r)],
-                        warmup_seconds=3.0)  # a cached warm-up: its wall time does not matter
+    sweep = _curves_dir(
+        tmp_path, "sweep", [fake_run("grpo", 1, h, r), fake_run("cegppo_1_1", 2, h, r)], warmup_seconds=3.0
+    )  # a cached warm-up: its wall time does not matter
     data = digits.merge_curves([grid, sweep])
     assert data["meta"]["mode"] == "grid" and data["meta"]["wall_seconds"] == 120.0
     assert data["meta"]["sources"] == ["cmd grid", "cmd sweep"] and data["meta"]["seeds"] == [1, 2]
@@ -491,7 +492,11 @@ def test_confirm_design_arms_are_known_new_seeds_and_map_to_the_library_fields()
         assert set(spec["arms"]) <= set(digits.KNOWN_ARMS)
     for arm, (b1, mode, delta_low) in digits.CONFIRM_GUARDS.items():
         fields = overrides[arm][1]
-        assert (fields["gppo_beta1"], fields["study_delta_low_mode"], fields["study_delta_low"]) == (b1, mode, delta_low)
+        assert (fields["gppo_beta1"], fields["study_delta_low_mode"], fields["study_delta_low"]) == (
+            b1,
+            mode,
+            delta_low,
+        )
         assert delta_low <= 1 - fields["epsilon"] and digits.guard_base(arm) == f"cegppo_{b1:g}_1"
         assert {k: v for k, v in fields.items() if not k.startswith("study_")} == overrides[digits.guard_base(arm)][1]
     assert digits.guard_base("cegppo_0.5_1_cut") == "cegppo_0.5_1" and digits.guard_base("cegppo_0.5_1") is None
@@ -526,7 +531,10 @@ def test_confirm_claims_a_b_c_from_known_runs():
     }, entropy={"cegppo_0_1": 0.40, "cegppo_0.5_1_cut0.25": 0.35, "cegppo_0.5_1_decay0.8": 0.41})  # fmt: skip
     runs += _claim_runs((1e-4, 4), {"grpo": grpo, "cegppo_1_1": grpo, "cegppo_1_1_cut0.25": [v + 0.1 for v in grpo]})
     rows = {(r["claim"], r["setting"], r["text"]): r for r in confirm.claim_rows(runs)}
-    a = lambda arm, s=(3e-4, 8): rows[("a", s, f"{arm} validity_final ≈ grpo (not lower)")]
+
+    def a(arm, s=(0.0003, 8)):
+        return rows[("a", s, f"{arm} validity_final ≈ grpo (not lower)")]
+
     assert not a("cegppo_0.5_1_cut0.25")["held"] and a("cegppo_0.5_1_cut0.25")["p"] == 1 / 32
     assert a("cegppo_0.5_1_decay0.8")["held"]
     assert not rows[("a0", (3e-4, 8), "cegppo_0.5_1 validity_final ≈ grpo (not lower)")]["held"]
@@ -587,3 +595,29 @@ def test_stability_plot_wraps_many_arms_into_rows(tmp_path):
     runs = [_at(fake_run(arm, 6, [0.4] * 10, [0.3] * 10), *s) for arm in arms for s in ((1e-4, 4), (3e-4, 8))]
     digits.write_stability_plot(runs, tmp_path, plt, np, per_row=2)
     assert (tmp_path / "stability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("mode, delta_low", [("cutoff", 0.25), ("cutoff", 0.5), ("decay", 0.8)])
+def test_the_studys_guard_transform_trains_what_the_librarys_delta_low_trains(mode, delta_low):
+    # The third study ran the guard as an input transform (`runner.delta_low_logps`); its conclusions are about the
+    # library's `delta_low` only if the two give the same loss and gradient.
+    from helpers.reference import random_inputs
+
+    from cegppo_trl.loss import cegppo_per_token_loss
+    from examples.entropy_study.runner import delta_low_logps
+
+    logp, old, adv = random_inputs(spread=3.0, dtype=torch.float32, seed=3)
+    kw = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=1.0, delta=10.0)
+    grads = []
+    for transformed in (True, False):
+        x = logp.clone().requires_grad_(True)
+        if transformed:
+            loss = cegppo_per_token_loss(delta_low_logps(x, old, adv, delta_low, mode), old, adv, **kw)
+        else:
+            loss = cegppo_per_token_loss(x, old, adv, **kw, delta_low=delta_low, delta_low_mode=mode)
+        (grad,) = torch.autograd.grad(loss.sum(), x)
+        grads.append((loss.detach(), grad))
+    guarded = (adv < 0) & (torch.exp(logp - old) < delta_low)
+    assert guarded.sum() > 20  # the guard acts on many tokens here
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-6, atol=1e-7)

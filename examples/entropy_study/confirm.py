@@ -115,7 +115,10 @@ def addition_candidate(rows: list[dict]) -> tuple[str, float]:
 
     def score(candidate):
         arms = set(_guards([candidate]))
-        held = lambda cid: sum(r["held"] for r in rows if r["claim"] == cid and r["arm"] in arms)
+
+        def held(cid):
+            return sum(r["held"] for r in rows if r["claim"] == cid and r["arm"] in arms)
+
         return held("a"), held("b"), -MAIN_CANDIDATES.index(candidate)
 
     return max(MAIN_CANDIDATES, key=score)
@@ -143,8 +146,9 @@ def run_addition_arm(arm: str, seed: int, *, steps: int, probe_every: int, learn
 
     import torch
 
-    from cegppo_trl.quickstart import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, WarmupSettings, quiet_libraries
-    from cegppo_trl.quickstart.task import evaluate_accuracy
+    from cegppo_trl.offline.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
+    from cegppo_trl.offline.tasks import evaluate_accuracy
+    from cegppo_trl.offline.warmup import WarmupSettings
 
     from .addition import _model
     from .runner import run_once
@@ -198,6 +202,7 @@ def claim_rows(runs: list[dict]) -> list[dict]:
     rows = []
     guards = [a for a in digits.KNOWN_ARMS if guard_base(a)]
     for setting, table in _by_setting(runs).items():
+
         def add(cid, arm, text, result, setting=setting):
             rows.append({"claim": cid, "setting": setting, "arm": arm, "text": text, **result})
 
@@ -208,18 +213,31 @@ def claim_rows(runs: list[dict]) -> list[dict]:
                 add("a" if guard_base(arm) else "a0", arm, f"{arm} validity_final ≈ grpo (not lower)", result)
         for arm in [a for a in guards if a in table and guard_base(a) in table]:
             base = guard_base(arm)
-            stable = not any(table[base]["collapsed"]) and grpo_trains(table) and _within(
-                table[base]["validity_final"], table["grpo"]["validity_final"], MARGINS["validity_final"], "<")["held"]
+            stable = (
+                not any(table[base]["collapsed"])
+                and grpo_trains(table)
+                and _within(
+                    table[base]["validity_final"], table["grpo"]["validity_final"], MARGINS["validity_final"], "<"
+                )["held"]
+            )
             if stable:
                 for metric in ("validity_final", "entropy_final"):
-                    add("b", arm, f"{arm} {metric} ≈ {base}",
-                        _within(table[arm][metric], table[base][metric], MARGINS[metric], "<>"))
+                    add(
+                        "b",
+                        arm,
+                        f"{arm} {metric} ≈ {base}",
+                        _within(table[arm][metric], table[base][metric], MARGINS[metric], "<>"),
+                    )
         if "cegppo_0_1" in table:
             for arm in [a for a in guards if a in table and a.startswith("cegppo_0.5_1_")]:
                 result = paired_verdict(table[arm]["entropy_at_matched_reward"],
                                         table["cegppo_0_1"]["entropy_at_matched_reward"], "<")  # fmt: skip
-                add("c", arm, f"{arm} entropy_at_matched_reward < cegppo_0_1",
-                    {**result, "held": result["verdict"] == "held"})
+                add(
+                    "c",
+                    arm,
+                    f"{arm} entropy_at_matched_reward < cegppo_0_1",
+                    {**result, "held": result["verdict"] == "held"},
+                )
     return rows
 
 
@@ -315,8 +333,13 @@ def confirm_markdown(runs: list[dict]) -> str:
     rows = claim_rows(runs)
     leads = warning_leads(runs)
     unguarded = [r for r in leads if not guard_base(r["arm"])]
-    lines = ["## Final validity: mean (range over seeds), collapsed seeds", "", validity_table(runs),
-             "## Third study: the claims (fixed before the runs)", ""]
+    lines = [
+        "## Final validity: mean (range over seeds), collapsed seeds",
+        "",
+        validity_table(runs),
+        "## Third study: the claims (fixed before the runs)",
+        "",
+    ]
     lines += [f"- ({cid}) {text}" for cid, text in CLAIMS.items()]
     lines += ["", "| claim, candidate | verdict |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _claim_verdicts(rows, warning_summary(leads)).items()]
@@ -357,8 +380,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=None, help="comma-separated subset of the stage's arms (a cut-down run)")
     p.add_argument("--seeds", default=None, help=f"comma-separated seeds (default {','.join(map(str, SEEDS))})")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the stage's)")
-    p.add_argument("--digits-dir", action="append", default=None,
-                   help="(addition) folder(s) with the digits stage's curves.json, to choose the guard candidate")
+    p.add_argument(
+        "--digits-dir",
+        action="append",
+        default=None,
+        help="(addition) folder(s) with the digits stage's curves.json, to choose the guard candidate",
+    )
     p.add_argument("--workers", type=int, default=2, help="processes, one torch thread each")
     p.add_argument("--small-model", action="store_true", help="the tests' small models (numbers mean nothing)")
     p.add_argument("--cache-dir", default=None, help="model cache (default: the quickstart's)")
@@ -374,16 +401,26 @@ def complete_seeds(runs: list[dict]) -> tuple[list[dict], list[dict]]:
     have: dict[tuple, set] = {}
     for c in runs:
         have.setdefault((c["learning_rate"], c["steps_per_generation"], c["seed"]), set()).add(c["arm"])
-    ok = lambda c: have[c["learning_rate"], c["steps_per_generation"], c["seed"]] == arms[c["learning_rate"],
-                                                                                         c["steps_per_generation"]]
+
+    def ok(c):
+        return (
+            have[c["learning_rate"], c["steps_per_generation"], c["seed"]]
+            == arms[c["learning_rate"], c["steps_per_generation"]]
+        )
+
     return [c for c in runs if ok(c)], [c for c in runs if not ok(c)]
 
 
 def _write(runs: list[dict], meta: dict, out: Path) -> str:
     runs, dropped = complete_seeds(runs)
     if dropped:
-        meta = {**meta, "dropped_incomplete_seeds": sorted(f"{c['arm']} seed {c['seed']} lr {c['learning_rate']:g} "
-                                                           f"spg {c['steps_per_generation']}" for c in dropped)}
+        meta = {
+            **meta,
+            "dropped_incomplete_seeds": sorted(
+                f"{c['arm']} seed {c['seed']} lr {c['learning_rate']:g} spg {c['steps_per_generation']}"
+                for c in dropped
+            ),
+        }
     return digits.write_outputs(runs, {**meta, "mode": "confirm"}, out)
 
 
@@ -431,7 +468,8 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         else:
             from dataclasses import asdict
 
-            from cegppo_trl.quickstart import FAST_MODEL_WARMUP, WarmupSettings
+            from cegppo_trl.offline.runs import FAST_MODEL_WARMUP
+            from cegppo_trl.offline.warmup import WarmupSettings
 
             from .addition import _model
 

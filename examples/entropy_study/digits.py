@@ -28,9 +28,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from .addition import SWITCH_AT
+from .addition import SWITCH_AT, cegppo_arm
 from .addition import arm_overrides as first_study_arms
-from .addition import cegppo_arm
 
 __all__ = [
     "ARMS",
@@ -362,8 +361,15 @@ def check_stability(table: dict[str, dict[str, list[float]]]) -> list[dict]:
     pairs = [(metric, rel, a, base) for metric, rel, base in GRID_CLAIMS for a in table if a != base and base in table]
     pairs += [(metric, ">", a, guard_base(a)) for metric, _, _ in GRID_CLAIMS for a in table
               if guard_base(a) in table]  # fmt: skip
-    return [{"claim": "h", "claim_text": "stability", "text": f"{a} {metric} {rel} {base} {metric}",
-             **paired_verdict(table[a][metric], table[base][metric], rel)} for metric, rel, a, base in pairs]
+    return [
+        {
+            "claim": "h",
+            "claim_text": "stability",
+            "text": f"{a} {metric} {rel} {base} {metric}",
+            **paired_verdict(table[a][metric], table[base][metric], rel),
+        }
+        for metric, rel, a, base in pairs
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -460,8 +466,13 @@ def write_markdown(runs: list[dict], meta: dict) -> str:
                       f"no later than the first probe that showed it: {g['in_time']}), warned but stable "
                       f"{g['warned_stable']}, collapsed without a warning {g['silent_collapsed']}, stable and silent "
                       f"{g['silent_stable']}."), ""]  # fmt: skip
-        lines += [("Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
-                  f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it."), ""]
+        lines += [
+            (
+                "Claim rows (a)-(g) below are exploratory away from the sweep's setting (lr "
+                f"{MAIN_SETTING[0]:g}, {MAIN_SETTING[1]} steps per batch): the claims were fixed for it."
+            ),
+            "",
+        ]
     groups: dict[tuple, list[dict]] = {}
     for c in runs:
         groups.setdefault((c["learning_rate"], c["steps_per_generation"]), []).append(c)

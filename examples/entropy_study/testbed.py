@@ -191,7 +191,10 @@ def probe(model, tokenizer, sums: Sequence[int], *, samples: int = 32, seed: int
         pass8.append(pass_at_k(samples, len(ok), min(8, samples)))
         distinct_correct.append(len(set(ok)))
         distinct.append(len(set(group)))
-    mean = lambda xs: sum(xs) / len(xs)
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
     return {
         "validity": mean(validity),
         "pass@8": mean(pass8),
