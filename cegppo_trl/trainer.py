@@ -907,7 +907,12 @@ class CEGPPOTrainer(GRPOTrainer):
         args = self.args
         steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
         delta_low = coefficients["delta_low"]
-        guard = f"a larger `delta_low` (now {delta_low:g})" if delta_low else "the left guard `delta_low` (e.g. 0.25)"
+        guard = (
+            f"a larger `delta_low` (now {delta_low:g}; with the guard on, this drift is a weaker sign: most false alarms "
+            "of docs/entropy-study.md's third study came from guarded runs, so check validation first)"
+            if delta_low
+            else "the left guard `delta_low` (e.g. 0.5)"
+        )
         logger.warning(
             f"cegppo/preserved/left_log_ratio = {value:.2f} at step {self.state.global_step + 1} is below "
             f"`left_drift_warning` = {self.left_drift_alarm.threshold:g}: left-clipped negative-advantage tokens are "
