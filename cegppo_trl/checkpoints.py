@@ -207,6 +207,35 @@ def last_complete_checkpoint(output_dir: str) -> tuple[str | None, dict[str, str
     return None, skipped
 
 
+def resume_last(output_dir: str, requested: object = True) -> tuple[str, str | None]:
+    """`resume_from_checkpoint=True` / `"last"`: the newest complete checkpoint of `output_dir`, and the warning that
+    names the newer incomplete folders it passed over (None when there are none).
+
+    Raises:
+        ValueError: when `output_dir` holds no complete checkpoint, naming the incomplete ones if any.
+    """
+    last, skipped = last_complete_checkpoint(output_dir)
+    partial = "; ".join(f"{os.path.basename(folder)} ({reason})" for folder, reason in skipped.items())
+    if last is None:
+        if skipped:
+            raise ValueError(
+                f"`resume_from_checkpoint={requested}` resumes the newest complete checkpoint in {output_dir}, but "
+                f"every `checkpoint-*` folder there is incomplete: {partial}. They were being written when a run "
+                "stopped; start a new run (`--overwrite_output_dir true` deletes them)."
+            )
+        raise ValueError(
+            f"`resume_from_checkpoint={requested}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
+            "has no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
+        )
+    warning = None
+    if skipped:
+        warning = (
+            f"Resuming from {last}, the newest complete checkpoint; skipped the newer incomplete {partial}, which the "
+            "run was writing when it stopped (it is overwritten when this run saves that step)."
+        )
+    return last, warning
+
+
 def remove_checkpoints(output_dir: str) -> list[str]:
     """Delete every `checkpoint-*` folder of `output_dir` (an earlier run's, when starting over); returns them."""
     folders = checkpoint_folders(output_dir)

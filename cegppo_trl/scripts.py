@@ -27,6 +27,7 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     incomplete_reason,
     last_complete_checkpoint,
     remove_checkpoints,
+    resume_last,
 )
 from .config import CEGPPOConfig
 from .distributed import check_distributed_engine
@@ -651,26 +652,9 @@ def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool =
     if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS + ("false",):
         value = None
     if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "last")):
-        last, skipped = last_complete_checkpoint(output_dir)
-        partial = "; ".join(f"{os.path.basename(folder)} ({reason})" for folder, reason in skipped.items())
-        if last is None:
-            if skipped:
-                raise ValueError(
-                    f"`resume_from_checkpoint={value}` resumes the newest complete checkpoint in {output_dir}, but "
-                    f"every `checkpoint-*` folder there is incomplete: {partial}. They were being written when a run "
-                    "stopped; start a new run (`--overwrite_output_dir true` deletes them)."
-                )
-            raise ValueError(
-                f"`resume_from_checkpoint={value}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
-                "has no `checkpoint-*` folder. Give a checkpoint path, or start a new run without the flag."
-            )
-        if skipped:
-            logger.warning(
-                "Resuming from %s, the newest complete checkpoint; skipped the newer incomplete %s, which the run was "
-                "writing when it stopped (it is overwritten when this run saves that step).",
-                last,
-                partial,
-            )
+        last, warning = resume_last(output_dir, value)
+        if warning is not None:
+            logger.warning(warning)
         return last
     if isinstance(value, str) and os.path.isdir(value):
         reason = incomplete_reason(value)

@@ -27,8 +27,8 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     FRESH_CONTROLLER_ANNOUNCED,
     finished_resume_message,
     fresh_controller_note,
-    last_complete_checkpoint,
     read_state,
+    resume_last,
     state_record,
     write_state,
 )
@@ -326,19 +326,9 @@ class CEGPPOTrainer(GRPOTrainer):
         """`Trainer.train`, except that `resume_from_checkpoint=True` resumes the newest *complete* checkpoint of
         `output_dir` (transformers' picks the highest-numbered folder, even one a killed run left half-written)."""
         if resume_from_checkpoint is True:
-            last, skipped = last_complete_checkpoint(self.args.output_dir)
-            if last is None:
-                raise ValueError(
-                    f"`resume_from_checkpoint=True` but {self.args.output_dir} has no complete `checkpoint-*` folder"
-                    + (f" (incomplete: {', '.join(os.path.basename(s) for s in skipped)})" if skipped else "")
-                    + ". Give a checkpoint path, or train without resuming."
-                )
-            if skipped:
-                logger.warning(
-                    f"Resuming from {last}, the newest complete checkpoint; skipped the newer incomplete "
-                    + "; ".join(f"{os.path.basename(s)} ({reason})" for s, reason in skipped.items())
-                    + ", which a run was writing when it stopped."
-                )
+            last, warning = resume_last(self.args.output_dir)
+            if warning is not None:
+                logger.warning(warning)
             resume_from_checkpoint = last
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 

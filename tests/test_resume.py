@@ -321,5 +321,6 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     assert received == [str(tmp_path / "checkpoint-3")]
 
     (tmp_path / "checkpoint-3" / "trainer_state.json").unlink()
-    with pytest.raises(ValueError, match=r"has no complete `checkpoint-\*` folder \(incomplete: checkpoint-4, "):
+    with pytest.raises(ValueError, match=r"every `checkpoint-\*` folder there is incomplete: checkpoint-4 "
+                       r"\(trainer_state.json is missing\); checkpoint-3 \(trainer_state.json is missing\)"):  # fmt: skip
         CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
