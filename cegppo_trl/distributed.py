@@ -40,12 +40,13 @@ _FSDP_CAPABLE = (
     "MULTI_NEURON",
 )
 
+# Launch lines the refusals name; they work after a plain `pip install` (RECIPE: a path or a shipped recipe's name).
 CPU_DEEPSPEED_LAUNCH_LINE = (
     "python -m cegppo_trl.distributed accelerate_configs/deepspeed_zero3.yaml cpu_zero3.yaml\n"
-    "    DS_ACCELERATOR=cpu accelerate launch --config_file cpu_zero3.yaml examples/cegppo.py --config RECIPE.yaml "
+    "    DS_ACCELERATOR=cpu accelerate launch --config_file cpu_zero3.yaml -m cegppo_trl.cli train --config RECIPE "
     "--use_cpu true --bf16 false"
 )
-CPU_DDP_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 examples/cegppo.py --config RECIPE.yaml"
+CPU_DDP_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ..."
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -145,7 +146,7 @@ def check_distributed_engine(
             + CPU_DEEPSPEED_LAUNCH_LINE
             if on_cpu
             else "Launch on the GPUs: accelerate launch --config_file accelerate_configs/fsdp2.yaml "
-            "examples/cegppo.py --config RECIPE.yaml"
+            "-m cegppo_trl.cli train --config RECIPE"
         )
         raise RuntimeError(
             f"FSDP was asked for ({source}) but would not run: the process group is {distributed_type} and {why}, "

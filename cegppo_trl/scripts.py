@@ -30,7 +30,7 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     resume_last,
 )
 from .config import CEGPPOConfig
-from .distributed import check_distributed_engine
+from .distributed import CPU_DDP_LAUNCH_LINE, check_distributed_engine
 from .resources import resolve_config_args
 from .rewards import (
     REWARD_FUNCS,
@@ -51,8 +51,7 @@ logger = logging.getLogger(__name__)
 
 # Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
 _NONE_STRINGS = ("", "none", "null")
-# Works after a plain `pip install` (no repository checkout): RECIPE is a path or a shipped recipe's name (cpu_smoke).
-CPU_LAUNCH_LINE = "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ..."
+CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
