@@ -11,25 +11,13 @@ from trl import GRPOConfig
 from ._spec import format_number as _format_number
 from .controller import parse_controller
 from .loss import check_left_guard
-from .schedules import ConstantSchedule, PiecewiseSchedule, Schedule, parse_schedule
+from .schedules import parse_schedule
 
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-
-
-def _schedule_range(schedule: Schedule) -> tuple[float, float]:
-    """The lowest and highest value a schedule takes over any run: every kind stays between its extreme knots (the
-    ramps are monotone from start to end, a piecewise schedule takes its listed values)."""
-    if isinstance(schedule, ConstantSchedule):
-        values = (schedule.value,)
-    elif isinstance(schedule, PiecewiseSchedule):
-        values = schedule.values
-    else:
-        values = (schedule.start, schedule.end)
-    return min(values), max(values)
 
 
 def _check_finite_nonnegative(name: str, value: float) -> None:
@@ -314,7 +302,7 @@ class CEGPPOConfig(GRPOConfig):
                 continue  # a coefficient the controller does not move is the nominal itself, bounds do not apply
             schedule_field, constant_field = f"gppo_{beta}_schedule", f"gppo_{beta}"
             spec = getattr(self, schedule_field)
-            low, high = _schedule_range(parse_schedule(spec if spec is not None else getattr(self, constant_field)))
+            low, high = parse_schedule(spec if spec is not None else getattr(self, constant_field)).value_range
             bound_low, bound_high = getattr(controller, f"{beta}_min"), getattr(controller, f"{beta}_max")
             if bound_low <= low and high <= bound_high:
                 continue

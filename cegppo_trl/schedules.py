@@ -195,6 +195,11 @@ class Schedule:
         """The value at step 0, which no run length changes: the value before the run length is known."""
         raise NotImplementedError
 
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """``(smallest, largest)`` value the schedule takes over any run (ramps are monotone from start to end)."""
+        raise NotImplementedError
+
     def spec(self) -> str:
         """The canonical spec string."""
         raise NotImplementedError
@@ -219,6 +224,10 @@ class ConstantSchedule(Schedule):
     @property
     def initial(self) -> float:
         return self.value
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return self.value, self.value
 
     def spec(self) -> str:
         return f"constant:{_format_number(self.value)}"
@@ -258,6 +267,10 @@ class _RampSchedule(Schedule):
     @property
     def initial(self) -> float:
         return self.start  # a window starts at step >= 0, so step 0 is never past its start
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return min(self.start, self.end), max(self.start, self.end)
 
     def spec(self) -> str:
         text = f"{self.kind}:{_format_number(self.start)}->{_format_number(self.end)}"
@@ -318,6 +331,10 @@ class WarmupSchedule(Schedule):
     def initial(self) -> float:
         return self.start
 
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return min(self.start, self.end), max(self.start, self.end)
+
     def spec(self) -> str:
         return f"warmup:{_format_number(self.start)}->{_format_number(self.end)}@{self.length}"
 
@@ -348,6 +365,10 @@ class PiecewiseSchedule(Schedule):
     @property
     def initial(self) -> float:
         return self.values[0]  # the first boundary is 0
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        return min(self.values), max(self.values)
 
     def spec(self) -> str:
         pieces = [f"{_format_number(v)}@{b}" for v, b in zip(self.values, self.boundaries)]

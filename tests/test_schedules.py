@@ -310,3 +310,21 @@ def test_initial_is_the_step_0_value_for_every_run_length(spec):
     schedule = parse_schedule(spec)
     for total in (20, 1000, 12345):
         assert schedule.initial == schedule(0, total)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("0.5", (0.5, 0.5)),
+        ("linear:1->0.5", (0.5, 1.0)),
+        ("cosine:0->0.5@10%-90%", (0.0, 0.5)),
+        ("exp:1.5->1.0", (1.0, 1.5)),
+        ("warmup:0.2->0.5@50", (0.2, 0.5)),
+        ("piecewise:0.5@0,0@100,0.75@50%", (0.0, 0.75)),
+    ],
+)
+def test_value_range_bounds_every_value_the_schedule_takes(spec, expected):
+    schedule = parse_schedule(spec)
+    assert schedule.value_range == expected
+    values = [schedule(step, 1000) for step in range(0, 1000, 7)]
+    assert expected[0] <= min(values) and max(values) <= expected[1]
