@@ -2,6 +2,7 @@
 
     cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
     cegppo recipes                                                          # the shipped recipes and their folders
+    cegppo config-path deepspeed_zero2                                      # a shipped file's installed path
     cegppo rewards
 
 `train` runs in the current process. Launchers take the module form, which needs no repository checkout:
@@ -29,9 +30,9 @@ def _build_parser() -> argparse.ArgumentParser:
 examples:
   cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
       --config takes a shipped recipe's name (`cegppo recipes` lists them) or a YAML path; flags override it.
-  accelerate launch --config_file {accelerate_configs_dir() / "multi_gpu.yaml"} \\
-      -m cegppo_trl.cli train --config RECIPE
-      several GPUs (launchers take the module form `-m cegppo_trl.cli`).
+  accelerate launch --config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train --config RECIPE
+      several GPUs (launchers take the module form `-m cegppo_trl.cli`); the shipped configs are in
+      {accelerate_configs_dir()}.
   ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ...
       two CPU processes. Any CPU run: add --use_cpu true --bf16 false (the cpu_smoke recipe sets both).
 """,
@@ -48,6 +49,12 @@ examples:
     commands.add_parser(
         "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
     )
+    config_path = commands.add_parser(
+        "config-path",
+        help="print the installed path of a shipped accelerate config or recipe, by name: accelerate launch "
+        '--config_file "$(cegppo config-path deepspeed_zero2)" ...',
+    )
+    config_path.add_argument("name", help="e.g. deepspeed_zero2, multi_gpu (`cegppo recipes` lists them)")
     commands.add_parser("rewards", help="list the reward functions usable in --reward_funcs")
     return parser
 
@@ -112,6 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
+    if argv[:1] == ["config-path"]:
+        from .resources import config_path
+
+        name = parser.parse_args(argv).name
+        try:
+            print(config_path(name))
+        except ValueError as error:
+            parser.exit(2, f"cegppo config-path: error: {error}\n")
+        return 0
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
         from .scripts import main as train

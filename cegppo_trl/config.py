@@ -72,7 +72,8 @@ class CEGPPOConfig(GRPOConfig):
         default=0.5,
         metadata={
             "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (entropy falls "
-            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: docs/entropy-study.md."
+            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: with many optimizer steps per "
+            "rollout batch it can push left-clipped tokens out of the policy (see `delta_low`, `left_drift_warning`)."
         },
     )
     gppo_beta2: float = field(
@@ -87,7 +88,7 @@ class CEGPPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Schedule of beta1 over optimizer steps (one string, e.g. 'linear:0->0.5@10%-60%'); overrides "
-            "`gppo_beta1`. Syntax: docs/schedules.md."
+            "`gppo_beta1`. Syntax: `python -m pydoc cegppo_trl.schedules`."
         },
     )
     gppo_beta2_schedule: str | None = field(
@@ -98,14 +99,14 @@ class CEGPPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Keep the mean token entropy in a band by moving beta1/beta2 around their scheduled values, e.g. "
-            "'band=0.3-0.6,every=10'. None disables it. See docs/schedules.md."
+            "'band=0.3-0.6,every=10'. None disables it. See `python -m pydoc cegppo_trl.controller`."
         },
     )
     sft_loss_coef: float = field(
         default=0.0,
         metadata={
             "help": "Coefficient of the authors' SFT term: NLL of the completions judged correct, aggregated like the policy "
-            "loss over the rollout batch (recipes: 0.1). See docs/configuration.md."
+            "loss over the rollout batch (recipes: 0.1). See `python -m pydoc cegppo_trl.rollouts`."
         },
     )
     sft_reward_threshold: float | None = field(
@@ -119,7 +120,8 @@ class CEGPPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Left guard (left-side counterpart of `delta`): A < 0 tokens with ratio below it, in (0, 1 - "
-            "epsilon], lose or decay their left-clipped gradient. None: the paper's objective. See docs/algorithm.md."
+            "epsilon], lose or decay their left-clipped gradient. None: the paper's objective. See `python -m pydoc "
+            "cegppo_trl.loss`."
         },
     )
     delta_low_mode: str = field(
@@ -140,7 +142,7 @@ class CEGPPOConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Drop prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as the "
-            "authors' recipes do (no refill). Training only. See docs/configuration.md."
+            "authors' recipes do (no refill). Training only. See `python -m pydoc cegppo_trl.rollouts`."
         },
     )
 
@@ -226,7 +228,8 @@ class CEGPPOConfig(GRPOConfig):
                 "`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = "
                 f"{math.log(1 - self.epsilon):.3f} (every left-clipped token is below it), or None to disable the "
                 f"warning; got {threshold!r}. "
-                "The default -1.5 comes from docs/entropy-study.md."
+                "The default -1.5 comes from cegppo-trl's entropy studies (it caught 50 of 59 collapses of a tiny model, "
+                "with 16 false alarms in 101 stable runs)."
             )
 
     def _validate_cegppo(self) -> None:

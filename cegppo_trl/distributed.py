@@ -1,13 +1,19 @@
 """Which distributed engine a launch asked for, which one accelerate will run, and a refusal when they differ.
 
-accelerate falls back to plain DDP without a word in three launches that look right (docs/usage.md, "Scale-out"):
+accelerate falls back to plain DDP without a word in three launches that look right:
 
 - DeepSpeed asked (`accelerate launch` with a DeepSpeed config sets `ACCELERATE_USE_DEEPSPEED=true`; or
   `TrainingArguments.deepspeed`) while `ACCELERATE_USE_CPU` is set: accelerate selects DeepSpeed only when not in CPU
   mode, so each process trains a full replica with torch's AdamW.
 - FSDP asked (`ACCELERATE_USE_FSDP=true`, or `TrainingArguments.fsdp`) on CPU: accelerate 1.15 enables FSDP only for
   GPU-like devices, so the model is not sharded.
-- An engine flag spelled other than `true` (`ACCELERATE_USE_DEEPSPEED=1`): accelerate compares it with "true".
+- `ACCELERATE_USE_FSDP` spelled other than `true` (`=1`): accelerate compares it with "true" and transformers does
+  not read it. `ACCELERATE_USE_DEEPSPEED=1` is not such a case: `TrainingArguments` parses it as a boolean
+  (transformers' `strtobool`: 1/true/yes/y/on/t) and builds a `DeepSpeedPlugin`, and the `Accelerator` given that
+  plugin sets the variable to `true` itself, so DeepSpeed runs.
+
+XLA FSDP (`fsdp_config={"xla": True}`) is transformers' own wrapper (torch_xla), not accelerate's FSDP: nothing here
+applies to it.
 
 `check_distributed_engine` predicts accelerate's choice from the same inputs accelerate reads (the environment, the
 training arguments, the process group `TrainingArguments.device` sets up) before any model is loaded, and refuses a
@@ -26,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-# accelerate's own spelling of a true flag (`accelerate.utils.str_to_bool`).
+# accelerate's and transformers' spelling of a true flag (`accelerate.utils.str_to_bool`, `transformers.utils.strtobool`).
 _TRUE = ("1", "true", "yes", "y", "on", "t")
 # Distributed types accelerate enables FSDP for (`AcceleratorState.__init__`): GPU-like devices only.
 _FSDP_CAPABLE = (
@@ -42,7 +48,7 @@ _FSDP_CAPABLE = (
 
 # Launch lines the refusals name; they work after a plain `pip install` (RECIPE: a path or a shipped recipe's name).
 CPU_DEEPSPEED_LAUNCH_LINE = (
-    "python -m cegppo_trl.distributed accelerate_configs/deepspeed_zero3.yaml cpu_zero3.yaml\n"
+    "python -m cegppo_trl.distributed deepspeed_zero3 cpu_zero3.yaml\n"
     "    DS_ACCELERATOR=cpu accelerate launch --config_file cpu_zero3.yaml -m cegppo_trl.cli train --config RECIPE "
     "--use_cpu true --bf16 false"
 )
@@ -53,13 +59,22 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in _TRUE
 
 
+def _deepspeed_env_asked(env: Mapping[str, str]) -> bool:
+    """Whether `TrainingArguments` builds a `DeepSpeedPlugin` from `ACCELERATE_USE_DEEPSPEED` (read with
+    transformers' `strtobool`, which also raises on a value that is neither true nor false); the `Accelerator` it is
+    handed to then runs DeepSpeed unless accelerate is in CPU mode."""
+    return env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE
+
+
 def _asked(env: Mapping[str, str], args: Any) -> tuple[str | None, str]:
     """The engine the launch asked for (`"deepspeed"`, `"fsdp"` or None) and where it was asked."""
-    if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
-        value = env["ACCELERATE_USE_DEEPSPEED"]
-        return "deepspeed", f"ACCELERATE_USE_DEEPSPEED={value}, from `accelerate launch` with a DeepSpeed config"
     if getattr(args, "deepspeed", None):
         return "deepspeed", f"`deepspeed={args.deepspeed!r}` in the training arguments"
+    if _deepspeed_env_asked(env):
+        value = env["ACCELERATE_USE_DEEPSPEED"]
+        return "deepspeed", f"ACCELERATE_USE_DEEPSPEED={value}, from `accelerate launch` with a DeepSpeed config"
+    if getattr(args, "fsdp", None) and (getattr(args, "fsdp_config", None) or {}).get("xla"):
+        return None, ""  # transformers' XLA FSDP (torch_xla), run by the Trainer itself: not accelerate's choice
     if _flag(env, "ACCELERATE_USE_FSDP"):
         return (
             "fsdp",
@@ -105,9 +120,8 @@ def check_distributed_engine(
     cpu_mode = _flag(env, "ACCELERATE_USE_CPU")
 
     if asked == "deepspeed":
-        # accelerate: `os.environ["ACCELERATE_USE_DEEPSPEED"] == "true" and not cpu`; a `deepspeed` training argument
-        # makes the Accelerator set that variable itself.
-        spelled_true = getattr(args, "deepspeed", None) or env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+        # accelerate: `os.environ["ACCELERATE_USE_DEEPSPEED"] == "true" and not cpu`; the `DeepSpeedPlugin` that
+        # transformers builds (from `deepspeed` or the variable read as a boolean) makes the Accelerator set it.
         if cpu_mode:
             raise RuntimeError(
                 f"DeepSpeed was asked for ({source}) but would not run: ACCELERATE_USE_CPU="
@@ -116,12 +130,6 @@ def check_distributed_engine(
                 "unset ACCELERATE_USE_CPU and launch a CPU copy of the accelerate config (`use_cpu: true`):\n    "
                 f"{CPU_DEEPSPEED_LAUNCH_LINE}\nFor plain DDP on CPU drop the DeepSpeed config:\n"
                 f"    {CPU_DDP_LAUNCH_LINE}"
-            )
-        if not spelled_true:
-            raise RuntimeError(
-                f"DeepSpeed was asked for ({source}) but would not run: accelerate only reads "
-                "ACCELERATE_USE_DEEPSPEED=true (the exact word), so this launch would train plain DDP. Launch with "
-                "`accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml ...`, which sets it."
             )
         if device_type == "cpu" and getattr(args, "bf16", False):
             raise RuntimeError(
@@ -145,7 +153,7 @@ def check_distributed_engine(
             "accelerate cannot shard on CPU; DeepSpeed ZeRO-3 is the way to rehearse a sharded job there:\n    "
             + CPU_DEEPSPEED_LAUNCH_LINE
             if on_cpu
-            else "Launch on the GPUs: accelerate launch --config_file accelerate_configs/fsdp2.yaml "
+            else 'Launch on the GPUs: accelerate launch --config_file "$(cegppo config-path fsdp2)" '
             "-m cegppo_trl.cli train --config RECIPE"
         )
         raise RuntimeError(
@@ -155,7 +163,8 @@ def check_distributed_engine(
     if not spelled_true:
         raise RuntimeError(
             f"FSDP was asked for ({source}) but would not run: accelerate only reads ACCELERATE_USE_FSDP=true (the "
-            "exact word). Launch with `accelerate launch --config_file accelerate_configs/fsdp2.yaml ...`."
+            'exact word; transformers does not read it). Launch with `accelerate launch --config_file "$(cegppo '
+            'config-path fsdp2)" ...`, which sets it.'
         )
     return "fsdp"
 
@@ -169,7 +178,9 @@ def cpu_rehearsal_config(shipped: str | os.PathLike, out: str | os.PathLike, num
     them, so nothing would be partitioned. The GPU configs need no such change.
 
     Args:
-        shipped: the accelerate YAML to rehearse (e.g. `accelerate_configs/deepspeed_zero3.yaml`).
+        shipped: the accelerate YAML to rehearse: a path, or a shipped config's name (`deepspeed_zero3`; a missing
+            `accelerate_configs/deepspeed_zero3.yaml` is the shipped one of that name, see
+            `resources.resolve_accelerate_config`).
         out: where to write the CPU copy.
         num_processes: total processes (over all machines) on the CPU box.
 
@@ -178,7 +189,9 @@ def cpu_rehearsal_config(shipped: str | os.PathLike, out: str | os.PathLike, num
     """
     import yaml
 
-    config = yaml.safe_load(Path(shipped).read_text())
+    from .resources import resolve_accelerate_config
+
+    config = yaml.safe_load(Path(resolve_accelerate_config(os.fspath(shipped))).read_text())
     config.update(use_cpu=True, num_processes=num_processes, mixed_precision="no")
     if config.get("num_machines", 1) > 1:
         config["main_process_ip"] = "127.0.0.1"
@@ -217,13 +230,22 @@ def _main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(
         prog="python -m cegppo_trl.distributed",
-        description="Write the CPU copy of an accelerate config, to rehearse a GPU job on a CPU box (docs/usage.md).",
+        description="Write the CPU copy of an accelerate config (use_cpu, NUM_PROCESSES processes, fp32; for ZeRO-3 "
+        "every parameter partitioned), to rehearse a GPU job on a CPU box with a tiny model, then launch it:\n  "
+        + CPU_DEEPSPEED_LAUNCH_LINE.replace("\n    ", "\n  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("shipped", help="accelerate config to rehearse, e.g. accelerate_configs/deepspeed_zero3.yaml")
+    parser.add_argument(
+        "shipped",
+        help="accelerate config to rehearse: a shipped config's name (deepspeed_zero3, two_nodes, ...) or a path",
+    )
     parser.add_argument("out", help="where to write the CPU copy")
     parser.add_argument("--num_processes", type=int, default=2, help="total CPU processes (default 2)")
     ns = parser.parse_args(argv)
-    print(cpu_rehearsal_config(ns.shipped, ns.out, ns.num_processes))
+    try:
+        print(cpu_rehearsal_config(ns.shipped, ns.out, ns.num_processes))
+    except ValueError as error:
+        parser.error(str(error))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["accelerate_configs_dir", "recipe_names", "recipes_dir", "resolve_config", "resolve_config_args"]
+__all__ = [
+    "accelerate_config_names",
+    "accelerate_configs_dir",
+    "config_path",
+    "recipe_names",
+    "recipes_dir",
+    "resolve_accelerate_config",
+    "resolve_config",
+    "resolve_config_args",
+]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -34,6 +43,62 @@ def recipe_names() -> list[str]:
     """Names of the shipped recipes (file names without `.yaml`), sorted."""
     folder = recipes_dir()
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def accelerate_config_names() -> list[str]:
+    """Names of the shipped accelerate configs (file names without `.yaml`), sorted."""
+    folder = accelerate_configs_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def resolve_accelerate_config(value: str) -> str:
+    """The accelerate config `value` means: `value` itself when it is a file, else the shipped config of that name.
+
+    A repository path that does not exist here (`accelerate_configs/deepspeed_zero3.yaml` after `pip install`, or
+    run outside the repository) falls back to the shipped config with the same file name, so the repository's
+    commands work from an installed package.
+
+    Args:
+        value: a path, or a shipped config's name with or without `.yaml` (`deepspeed_zero3`).
+
+    Returns:
+        A path to an existing file.
+
+    Raises:
+        ValueError: neither a file nor a shipped config; the message lists the shipped ones.
+    """
+    if os.path.isfile(value):
+        return value
+    name = Path(value).name.removesuffix(".yaml").removesuffix(".yml")
+    if name in accelerate_config_names():
+        return str(accelerate_configs_dir() / f"{name}.yaml")
+    shipped = ", ".join(accelerate_config_names()) or "none found"
+    raise ValueError(
+        f"{value!r} is neither a file nor a shipped accelerate config. Shipped configs (in "
+        f"{accelerate_configs_dir()}): {shipped}. Give one of these names or the path of your own accelerate config."
+    )
+
+
+def config_path(value: str) -> str:
+    """The installed path of a shipped accelerate config or recipe, by name (`cegppo config-path deepspeed_zero2`).
+
+    Accelerate configs are looked up first (`accelerate launch --config_file "$(cegppo config-path NAME)"`), then
+    recipes; a path that exists is returned as it is.
+
+    Raises:
+        ValueError: no shipped config or recipe of that name; the message lists both.
+    """
+    try:
+        return os.path.abspath(resolve_accelerate_config(value))
+    except ValueError:
+        pass
+    try:
+        return os.path.abspath(resolve_config(value))
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is neither a shipped accelerate config ({', '.join(accelerate_config_names())}) nor a shipped "
+            f"recipe ({', '.join(recipe_names())})."
+        ) from None
 
 
 def resolve_config(value: str) -> str:

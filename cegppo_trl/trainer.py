@@ -36,6 +36,7 @@ from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
+from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
 
@@ -263,61 +264,21 @@ class CEGPPOTrainer(GRPOTrainer):
         return float(beta1), float(beta2)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Model card: TRL's card (tags, paper link, citation from `_tag_names` / `_paper`) plus the CE-GPPO settings
+    # Model card: TRL's card plus the CE-GPPO settings, beside every saved model (`cegppo_trl.modelcard`)
     # ------------------------------------------------------------------------------------------------------------
     def cegppo_settings(self) -> dict[str, object]:
         """The settings that define this CE-GPPO run, as shown on the model card."""
-        args = self.args
-        settings: dict[str, object] = {"loss_type": args.loss_type}
-        if self.loss_type in CEGPPO_LOSS_TYPES:
-            settings.update(
-                beta1=str(self.beta1_schedule),
-                beta2=str(self.beta2_schedule),
-                epsilon_low=self.epsilon_low,
-                epsilon_high=self.epsilon_high,
-                delta=args.delta,
-                delta_low=args.delta_low,  # None: the paper's objective, no left guard
-                **({} if args.delta_low is None else {"delta_low_mode": args.delta_low_mode}),
-                importance_sampling_level=args.importance_sampling_level,
-                entropy_controller=None
-                if self.entropy_controller is None
-                else self.entropy_controller.config.to_spec(),
-                sft_loss_coef=args.sft_loss_coef,
-                dynamic_sampling=args.dynamic_sampling,
-            )
-        settings.update(
-            num_generations=args.num_generations,
-            num_iterations=args.num_iterations,
-            steps_per_generation=args.steps_per_generation,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            learning_rate=args.learning_rate,
-            kl_beta=args.beta,
-        )
-        return settings
+        return cegppo_settings(self)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        path = os.path.join(self.args.output_dir, "README.md")
-        if not os.path.exists(path):
-            return
-        rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in self.cegppo_settings().items())
-        section = (
-            "\n## CE-GPPO settings\n\n"
-            "Trained with cegppo-trl (`pip install cegppo-trl`): TRL's GRPO trainer with "
-            "gradient-preserving clipping ([CE-GPPO](https://huggingface.co/papers/2509.20712)). beta1 scales the "
-            "gradient of clipped negative-advantage tokens, beta2 that of clipped positive-advantage tokens; "
-            "schedules are written in cegppo-trl's schedule syntax (a bare number is a constant).\n\n"
-            f"| setting | value |\n|---|---|\n{rows}\n"
-        )
-        with open(path) as f:
-            card = f.read()
-        # Before the citations, which TRL's template puts last.
-        marker = "## Citations"
-        card = card.replace(marker, section + "\n" + marker, 1) if marker in card else card + section
-        with open(path, "w") as f:
-            f.write(card)
+        finish_trainer_card(self, self.args.output_dir)
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        folder = self.args.output_dir if output_dir is None else output_dir
+        write_model_card(self, folder)  # before the weights: PEFT's `save_pretrained` then updates it
+        super().save_model(output_dir, _internal_call)
+        finish_trainer_card(self, folder)
 
     # ------------------------------------------------------------------------------------------------------------
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
@@ -899,14 +860,16 @@ class CEGPPOTrainer(GRPOTrainer):
         delta_low = coefficients["delta_low"]
         guard = (
             f"a larger `delta_low` (now {delta_low:g}; with the guard on, this drift is a weaker sign: most false alarms "
-            "of docs/entropy-study.md's third study came from guarded runs, so check validation first)"
+            "in cegppo-trl's entropy studies came from guarded runs, so check validation first)"
             if delta_low
             else "the left guard `delta_low` (e.g. 0.5)"
         )
         logger.warning(
             f"cegppo/preserved/left_log_ratio = {value:.2f} at step {self.state.global_step + 1} is below "
             f"`left_drift_warning` = {self.left_drift_alarm.threshold:g}: left-clipped negative-advantage tokens are "
-            "being pushed far below the rollout policy, which preceded most collapses in docs/entropy-study.md. "
+            "being pushed far below the rollout policy, which preceded most collapses in cegppo-trl's entropy studies (on "
+            "a tiny model this warning at -1.5 caught 50 of 59 held-out collapses, with 16 false alarms in 101 stable "
+            "runs). "
             f"Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate (now "
             f"{args.learning_rate:g}), or a smaller `gppo_beta1` (now {coefficients['beta1']:g}) or {guard}. "
             "Not repeated until the value is back above the threshold; `left_drift_warning=None` disables it.",

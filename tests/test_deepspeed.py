@@ -176,7 +176,7 @@ def _clean_env(monkeypatch):
 
 
 DEEPSPEED_OFF_BY_CPU = r"(?s)DeepSpeed was asked for \(ACCELERATE_USE_DEEPSPEED=true.*ACCELERATE_USE_CPU=1 makes accelerate skip DeepSpeed.*plain DDP.*DS_ACCELERATOR=cpu accelerate launch"  # noqa: E501
-FSDP_ON_CPU = r"(?s)FSDP was asked for \(.*\) but would not run.*not on CPU.*unsharded.*accelerate cannot shard on CPU; DeepSpeed ZeRO-3 is the way to rehearse a sharded job there.*deepspeed_zero3.yaml"  # noqa: E501
+FSDP_ON_CPU = r"(?s)FSDP was asked for \(.*\) but would not run.*not on CPU.*unsharded.*accelerate cannot shard on CPU; DeepSpeed ZeRO-3 is the way to rehearse a sharded job there.*python -m cegppo_trl.distributed deepspeed_zero3 cpu_zero3.yaml"  # noqa: E501
 
 
 def test_trainer_refuses_deepspeed_turned_off_by_accelerate_use_cpu_before_loading_the_model(tmp_path, monkeypatch):
@@ -222,17 +222,62 @@ def test_deepspeed_on_cpu_with_bf16_is_refused(tmp_path, monkeypatch):
     assert check_distributed_engine(_config(tmp_path)) == "deepspeed"  # the rehearsal the tests above run
 
 
-def test_engine_flags_not_spelled_true_are_refused(tmp_path):
-    # accelerate compares ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP with "true": "1" silently means DDP.
+# What transformers and accelerate do with `ACCELERATE_USE_DEEPSPEED=1` (a process of its own: the accelerator state
+# is a per-process singleton): TrainingArguments reads the variable as a boolean and builds a DeepSpeedPlugin, and the
+# Accelerator given that plugin (as Trainer gives it) runs DeepSpeed. The check must agree and let it through.
+_DEEPSPEED_FROM_ENV = """
+import json, os
+from accelerate import Accelerator
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.distributed import check_distributed_engine
+args = CEGPPOConfig(output_dir=os.environ["OUT"], use_cpu=True, bf16=False, report_to="none")
+engine = check_distributed_engine(args)
+accelerator = Accelerator(deepspeed_plugin=args.deepspeed_plugin, mixed_precision=args.mixed_precision)
+print(json.dumps({"engine": engine, "runs": accelerator.state.distributed_type.name}))
+"""
+
+
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_accelerate_use_deepspeed_as_any_true_word_runs_deepspeed_and_is_let_through(tmp_path, value):
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ, "ACCELERATE_USE_DEEPSPEED": value, "DS_ACCELERATOR": "cpu", "OUT": str(tmp_path),
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+    env.pop("ACCELERATE_USE_CPU", None)
+    result = subprocess.run(
+        [sys.executable, "-c", _DEEPSPEED_FROM_ENV], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"engine": "deepspeed", "runs": "DEEPSPEED"}
+
+
+def test_engine_flags_as_accelerate_and_transformers_read_them(tmp_path):
     args = _config(tmp_path)
-    with pytest.raises(RuntimeError, match=r"ACCELERATE_USE_DEEPSPEED=1.*only reads ACCELERATE_USE_DEEPSPEED=true"):
-        check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "1"}, "MULTI_CPU", "cpu")
+    # transformers reads ACCELERATE_USE_DEEPSPEED as a boolean (the test above runs it): any true word asks for it.
+    for value in ("1", "true", "True", "yes", "on"):
+        env = {"ACCELERATE_USE_DEEPSPEED": value}
+        assert check_distributed_engine(args, env, "DEEPSPEED", "cuda") == "deepspeed", value
+    assert check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "0"}, "MULTI_GPU", "cuda") is None
+    # ACCELERATE_USE_FSDP is read by accelerate alone, compared with "true" (transformers does not read it): "1"
+    # silently means DDP on GPUs.
     with pytest.raises(RuntimeError, match=r"ACCELERATE_USE_FSDP=1.*only reads ACCELERATE_USE_FSDP=true"):
         check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "1"}, "MULTI_GPU", "cuda")
-    # On GPUs the same launches run the engine they asked for; plain launches ask for none.
     assert check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "true"}, "MULTI_GPU", "cuda") == "fsdp"
-    assert check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "true"}, "DEEPSPEED", "cuda") == "deepspeed"
     assert check_distributed_engine(args, {"ACCELERATE_USE_CPU": "1"}, "MULTI_CPU", "cpu") is None
+
+
+def test_xla_fsdp_is_transformers_own_and_not_refused(tmp_path, monkeypatch):
+    # `fsdp_config={"xla": True}`: the Trainer wraps the model with torch_xla's FSDP itself (accelerate's FSDP plugin
+    # is not built), so accelerate's device rule for FSDP does not apply.
+    _clean_env(monkeypatch)
+    args = _config(tmp_path, fsdp=True, fsdp_config={"xla": True})
+    assert args.fsdp_plugin_args is None  # transformers builds no accelerate FSDP plugin for it
+    assert check_distributed_engine(args) is None
 
 
 @pytest.mark.slow

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,7 +156,8 @@ def test_launch_lines_work_without_a_repository_checkout(capsys):
     assert "examples/cegppo.py" not in out and "examples/cegppo.py" not in CPU_LAUNCH_LINE
     assert "torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config" in out
     assert "torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config" in CPU_LAUNCH_LINE
-    assert f"--config_file {resources.accelerate_configs_dir() / 'multi_gpu.yaml'}" in out
+    assert '--config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train' in out
+    assert str(resources.accelerate_configs_dir()) in out
     assert "cegppo train --config cpu_smoke" in out
 
 
@@ -172,11 +175,14 @@ def test_python_m_cegppo_trl_cli_help_runs(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 # The real wheel
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_path):
-    # Built from a copy of this checkout without build isolation (no download), installed into a plain folder, run
-    # from outside the repository. The copy leaves out setuptools' `build/` folder: modules left there by an earlier
-    # build would ship in the wheel (a module since moved, or one missing from `packages`, would still be found).
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """The wheel built from a copy of this checkout (no build isolation: no download), `pip install --no-deps
+    --target` into a plain folder: `{"wheel", "site", "env", "cwd"}`, `cwd` a folder outside the repository.
+
+    The copy leaves out setuptools' `build/` folder: modules left there by an earlier build would ship in the wheel
+    (a module since moved, or one missing from `packages`, would still be found)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     source = tmp_path / "source"
     outputs = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "outputs")
     shutil.copytree(ROOT, source, ignore=outputs)
@@ -186,7 +192,29 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("cegppo_trl-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(tmp_path / "site"),
+         str(wheel)], check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-3000:]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    return {"wheel": wheel, "site": tmp_path / "site", "env": _env(PYTHONPATH=str(tmp_path / "site")), "cwd": cwd}
+
+
+def _run_installed(installed, command: str) -> subprocess.CompletedProcess:
+    """`command` run by bash from outside the repository, `python` and the wheel's `bin/` first on PATH."""
+    env = dict(installed["env"])
+    env["PATH"] = os.pathsep.join([str(installed["site"] / "bin"), str(Path(sys.executable).parent), env["PATH"]])
+    return subprocess.run(
+        ["bash", "-c", command], check=False, cwd=installed["cwd"], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     for folder, package in SHIPPED.items():
         for path in (ROOT / folder).glob("*.yaml"):
             assert f"{package.replace('.', '/')}/{path.name}" in names, path
@@ -195,20 +223,88 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(tmp_pa
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "cegppo_trl").rglob("*.py")}
     assert not sources - names, f"modules missing from the wheel: {sorted(sources - names)}"
 
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(tmp_path / "site")
-    code = "from cegppo_trl import resources; print(resources.resolve_config('cpu_smoke'))"
-    env = _env(PYTHONPATH=str(tmp_path / "site"))
-    found = subprocess.run(
-        [sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    found = _run_installed(
+        installed, "python -c 'from cegppo_trl import resources; print(resources.resolve_config(\"cpu_smoke\"))'"
     )
     assert found.returncode == 0, found.stderr[-2000:]
-    assert found.stdout.strip() == str(tmp_path / "site" / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
+    assert found.stdout.strip() == str(installed["site"] / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
 
     # The README's first command after `pip install`: the quickstart and the `cegppo_trl.offline` modules it imports.
-    quickstart = subprocess.run(
-        [sys.executable, "-m", "cegppo_trl.quickstart", "--help"], check=False, cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    quickstart = _run_installed(installed, "python -m cegppo_trl.quickstart --help")
     assert quickstart.returncode == 0, quickstart.stderr[-2000:]
     assert quickstart.stdout.startswith("usage: python -m cegppo_trl.quickstart")
+
+
+@pytest.mark.slow
+def test_launch_commands_of_the_docs_and_messages_work_from_the_installed_wheel(installed):
+    from cegppo_trl.distributed import CPU_DEEPSPEED_LAUNCH_LINE
+
+    shipped = installed["site"] / "cegppo_trl" / "accelerate_configs"
+    # `accelerate launch --config_file "$(cegppo config-path NAME)"`: the installed file, by name, from anywhere.
+    for name in ("deepspeed_zero2", "deepspeed_zero3.yaml", "fsdp2", "multi_gpu"):
+        result = _run_installed(installed, f"cegppo config-path {name}")
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip() == str(shipped / (name.removesuffix(".yaml") + ".yaml"))
+    result = _run_installed(installed, "cegppo config-path cpu_smoke")  # a recipe's path too
+    assert result.stdout.strip() == str(installed["site"] / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
+    result = _run_installed(installed, "cegppo config-path zero9")
+    assert result.returncode == 2 and "deepspeed_zero2, deepspeed_zero3, fsdp2" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    # The CPU-rehearsal line the refusals print (its first command), the bare name, and the repository path of the
+    # docs, which does not exist here and falls back to the shipped file of that name.
+    first = CPU_DEEPSPEED_LAUNCH_LINE.splitlines()[0]
+    for command in (first, "python -m cegppo_trl.distributed accelerate_configs/two_nodes.yaml two_nodes_cpu.yaml"):
+        result = _run_installed(installed, command)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+    assert "use_cpu: true" in (installed["cwd"] / "cpu_zero3.yaml").read_text()
+    assert "num_machines: 2" in (installed["cwd"] / "two_nodes_cpu.yaml").read_text()
+    result = _run_installed(installed, "python -m cegppo_trl.distributed no_such_config out.yaml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "deepspeed_zero3" in result.stderr
+    # Help that names no file a pip install lacks.
+    for command in ("python -m cegppo_trl.distributed --help", "cegppo --help"):
+        result = _run_installed(installed, command)
+        assert result.returncode == 0 and not _REPOSITORY_ONLY.search(result.stdout), (command, result.stdout)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pointers a pip user can follow
+# ----------------------------------------------------------------------------------------------------------------
+# Paths and install lines that exist only in a repository checkout.
+_REPOSITORY_ONLY = re.compile(r"docs/|examples/|benchmarks/|-e \.|-e [\"']\.")
+
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """Every string literal of a module except docstrings: messages, help texts, launch lines."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_package_messages_and_shipped_files_point_at_what_a_pip_install_has():
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {text[:100]!r}"
+        for path in sorted((ROOT / "cegppo_trl").rglob("*.py"))
+        for line, text in _message_strings(path)
+        if _REPOSITORY_ONLY.search(text)
+    ]
+    for folder in SHIPPED:  # the recipes' and configs' comments, and the README shipped beside the configs
+        for path in sorted((ROOT / folder).iterdir()):
+            if path.suffix in (".yaml", ".md"):
+                found += [
+                    f"{path.relative_to(ROOT)}:{i}: {line}"
+                    for i, line in enumerate(path.read_text().splitlines(), 1)
+                    if _REPOSITORY_ONLY.search(line)
+                ]
+    assert not found, "repository-only paths where a pip user reads them:\n" + "\n".join(found)

@@ -201,7 +201,7 @@ def test_accelerate_config_directory_lists_every_config():
     assert sorted(p.name for p in ACCELERATE_CONFIGS.glob("*.yaml")) == sorted(ACCELERATE_EXPECTED)
     readme = (ACCELERATE_CONFIGS / "README.md").read_text()
     for name in ACCELERATE_EXPECTED:
-        assert f"accelerate_configs/{name}" in readme
+        assert f"`{name}`" in readme and f"config-path {name.removesuffix('.yaml')}" in readme
 
 
 @pytest.mark.parametrize("name", sorted(ACCELERATE_EXPECTED))

