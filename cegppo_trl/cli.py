@@ -115,6 +115,34 @@ def _list_rewards() -> None:
                 print(" " * name_width + line)
 
 
+# Set to 1 to see the traceback of a refused setting too (a bug report, a debugger).
+TRACEBACK_ENV = "CEGPPO_TRACEBACK"
+
+
+def _is_user_error(error: BaseException) -> bool:
+    """Whether `cegppo train` reports `error` as one line (exit status 2) instead of a traceback.
+
+    A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
+    that cannot be read), or a `RuntimeError` raised by this package's own checks before training (a launch that
+    would run the wrong engine, a changed TRL). Anything raised inside the training loop, and any other
+    `RuntimeError`, keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
+    """
+    import os
+
+    if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if any(frame.f_code.co_name == "_inner_training_loop" for frame in frames):
+        return False
+    if isinstance(error, ValueError):
+        return True
+    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -133,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import main as train
         from .scripts import parse_args
 
-        train(*parse_args(argv[1:], prog="cegppo train"))
+        try:
+            train(*parse_args(argv[1:], prog="cegppo train"))
+        except (ValueError, RuntimeError) as error:
+            if not _is_user_error(error):
+                raise
+            print(f"cegppo train: error: {error}", file=sys.stderr)
+            return 2
     elif args.command == "recipes":
         _list_recipes()
     elif args.command == "rewards":

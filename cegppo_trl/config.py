@@ -158,6 +158,10 @@ class CEGPPOConfig(GRPOConfig):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
         self._validate_inherited()
+        if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
+            # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
+            # transformers would, without its FutureWarning on every config the user did not cause.
+            self.activation_checkpointing = True
         super().__post_init__()
 
     @classmethod
@@ -206,6 +210,12 @@ class CEGPPOConfig(GRPOConfig):
             raise ValueError(
                 f"`steps_per_generation` must be >= 1 or None (= `gradient_accumulation_steps`), got "
                 f"{self.steps_per_generation}."
+            )
+        if self.max_steps == 0:
+            raise ValueError(
+                "`max_steps=0` would train one optimizer step at learning rate 0 (transformers reads 0 as a run "
+                "length, not as unset). Give the number of optimizer steps (> 0), or leave `max_steps` at -1 (the "
+                "default) to train `num_train_epochs` epochs."
             )
         if self.max_unscorable_batches < 0:
             raise ValueError(

@@ -37,6 +37,7 @@ from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
+from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
 
@@ -176,7 +177,8 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        check_distributed_engine(args)  # before GRPOTrainer loads the model
+        if check_distributed_engine(args) != "deepspeed":  # before GRPOTrainer loads the model
+            quiet_unused_deepspeed()
         check_trl_compatibility()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
@@ -365,7 +367,8 @@ class CEGPPOTrainer(GRPOTrainer):
         )
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        with trl_deprecated_model_calls():
+            output = super()._generate_and_score_completions(inputs)
         args = self.args
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output

