@@ -72,8 +72,7 @@ class CEGPPOConfig(GRPOConfig):
         default=0.5,
         metadata={
             "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (entropy falls "
-            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: with many optimizer steps per "
-            "rollout batch it can push left-clipped tokens out of the policy (see `delta_low`, `left_drift_warning`)."
+            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: see `delta_low`, `left_drift_warning`."
         },
     )
     gppo_beta2: float = field(

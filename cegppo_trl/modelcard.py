@@ -10,7 +10,7 @@ left no card, and PEFT's `save_pretrained` then wrote its blank template beside 
 TRL's template links the base model to the Hub whatever it is: a local model gives "fine-tuned version of
 [None](https://huggingface.co/None)" (TRL passes no base model for a local directory) and PEFT records the local
 path as `base_model`. `finish_card` names a local base model by its folder name, unlinked, and drops a local path
-from the metadata.
+out of the metadata.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ def write_model_card(trainer: Any, folder: str | os.PathLike) -> None:
         return
     args = trainer.args
     model_name = args.hub_model_id.split("/")[-1] if args.hub_model_id else Path(args.output_dir).name
+    os.makedirs(args.output_dir, exist_ok=True)  # TRL's card goes there, which a run may not have created yet
     trainer.create_model_card(model_name=model_name)
     card = os.path.join(args.output_dir, "README.md")
     target = os.path.join(folder, "README.md")
