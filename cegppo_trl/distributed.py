@@ -101,7 +101,7 @@ def check_distributed_engine(
         device_type: the torch device type of this process; from `args.device` when None.
 
     Returns:
-        `"deepspeed"`, `"fsdp"` or None (DDP or a single process).
+        `"deepspeed"`, `"fsdp"` or None (DDP, a single process, or transformers' own XLA FSDP).
 
     Raises:
         RuntimeError: DeepSpeed or FSDP was asked for and would not run, or DeepSpeed would run on CPU with
