@@ -342,8 +342,12 @@ def cegppo_diagnostics(
 ) -> CEGPPODiagnostics:
     """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
 
-    The gradient weight ``|d loss / d logp|`` is the kernel's own, times `weights`, so its share on preserved tokens
-    is exactly what PPO's clip would have thrown away of the gradient the model receives.
+    The gradient weight ``|d loss / d logp|`` is the kernel's own times each token's coefficient in the loss
+    (`weights`), so, given the coefficients the loss applies, its share on preserved tokens is exactly the share of
+    the surrogate's gradient the model receives that PPO's clip would have thrown away, for every aggregation and
+    both ratio levels (tests/test_aggregation.py checks it against autograd). A sequence-level ratio is the masked
+    mean of the token log-ratios, so each of a sequence's tokens gets ``1 / |o_i|`` of its gradient: the sequence's
+    total is the kernel's weight times the sum of its tokens' coefficients.
 
     Args:
         log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
@@ -351,8 +355,10 @@ def cegppo_diagnostics(
         advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
         epsilon_low, epsilon_high, beta1, beta2, delta, delta_low, delta_low_mode: as in `cegppo_per_token_loss`.
-        weights: non-negative factors the per-token loss is multiplied by before aggregation (TRL's off-policy mask,
-            entropy mask, vLLM importance-sampling ratio), broadcastable to ``(B, T)``; None for none.
+        weights: non-negative ``d loss / d per_token_loss`` of each token, broadcastable to ``(B, T)``: the
+            aggregation's weights (`cegppo_trl.aggregation.aggregation_weights`, e.g. ``1 / |o_i|`` per sequence for
+            ``grpo``) times the factors the per-token loss is multiplied by (TRL's off-policy mask, entropy mask,
+            vLLM importance-sampling ratio). None: 1 per token (the loss ``sum(per_token_loss * mask)``).
 
     Returns:
         `CEGPPODiagnostics`.
@@ -364,13 +370,13 @@ def cegppo_diagnostics(
         ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
     grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
-    if weights is not None:
-        grad_weight = grad_weight * weights  # [B, T]
+    coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
-        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+        grad_weight = grad_weight * coefficient.sum(-1, keepdim=True)  # [B, 1]: the sequence's total
     else:
         count = mask.to(ratio.dtype)  # [B, T]
+        grad_weight = grad_weight * coefficient  # [B, T]
     off = torch.zeros_like(regions.left, dtype=ratio.dtype)
     left, right, dual, guard = (off if region is None else region.to(ratio.dtype) for region in regions)
     sums = dict(

@@ -22,6 +22,7 @@ import torch
 from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
+from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     FRESH_CONTROLLER_ANNOUNCED,
@@ -135,7 +136,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     Besides the surrogate, this class owns (each inside a `# --- CE-GPPO ---` fence or in its own method):
 
-    - the rollout-batch normalisers (`_aggregate`): a batch's update does not depend on its micro-batch split;
+    - the rollout-batch normalisers (`cegppo_trl.aggregation`): a batch's update does not depend on its micro-batch split;
     - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
       `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
@@ -410,7 +411,7 @@ class CEGPPOTrainer(GRPOTrainer):
             return output
         rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
         # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
-        # rescaled to one micro-batch in `_aggregate` exactly as TRL rescales `num_items_in_batch` for `dapo`.
+        # rescaled to one micro-batch (`cegppo_trl.aggregation`) exactly as TRL rescales `num_items_in_batch` for `dapo`.
         output["num_sequences_in_batch"] = rewards_per_func.new_tensor(float(rewards_per_func.size(0)))
         if not (args.sft_loss_coef > 0 or args.dynamic_sampling):
             return output
@@ -458,59 +459,38 @@ class CEGPPOTrainer(GRPOTrainer):
     # Loss
     # ------------------------------------------------------------------------------------------------------------
     def _micro_batch_share(self, mode) -> int:
-        """Micro-batches per rollout batch: the generation batch spans all processes and, in training,
-        `steps_per_generation` micro-batches (TRL's rescaling of `num_items_in_batch` for `dapo`)."""
-        return self.accelerator.num_processes * (self.args.steps_per_generation if mode == "train" else 1)
+        """Micro-batches per rollout batch (`cegppo_trl.aggregation.micro_batch_share`)."""
+        return micro_batch_share(self.accelerator.num_processes, self.args.steps_per_generation, mode == "train")
 
-    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
-        """TRL's aggregation rule `loss_type` (default `self.loss_type`), shared by the policy loss and the SFT term.
+    def _normaliser(self, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None) -> Normaliser:
+        """The normalisers of TRL's rule `loss_type` (default `self.loss_type`) with the rollout-batch counts
+        (`cegppo_trl.aggregation`), shared by the policy loss, its gradient weights in the metrics and the SFT term."""
+        return normaliser(
+            loss_type or self.loss_type,
+            mask,
+            num_items_in_batch=num_items_in_batch,
+            num_sequences_in_batch=num_sequences_in_batch,
+            num_processes=self.accelerator.num_processes,
+            steps_per_generation=self.args.steps_per_generation,
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            max_completion_length=self.max_completion_length,
+            train=mode == "train",
+        )
 
-        `num_items_in_batch` / `num_sequences_in_batch` count the tokens / sequences that take part in the whole
-        rollout batch (all processes, all micro-batches of the generation batch). Like TRL's `dapo` normaliser,
-        they are rescaled to one micro-batch's share (divided by the number of processes and, in training, by
-        `steps_per_generation`), so the loss of a rollout batch does not depend on how it is split into micro-batches
-        and processes. With nothing dropped the sequence share is exactly the micro-batch size TRL averages `grpo`,
-        `dr_grpo` and `luspo` over. `bnpo` keeps TRL's rule: the tokens of the micro-batch itself.
-
-        Returns:
-            The loss scaled for gradient accumulation, and its unscaled detached value (the same quantity for every
-            loss type: the aggregated per-token values of this micro-batch with the rollout-batch normaliser).
-        """
-        loss_type = loss_type or self.loss_type
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-        share = self._micro_batch_share(mode)
-        if loss_type == "grpo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
-        elif loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        elif loss_type == "dr_grpo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = (per_token_loss * mask).sum() / (num_sequences * self.max_completion_length)
-        elif loss_type == "dapo":
-            # TRL's expression: `num_items_in_batch` spans the generation batch; rescale it to one accumulation window
-            normalizer = num_items_in_batch.clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            loss = (per_token_loss * mask).sum() / normalizer
-            return loss, loss.detach() * accumulation
-        elif loss_type == "luspo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = (per_token_loss * mask).sum(-1).sum() / num_sequences
-        else:
-            raise ValueError(f"Unknown loss type: {loss_type}")
-        return loss / accumulation, loss.detach()
-
-    def _policy_loss(self, per_token_loss, mask, inputs, mode):
-        """One micro-batch's policy loss by TRL's rule for `loss_type` (see `_aggregate`), and TRL's `policy_loss`
-        metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
+    def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
+        """`_normaliser` of one micro-batch's policy loss."""
         num_sequences = inputs.get("num_sequences_in_batch")
         if num_sequences is None:
             # A batch built outside `_generate_and_score_completions` (tests, custom loops) has no rollout-batch
             # count: it is normalised by its own sequences, as TRL does.
             local = per_token_loss.size(0) if "keep_mask" not in inputs else inputs["keep_mask"].sum().item()
             num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
-        loss, value = self._aggregate(per_token_loss, mask, inputs["num_items_in_batch"], num_sequences, mode)
+        return self._normaliser(mask, inputs["num_items_in_batch"], num_sequences, mode)
+
+    def _policy_loss(self, per_token_loss, mask, inputs, mode):
+        """One micro-batch's policy loss by TRL's rule for `loss_type` (`cegppo_trl.aggregation.aggregate`), and
+        TRL's `policy_loss` metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
+        loss, value = aggregate(per_token_loss, mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
         return loss, (loss.detach() if self.loss_type == "dapo" else value)
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
@@ -528,14 +508,9 @@ class CEGPPOTrainer(GRPOTrainer):
         if num_sft_sequences is None:
             num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
         sft_mask = mask * sft_sequences.unsqueeze(1)
-        loss, _ = self._aggregate(
-            -per_token_logps,
-            sft_mask,
-            inputs["num_sft_items_in_batch"],
-            num_sft_sequences,
-            mode,
-            loss_type="dapo" if self.loss_type == "bnpo" else None,
-        )
+        loss_type = "dapo" if self.loss_type == "bnpo" else None
+        norm = self._normaliser(sft_mask, inputs["num_sft_items_in_batch"], num_sft_sequences, mode, loss_type)
+        loss, _ = aggregate(-per_token_logps, sft_mask, norm)
         # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
         # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
         nll = -per_token_logps.detach().float()
@@ -699,7 +674,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
         mode = "train" if self.model.training else "eval"
         # --- CE-GPPO begin: TRL's aggregation per loss type, but with the sequence counts of the whole rollout ---
-        # batch, so the loss does not depend on how the batch is split (`_aggregate`); the authors' SFT term.
+        # batch, so the loss does not depend on how the batch is split (`_policy_loss`); the authors' SFT term.
         loss, policy_loss = self._policy_loss(per_token_loss, mask, inputs, mode)
         if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
             loss = loss + self.args.sft_loss_coef * self._sft_loss(per_token_logps, mask, inputs, mode)
@@ -806,16 +781,17 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
             # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
             # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
-            # The factors TRL multiplies the per-token loss by also scale its gradient: the diagnostics weigh by them.
+            # Each token's coefficient in the loss scales its gradient: the aggregation's weight (from the normalisers
+            # the loss used) times the factors TRL multiplies the per-token loss by. The diagnostics weigh by it.
             vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-            weights = None
+            weights = aggregation_weights(mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
             for factor in (
                 off_policy_mask if self.off_policy_mask_threshold is not None else None,
                 entropy_mask,
                 inputs["importance_sampling_ratio"] if vllm_correction else None,
             ):
                 if factor is not None:
-                    weights = factor if weights is None else weights * factor
+                    weights = weights * factor
             self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients, weights)
             # --- CE-GPPO end ---
         elif self.loss_type == "cispo":

@@ -70,8 +70,9 @@ def test_masked_out_rows_count_nowhere_and_give_nan_shares():
 
 
 def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
-    # GSPO: one (B, 1) log-ratio per sequence. Row 0: r = 1/e, A = -1 -> left clip, weight 0.4 on each of its
-    # tokens (mean 0.4). Row 1: r = e, A = 1 -> right clip, but it has no tokens, so it counts nowhere.
+    # GSPO: one (B, 1) log-ratio per sequence. Row 0: r = 1/e, A = -1 -> left clip, kernel weight 0.4; without
+    # `weights` the loss is sum(per_token_loss * mask), in which row 0's loss counts once per token: 2 * 0.4.
+    # Row 1: r = e, A = 1 -> right clip, but it has no tokens, so it counts nowhere.
     log_ratio = torch.tensor([[-1.0], [1.0]])
     advantages = torch.tensor([[-1.0], [1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
@@ -79,8 +80,8 @@ def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
     got = named(diag.sums)
     assert got["tokens"] == 1.0 and got["left"] == 1.0 and got["right"] == 0.0
     assert got["left_log_ratio"] == -1.0  # row 0 once; row 1 is right-clipped and has no tokens anyway
-    assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
-    assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
+    assert math.isclose(got["preserved_grad_weight"], 0.8, rel_tol=1e-6)
+    assert math.isclose(got["grad_weight"], 0.8, rel_tol=1e-6)
     assert diag.minima["left_share"].item() == 1.0 and diag.maxima["right_share"].item() == 0.0
 
 
