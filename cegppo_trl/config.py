@@ -59,7 +59,7 @@ class CEGPPOConfig(GRPOConfig):
         delta_low (`float` or `None`, *optional*, defaults to `None`):
             Left guard, the left-side counterpart of `delta`: negative-advantage tokens whose ratio fell below it
             (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
-            decay (`"decay"`: weight `beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
+            decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
             cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.

@@ -20,7 +20,7 @@ everything else                 ``-r * A``                    ``-r * A``
 `cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
 `cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
 weight directly and saves one ``(B, T)`` tensor for backward; tests/test_loss.py checks that the two are equal
-bit for bit. The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
+bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32). The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
 once ``r`` overflows; neither form here divides by ``r``.
 """
 
@@ -50,9 +50,13 @@ def cegppo_objective(
     """The CE-GPPO per-token loss by its definition (the module table); same arguments as `cegppo_per_token_loss`.
 
     Slow (autograd through every branch) and, like the paper's form, not guarded against an overflowing ``r``; train
-    with `cegppo_per_token_loss`, which equals it exactly.
+    with `cegppo_per_token_loss`, which equals it exactly, in value and gradient, for every input dtype: like it, this
+    computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype).
     """
-    A = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # as `_ratio_and_advantages`: a bf16 r is 1 +- 0.004
+    logp, old_logp = logp.to(dtype), old_logp.to(dtype)
+    A = advantages.to(dtype)
+    A = A.unsqueeze(-1) if A.dim() == 1 else A  # [B, 1] or [B, T]
     log_r = logp - old_logp  # [B, T]
     r = torch.exp(log_r)
     na_lp = (A < 0) & (r < 1 - epsilon_low)  # left clip: negative advantage, low probability

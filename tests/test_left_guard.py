@@ -307,3 +307,16 @@ def test_drift_warning_can_be_disabled(make_trainer, caplog):
     with caplog.at_level(logging.WARNING):
         loss_and_grads(trainer, _drift_batch(trainer, 3.0))
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
+
+
+def test_config_docstring_gives_the_decay_weight_the_loss_applies():
+    # The documented decay weight, evaluated as written, is the gradient of the loss below delta_low (it had lost its
+    # minus sign). A = -2, r = e^-2 < 0.25: -0.5 * 0.8 * -2 * e^-2 / 0.25 = 3.2 e^-2.
+    import re
+
+    formula = re.search(r'`"decay"`: weight `([^`]+)`', " ".join(CEGPPOConfig.__doc__.split())).group(1)
+    r, A = math.exp(-2.0), -2.0
+    documented = eval(formula, {}, dict(beta1=0.5, epsilon=0.2, A=A, r=r, delta_low=0.25))  # noqa: S307
+    _, grad = loss_and_grad(torch.tensor([[-2.0]], dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64),
+                            torch.tensor([A], dtype=torch.float64), delta_low=0.25, delta_low_mode="decay")  # fmt: skip
+    assert documented == pytest.approx(grad.item()) == pytest.approx(3.2 * r)
