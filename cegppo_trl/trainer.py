@@ -842,12 +842,13 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics["cegppo/ratio/max"].append(maxima["ratio"])
 
     def _combine_diagnostics(self, diagnostics: CEGPPODiagnostics) -> tuple[dict[str, float], ...]:
-        """`(sums, minima, maxima)` over all processes, from one gather of the named local values."""
+        """`(sums, minima, maxima)` over all processes, from one gather of the named local values and one transfer to
+        the host (a device-to-host synchronisation on a GPU)."""
         sums, minima, maxima = diagnostics
         local = torch.stack([*sums.values(), *minima.values(), *(-x for x in maxima.values())])  # [n]
         gathered = self.accelerator.gather(local).view(-1, local.numel())  # [processes, n]
         n_sums = len(sums)
-        values = gathered[:, :n_sums].sum(0).tolist() + gathered[:, n_sums:].amin(0).tolist()
+        values = torch.cat([gathered[:, :n_sums].sum(0), gathered[:, n_sums:].amin(0)]).tolist()
         combined = dict(zip([*sums, *(f"min/{k}" for k in minima), *(f"max/{k}" for k in maxima)], values))
         return (
             {k: combined[k] for k in sums},

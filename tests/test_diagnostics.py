@@ -158,3 +158,24 @@ def test_trainer_grad_share_is_that_of_the_loss_with_entropy_mask_off_policy_mas
 
     assert logged == pytest.approx(share((per_token * weights * mask).sum()), rel=1e-5)
     assert logged != pytest.approx(share((per_token * mask).sum()), rel=1e-3)  # what the metric used to report
+
+
+def test_trainer_combines_the_diagnostics_with_one_host_transfer(make_trainer, monkeypatch):
+    # Each transfer of a device tensor to the host is a synchronisation on a GPU: the combined diagnostics of a
+    # micro-batch take one (it made two: one `.tolist()` for the sums, one for the extremes).
+    trainer = make_trainer()
+    diag = cegppo_diagnostics(torch.tensor([[-1.0, 0.0, 1.0]]), torch.tensor([-1.0]), torch.ones(1, 3), **KWARGS)
+    transfers = []
+    for name in ("tolist", "item", "cpu", "numpy", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            transfers.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    sums, minima, maxima = trainer._combine_diagnostics(diag)
+    monkeypatch.undo()
+    assert transfers == ["tolist"]
+    assert sums == named(diag.sums) and minima["ratio"] == diag.minima["ratio"].item()
+    assert maxima["right_share"] == diag.maxima["right_share"].item()
