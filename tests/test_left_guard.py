@@ -283,19 +283,21 @@ def test_trainer_warns_once_per_episode_of_drift_naming_the_fixes(make_trainer, 
     assert len(warnings_after(drift)) == 1  # a new episode
 
 
-def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batches(make_trainer, caplog):
-    # Two micro-batches per optimizer step: the first alone is far below the threshold, the step's token-weighted
-    # mean over both is not, so nothing is said at the step's end.
+@pytest.mark.parametrize("deep_last", [False, True])
+def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batches(make_trainer, caplog, deep_last):
+    # Two micro-batches per optimizer step: one alone is far below the threshold, the step's token-weighted mean over
+    # both is not, so nothing is said at the step's end. The deep one comes first, then last: a window that kept only
+    # the first micro-batch's sums, or only the last's, would warn in one of the two orders.
     trainer = make_trainer(gppo_beta1=0.5, gradient_accumulation_steps=2, steps_per_generation=4)
     mask = torch.ones(1, 4)
     coefficients = trainer.cegppo_coefficients()
+    deep = torch.tensor([[-3.0, 0.0, 0.0, 0.0]])  # one left-clipped token, log r = -3
+    calm = torch.full((1, 4), -0.5)  # four left-clipped tokens, log r = -0.5
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        trainer.accelerator.gradient_state._set_sync_gradients(False)
-        first = torch.tensor([[-3.0, 0.0, 0.0, 0.0]])  # one left-clipped token
-        trainer._log_cegppo_metrics("train", first, torch.tensor([-1.0]), mask, coefficients)
-        trainer.accelerator.gradient_state._set_sync_gradients(True)
-        trainer._log_cegppo_metrics("train", torch.full((1, 4), -0.5), torch.tensor([-1.0]), mask, coefficients)
+        for sync, log_ratio in zip((False, True), (calm, deep) if deep_last else (deep, calm)):
+            trainer.accelerator.gradient_state._set_sync_gradients(sync)
+            trainer._log_cegppo_metrics("train", log_ratio, torch.tensor([-1.0]), mask, coefficients)
     # (-3 + 4 * -0.5) / 5 = -1.0 > -1.5
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
     assert trainer.left_drift_alarm.armed
