@@ -20,6 +20,7 @@ import warnings
 
 import torch
 from accelerate.logging import get_logger
+from transformers.trainer_utils import has_length
 from trl import GRPOTrainer
 
 from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
@@ -37,7 +38,7 @@ from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
-from .rollouts import correct_completions, informative_groups
+from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
@@ -353,6 +354,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if checkpoint is not None and self.state.global_step >= self.state.max_steps:
             raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
+        num_prompts = len(self.train_dataset) if has_length(self.train_dataset) else None
+        if checkpoint and (
+            inside := resume_inside_rollout_batch_message(self.state.global_step, self.args, num_prompts)
+        ):
+            logger.warning(inside, main_process_only=True)
         if self.entropy_controller is None or checkpoint is None:
             return
         note = fresh_controller_note(checkpoint, self.args)
