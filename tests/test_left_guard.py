@@ -201,12 +201,13 @@ def test_diagnostics_count_the_guarded_tokens():
 @pytest.mark.parametrize("beta1_source", ["schedule", "controller"])
 def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_trainer, mode, beta1_source):
     # beta1 of the step: 0.8 from a schedule at step 0, or 0.6 = 0.5 + one controller step (entropy above the band
-    # moves beta1 up by 0.1). The guard at 0.7 acts on part of the batch's left-clipped tokens and scales that beta1.
+    # moves beta1 up by 0.1 with raise_beta1). The guard at 0.7 acts on part of the batch's left-clipped tokens and
+    # scales that beta1.
     guard = dict(gppo_beta2=1.0, delta=1.5, delta_low=0.7, delta_low_mode=mode)
     if beta1_source == "schedule":
         trainer, beta1 = make_trainer(gppo_beta1_schedule="linear:0.8->0.1", **guard), 0.8
     else:
-        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1"
+        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1,raise_beta1=true"
         trainer, beta1 = make_trainer(gppo_beta1=0.5, entropy_controller=controller, **guard), 0.6
         trainer.entropy_controller.update(0.9)
     coefficients = trainer.cegppo_coefficients()  # before the step: the controller may move beta1 after it
