@@ -137,7 +137,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     Besides the surrogate, this class owns (each inside a `# --- CE-GPPO ---` fence or in its own method):
 
-    - the rollout-batch normalisers (`cegppo_trl.aggregation`): a batch's update does not depend on its micro-batch split;
+    - the rollout-batch normalisers (`_aggregate`): a batch's update does not depend on its micro-batch split;
     - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
       `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
@@ -417,7 +417,7 @@ class CEGPPOTrainer(GRPOTrainer):
             return output
         rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
         # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
-        # rescaled to one micro-batch (`cegppo_trl.aggregation`) exactly as TRL rescales `num_items_in_batch` for `dapo`.
+        # rescaled to one micro-batch in `_aggregate` exactly as TRL rescales `num_items_in_batch` for `dapo`.
         output["num_sequences_in_batch"] = rewards_per_func.new_tensor(float(rewards_per_func.size(0)))
         if not (args.sft_loss_coef > 0 or args.dynamic_sampling):
             return output
@@ -483,6 +483,12 @@ class CEGPPOTrainer(GRPOTrainer):
             train=mode == "train",
         )
 
+    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
+        """TRL's aggregation rule `loss_type` (default `self.loss_type`) with the rollout-batch counts: the loss scaled
+        for gradient accumulation and its unscaled detached value (`cegppo_trl.aggregation.aggregate`)."""
+        norm = self._normaliser(mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type)
+        return aggregate(per_token_loss, mask, norm)
+
     def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
         """`_normaliser` of one micro-batch's policy loss."""
         num_sequences = inputs.get("num_sequences_in_batch")
@@ -514,9 +520,14 @@ class CEGPPOTrainer(GRPOTrainer):
         if num_sft_sequences is None:
             num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
         sft_mask = mask * sft_sequences.unsqueeze(1)
-        loss_type = "dapo" if self.loss_type == "bnpo" else None
-        norm = self._normaliser(sft_mask, inputs["num_sft_items_in_batch"], num_sft_sequences, mode, loss_type)
-        loss, _ = aggregate(-per_token_logps, sft_mask, norm)
+        loss, _ = self._aggregate(
+            -per_token_logps,
+            sft_mask,
+            inputs["num_sft_items_in_batch"],
+            num_sft_sequences,
+            mode,
+            loss_type="dapo" if self.loss_type == "bnpo" else None,
+        )
         # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
         # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
         nll = -per_token_logps.detach().float()
@@ -680,7 +691,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
         mode = "train" if self.model.training else "eval"
         # --- CE-GPPO begin: TRL's aggregation per loss type, but with the sequence counts of the whole rollout ---
-        # batch, so the loss does not depend on how the batch is split (`_policy_loss`); the authors' SFT term.
+        # batch, so the loss does not depend on how the batch is split (`_aggregate`); the authors' SFT term.
         loss, policy_loss = self._policy_loss(per_token_loss, mask, inputs, mode)
         if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
             loss = loss + self.args.sft_loss_coef * self._sft_loss(per_token_logps, mask, inputs, mode)
