@@ -59,7 +59,7 @@ class CEGPPOConfig(GRPOConfig):
         delta_low (`float` or `None`, *optional*, defaults to `None`):
             Left guard, the left-side counterpart of `delta`: negative-advantage tokens whose ratio fell below it
             (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
-            decay (`"decay"`: weight `beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
+            decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
             cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.
@@ -169,8 +169,17 @@ class CEGPPOConfig(GRPOConfig):
 
         `CEGPPOConfig(**grpo_config.to_dict())` cannot work: after construction a `GRPOConfig` holds both
         `steps_per_generation` and the `generation_batch_size` derived from it, which may not both be set, and
-        `to_dict` masks tokens and turns enums into strings. This copies the attributes instead and re-derives
-        `generation_batch_size` (unless an override sets it, which then replaces `steps_per_generation`).
+        `to_dict` masks tokens and turns enums into strings. This copies the attributes instead and re-derives the
+        rollout batch as `GRPOConfig` would from the resulting fields:
+
+        - an override of `steps_per_generation` or `generation_batch_size` sets the layout (the other is derived);
+        - otherwise `generation_batch_size` is derived from the source's `steps_per_generation`, unless an override
+          changes `gradient_accumulation_steps` or `per_device_train_batch_size` and the source's
+          `steps_per_generation` is TRL's default (equal to its `gradient_accumulation_steps`): then both are
+          derived afresh, as `CEGPPOConfig(...)` with the same fields would;
+        - a changed `per_device_train_batch_size` with a source layout that is not TRL's default is refused: the
+          source does not say whether `steps_per_generation` or `generation_batch_size` was set, and they now
+          disagree. Pass one of them.
 
         Example: `CEGPPOConfig.from_grpo_config(GRPOConfig(output_dir="out", num_iterations=2), gppo_beta1=0.5)`.
         """
@@ -184,6 +193,23 @@ class CEGPPOConfig(GRPOConfig):
         values["generation_batch_size"] = None  # derived from steps_per_generation, the per-device setting
         if "generation_batch_size" in overrides and "steps_per_generation" not in overrides:
             values["steps_per_generation"] = None
+        elif "steps_per_generation" not in overrides:
+            changed = [
+                name
+                for name in ("gradient_accumulation_steps", "per_device_train_batch_size")
+                if name in overrides and overrides[name] != getattr(grpo_config, name)
+            ]
+            if changed and grpo_config.steps_per_generation == grpo_config.gradient_accumulation_steps:
+                values["steps_per_generation"] = None  # TRL's default: derive it from the new fields
+            elif "per_device_train_batch_size" in changed:
+                spg, gbs = grpo_config.steps_per_generation, grpo_config.generation_batch_size
+                raise ValueError(
+                    f"`per_device_train_batch_size={overrides['per_device_train_batch_size']}` changes the rollout "
+                    f"batch of the source config (steps_per_generation={spg}, generation_batch_size={gbs}), which "
+                    "does not say which of the two was set. Pass one of them with the override: "
+                    f"`steps_per_generation={spg}` (keep the micro-batches per rollout batch) or "
+                    f"`generation_batch_size={gbs}` (keep the rollout batch)."
+                )
         return cls(**{**values, **overrides})
 
     def _validate_inherited(self) -> None:

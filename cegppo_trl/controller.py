@@ -7,7 +7,8 @@ entropy, low-probability tokens with negative advantage lower it. CE-GPPO scales
 ``beta2`` (PA&LP, right clip) and ``beta1`` (NA&LP, left clip), so
 
 * entropy **below** the band (collapsing): raise ``beta2`` and/or lower ``beta1``;
-* entropy **above** the band (exploding): lower ``beta2`` and/or raise ``beta1``;
+* entropy **above** the band (exploding): lower ``beta2`` and/or raise ``beta1`` (by default only back up to
+  its scheduled value: see step 7 below);
 * entropy inside the band: no push towards any set point (a deadband); only the damping term below acts, and only
   while entropy moves.
 
@@ -33,6 +34,16 @@ Update rule, once per window of ``update_every`` optimizer steps, given the wind
 6. Anti-windup: before and after the step, each offset is clamped so ``nominal + offset`` stays inside its bounds
    (latest nominal). Without it a saturated beta would keep accumulating offset and need as many updates to come
    back; with it the first step in the other direction moves the applied beta off its bound.
+7. Unless ``raise_beta1`` is set, ``offset1`` is also clamped to ``<= 0``: the applied beta1 never exceeds its
+   nominal (scheduled) value. Above the band the controller then lowers beta2 (modes ``beta2``/``both``) and only
+   takes back a reduction of beta1 it made earlier.
+
+Why beta1 is not raised by default: raising beta1 is the direction the paper prescribes against high entropy, and it
+is the hazard of docs/entropy-study.md's second study. There, entropy started just above the band (0.415 against
+0.30-0.40), so the controller's first updates raised beta1 from 0.5 to 0.6-0.75 (and lowered beta2), and probe
+validity collapsed on 5/5 seeds (0.19 -> 0.04) while entropy stayed in the band for 74% of the batches. A larger
+beta1 pushes negative-advantage tokens further below the rollout policy; with several optimizer steps per rollout
+batch that is what collapsed every beta1 > 0 arm. ``raise_beta1=true`` restores the symmetric rule.
 
 A coefficient the mode does not move (``beta2`` under ``mode=beta1``, and vice versa) is the nominal itself: its
 bounds do not apply to it. So an applied beta moves by at most ``step_size`` per update (for a fixed nominal) and a
@@ -46,7 +57,8 @@ is back in the band, by which time it is moving fast and overshoots to the other
 The damping term is proportional action in incremental form (summed over updates it is ``-damping * (h - h_0)``),
 which turns the loop into a PI controller and lets it slow entropy down before the band is crossed. On the toy
 entropy model of ``docs/plot_schedules.py`` (which prints this), ``damping=1`` keeps entropy inside the band for 0.83
-of the steps against 0.66 without it (4 noise seeds); two other parameter sets of that model and ``step_size=0.02``
+of the steps against 0.66 without it (4 noise seeds; the symmetric rule, ``raise_beta1``; 0.68 against 0.54 with the
+default); two other parameter sets of that model and ``step_size=0.02``
 gave 0.58-0.86 against 0.38-0.66. A toy model is no evidence about real training: the default (``1.0``) is a
 starting point, and ``damping=0`` restores the pure deadband.
 
@@ -83,6 +95,7 @@ with the same keys (YAML), or none / off / an empty string (no controller). Rang
   damping=1        move betas against entropy's change between updates, >= 0   (default 1; 0: pure deadband)
   ema=0.5          smoothing of the measured entropy, in [0, 1)               (default 0: none)
   every=10         optimizer steps per update (entropy averaged over them), >= 1 (default 1)
+  raise_beta1=true allow beta1 above its nominal (scheduled) value: true | false (default false: never above)
 The bounds of a moved beta must contain its configured value (every value of its schedule): CEGPPOConfig refuses
 bounds that would replace it before the controller has measured anything.
 Example: band=0.3-0.6,step=0.05,mode=both,beta1=0-1,beta2=0.5-2
@@ -113,6 +126,9 @@ class EntropyControllerConfig:
             ``h = ema * h + (1 - ema) * entropy``. 0 uses the measurement as is.
         update_every: optimizer steps per controller update; the trainer averages entropy over these steps (more
             steps -> a less noisy measurement and time for the last change to show in the entropy).
+        raise_beta1: allow the applied beta1 above its nominal (scheduled) value. ``False`` (default): the
+            controller only lowers beta1 (below the band) and takes that back (above it), never raising it past the
+            schedule, the hazardous direction of docs/entropy-study.md's second study (module docstring).
     """
 
     target_low: float
@@ -127,6 +143,7 @@ class EntropyControllerConfig:
     damping: float = 1.0
     ema: float = 0.0
     update_every: int = 1
+    raise_beta1: bool = False
 
     def __post_init__(self):
         for name in (
@@ -171,6 +188,8 @@ class EntropyControllerConfig:
         if isinstance(self.update_every, bool) or not isinstance(self.update_every, Integral) or self.update_every < 1:
             raise ValueError(f"`update_every` must be an integer >= 1, got {self.update_every!r}.")
         self.update_every = int(self.update_every)
+        if not isinstance(self.raise_beta1, bool):
+            raise ValueError(f"`raise_beta1` must be True or False, got {self.raise_beta1!r}.")
 
     @property
     def target(self) -> tuple[float, float]:
@@ -190,6 +209,8 @@ class EntropyControllerConfig:
         if self.gain is not None:
             parts.append(f"gain={f(self.gain)}")
         parts += [f"damping={f(self.damping)}", f"ema={f(self.ema)}", f"every={self.update_every}"]
+        if self.raise_beta1:
+            parts.append("raise_beta1=true")
         return ",".join(parts)
 
 
@@ -354,7 +375,8 @@ class EntropyController:
     def _clamp_offsets(self) -> None:
         cfg, (n1, n2) = self.config, self._nominal
         if cfg.mode in ("beta1", "both"):  # the other coefficient's offset stays 0 (its bounds do not apply)
-            self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - n1, cfg.beta1_max - n1)
+            highest = cfg.beta1_max - n1 if cfg.raise_beta1 else min(cfg.beta1_max - n1, 0.0)
+            self._offset[0] = _clamp(self._offset[0], cfg.beta1_min - n1, highest)
         if cfg.mode in ("beta2", "both"):
             self._offset[1] = _clamp(self._offset[1], cfg.beta2_min - n2, cfg.beta2_max - n2)
 
@@ -427,6 +449,7 @@ _SCALAR_KEYS = {
     "damping": "damping",
     "ema": "ema",
     "every": "update_every",
+    "raise_beta1": "raise_beta1",
 }
 _FIELD_NAMES = {f.name for f in fields(EntropyControllerConfig)}
 
@@ -442,6 +465,17 @@ def _parse_number(text: object, key: str) -> float:
         if math.isfinite(value):
             return value
     raise _SpecError(f"{key}={text!r} is not a finite number")
+
+
+def _parse_bool(value: object, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise _SpecError(f"{key}={value!r} must be true or false")
 
 
 def _parse_range(value: object, key: str) -> tuple[float, float]:
@@ -467,6 +501,8 @@ def _to_kwargs(items: list[tuple[str, object]]) -> dict[str, object]:
                 targets = {name: str(value).strip().lower()}
             elif name == "gain" and (value is None or str(value).strip().lower() in ("none", "off", "")):
                 targets = {name: None}
+            elif name == "raise_beta1":
+                targets = {name: _parse_bool(value, key)}
             elif name == "update_every":
                 number = _parse_number(value, key)
                 if not number.is_integer():

@@ -20,7 +20,7 @@ everything else                 ``-r * A``                    ``-r * A``
 `cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
 `cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
 weight directly and saves one ``(B, T)`` tensor for backward; tests/test_loss.py checks that the two are equal
-bit for bit. The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
+bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32). The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
 once ``r`` overflows; neither form here divides by ``r``.
 """
 
@@ -50,9 +50,13 @@ def cegppo_objective(
     """The CE-GPPO per-token loss by its definition (the module table); same arguments as `cegppo_per_token_loss`.
 
     Slow (autograd through every branch) and, like the paper's form, not guarded against an overflowing ``r``; train
-    with `cegppo_per_token_loss`, which equals it exactly.
+    with `cegppo_per_token_loss`, which equals it exactly, in value and gradient, for every input dtype: like it, this
+    computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype).
     """
-    A = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # as `_ratio_and_advantages`: a bf16 r is 1 +- 0.004
+    logp, old_logp = logp.to(dtype), old_logp.to(dtype)
+    A = advantages.to(dtype)
+    A = A.unsqueeze(-1) if A.dim() == 1 else A  # [B, 1] or [B, T]
     log_r = logp - old_logp  # [B, T]
     r = torch.exp(log_r)
     na_lp = (A < 0) & (r < 1 - epsilon_low)  # left clip: negative advantage, low probability
@@ -342,8 +346,12 @@ def cegppo_diagnostics(
 ) -> CEGPPODiagnostics:
     """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
 
-    The gradient weight ``|d loss / d logp|`` is the kernel's own, times `weights`, so its share on preserved tokens
-    is exactly what PPO's clip would have thrown away of the gradient the model receives.
+    The gradient weight ``|d loss / d logp|`` is the kernel's own times each token's coefficient in the loss
+    (`weights`), so, given the coefficients the loss applies, its share on preserved tokens is exactly the share of
+    the surrogate's gradient the model receives that PPO's clip would have thrown away, for every aggregation and
+    both ratio levels (tests/test_aggregation.py checks it against autograd). A sequence-level ratio is the masked
+    mean of the token log-ratios, so each of a sequence's tokens gets ``1 / |o_i|`` of its gradient: the sequence's
+    total is the kernel's weight times the sum of its tokens' coefficients.
 
     Args:
         log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
@@ -351,8 +359,10 @@ def cegppo_diagnostics(
         advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
         epsilon_low, epsilon_high, beta1, beta2, delta, delta_low, delta_low_mode: as in `cegppo_per_token_loss`.
-        weights: non-negative factors the per-token loss is multiplied by before aggregation (TRL's off-policy mask,
-            entropy mask, vLLM importance-sampling ratio), broadcastable to ``(B, T)``; None for none.
+        weights: non-negative ``d loss / d per_token_loss`` of each token, broadcastable to ``(B, T)``: the
+            aggregation's weights (`cegppo_trl.aggregation.aggregation_weights`, e.g. ``1 / |o_i|`` per sequence for
+            ``grpo``) times the factors the per-token loss is multiplied by (TRL's off-policy mask, entropy mask,
+            vLLM importance-sampling ratio). None: 1 per token (the loss ``sum(per_token_loss * mask)``).
 
     Returns:
         `CEGPPODiagnostics`.
@@ -364,13 +374,13 @@ def cegppo_diagnostics(
         ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
     grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
-    if weights is not None:
-        grad_weight = grad_weight * weights  # [B, T]
+    coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
-        grad_weight = (grad_weight * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+        grad_weight = grad_weight * coefficient.sum(-1, keepdim=True)  # [B, 1]: the sequence's total
     else:
         count = mask.to(ratio.dtype)  # [B, T]
+        grad_weight = grad_weight * coefficient  # [B, T]
     off = torch.zeros_like(regions.left, dtype=ratio.dtype)
     left, right, dual, guard = (off if region is None else region.to(ratio.dtype) for region in regions)
     sums = dict(

@@ -20,8 +20,10 @@ import warnings
 
 import torch
 from accelerate.logging import get_logger
+from transformers.trainer_utils import has_length
 from trl import GRPOTrainer
 
+from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     FRESH_CONTROLLER_ANNOUNCED,
@@ -38,7 +40,7 @@ from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
-from .rollouts import correct_completions, informative_groups
+from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
@@ -315,6 +317,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if checkpoint is not None and self.state.global_step >= self.state.max_steps:
             raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
+        num_prompts = len(self.train_dataset) if has_length(self.train_dataset) else None
+        if checkpoint and (
+            inside := resume_inside_rollout_batch_message(self.state.global_step, self.args, num_prompts)
+        ):
+            logger.warning(inside, main_process_only=True)
         if self.entropy_controller is None or checkpoint is None:
             return
         note = fresh_controller_note(checkpoint, self.args)
@@ -422,59 +429,44 @@ class CEGPPOTrainer(GRPOTrainer):
     # Loss
     # ------------------------------------------------------------------------------------------------------------
     def _micro_batch_share(self, mode) -> int:
-        """Micro-batches per rollout batch: the generation batch spans all processes and, in training,
-        `steps_per_generation` micro-batches (TRL's rescaling of `num_items_in_batch` for `dapo`)."""
-        return self.accelerator.num_processes * (self.args.steps_per_generation if mode == "train" else 1)
+        """Micro-batches per rollout batch (`cegppo_trl.aggregation.micro_batch_share`)."""
+        return micro_batch_share(self.accelerator.num_processes, self.args.steps_per_generation, mode == "train")
+
+    def _normaliser(self, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None) -> Normaliser:
+        """The normalisers of TRL's rule `loss_type` (default `self.loss_type`) with the rollout-batch counts
+        (`cegppo_trl.aggregation`), shared by the policy loss, its gradient weights in the metrics and the SFT term."""
+        return normaliser(
+            loss_type or self.loss_type,
+            mask,
+            num_items_in_batch=num_items_in_batch,
+            num_sequences_in_batch=num_sequences_in_batch,
+            num_processes=self.accelerator.num_processes,
+            steps_per_generation=self.args.steps_per_generation,
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            max_completion_length=self.max_completion_length,
+            train=mode == "train",
+        )
 
     def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
-        """TRL's aggregation rule `loss_type` (default `self.loss_type`), shared by the policy loss and the SFT term.
+        """TRL's aggregation rule `loss_type` (default `self.loss_type`) with the rollout-batch counts: the loss scaled
+        for gradient accumulation and its unscaled detached value (`cegppo_trl.aggregation.aggregate`)."""
+        norm = self._normaliser(mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type)
+        return aggregate(per_token_loss, mask, norm)
 
-        `num_items_in_batch` / `num_sequences_in_batch` count the tokens / sequences that take part in the whole
-        rollout batch (all processes, all micro-batches of the generation batch). Like TRL's `dapo` normaliser,
-        they are rescaled to one micro-batch's share (divided by the number of processes and, in training, by
-        `steps_per_generation`), so the loss of a rollout batch does not depend on how it is split into micro-batches
-        and processes. With nothing dropped the sequence share is exactly the micro-batch size TRL averages `grpo`,
-        `dr_grpo` and `luspo` over. `bnpo` keeps TRL's rule: the tokens of the micro-batch itself.
-
-        Returns:
-            The loss scaled for gradient accumulation, and its unscaled detached value (the same quantity for every
-            loss type: the aggregated per-token values of this micro-batch with the rollout-batch normaliser).
-        """
-        loss_type = loss_type or self.loss_type
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
-        share = self._micro_batch_share(mode)
-        if loss_type == "grpo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
-        elif loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        elif loss_type == "dr_grpo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = (per_token_loss * mask).sum() / (num_sequences * self.max_completion_length)
-        elif loss_type == "dapo":
-            # TRL's expression: `num_items_in_batch` spans the generation batch; rescale it to one accumulation window
-            normalizer = num_items_in_batch.clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            loss = (per_token_loss * mask).sum() / normalizer
-            return loss, loss.detach() * accumulation
-        elif loss_type == "luspo":
-            num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
-            loss = (per_token_loss * mask).sum(-1).sum() / num_sequences
-        else:
-            raise ValueError(f"Unknown loss type: {loss_type}")
-        return loss / accumulation, loss.detach()
-
-    def _policy_loss(self, per_token_loss, mask, inputs, mode):
-        """One micro-batch's policy loss by TRL's rule for `loss_type` (see `_aggregate`), and TRL's `policy_loss`
-        metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
+    def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
+        """`_normaliser` of one micro-batch's policy loss."""
         num_sequences = inputs.get("num_sequences_in_batch")
         if num_sequences is None:
             # A batch built outside `_generate_and_score_completions` (tests, custom loops) has no rollout-batch
             # count: it is normalised by its own sequences, as TRL does.
             local = per_token_loss.size(0) if "keep_mask" not in inputs else inputs["keep_mask"].sum().item()
             num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
-        loss, value = self._aggregate(per_token_loss, mask, inputs["num_items_in_batch"], num_sequences, mode)
+        return self._normaliser(mask, inputs["num_items_in_batch"], num_sequences, mode)
+
+    def _policy_loss(self, per_token_loss, mask, inputs, mode):
+        """One micro-batch's policy loss by TRL's rule for `loss_type` (`cegppo_trl.aggregation.aggregate`), and
+        TRL's `policy_loss` metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
+        loss, value = aggregate(per_token_loss, mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
         return loss, (loss.detach() if self.loss_type == "dapo" else value)
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
@@ -770,16 +762,17 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
             # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
             # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
-            # The factors TRL multiplies the per-token loss by also scale its gradient: the diagnostics weigh by them.
+            # Each token's coefficient in the loss scales its gradient: the aggregation's weight (from the normalisers
+            # the loss used) times the factors TRL multiplies the per-token loss by. The diagnostics weigh by it.
             vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-            weights = None
+            weights = aggregation_weights(mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
             for factor in (
                 off_policy_mask if self.off_policy_mask_threshold is not None else None,
                 entropy_mask,
                 inputs["importance_sampling_ratio"] if vllm_correction else None,
             ):
                 if factor is not None:
-                    weights = factor if weights is None else weights * factor
+                    weights = weights * factor
             self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients, weights)
             # --- CE-GPPO end ---
         elif self.loss_type == "cispo":
@@ -830,12 +823,13 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics["cegppo/ratio/max"].append(maxima["ratio"])
 
     def _combine_diagnostics(self, diagnostics: CEGPPODiagnostics) -> tuple[dict[str, float], ...]:
-        """`(sums, minima, maxima)` over all processes, from one gather of the named local values."""
+        """`(sums, minima, maxima)` over all processes, from one gather of the named local values and one transfer to
+        the host (a device-to-host synchronisation on a GPU)."""
         sums, minima, maxima = diagnostics
         local = torch.stack([*sums.values(), *minima.values(), *(-x for x in maxima.values())])  # [n]
         gathered = self.accelerator.gather(local).view(-1, local.numel())  # [processes, n]
         n_sums = len(sums)
-        values = gathered[:, :n_sums].sum(0).tolist() + gathered[:, n_sums:].amin(0).tolist()
+        values = torch.cat([gathered[:, :n_sums].sum(0), gathered[:, n_sums:].amin(0)]).tolist()
         combined = dict(zip([*sums, *(f"min/{k}" for k in minima), *(f"max/{k}" for k in maxima)], values))
         return (
             {k: combined[k] for k in sums},

@@ -83,12 +83,14 @@ def simulate(controller: EntropyController | None, seed: int = 0):
     return trace
 
 
-CONTROLLER_SPEC = "band=0.55-0.75,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,every=10"
+# The symmetric rule (raise_beta1): this toy plant has no task to lose, so it shows the control loop itself. The
+# default (beta1 never above its schedule) is printed beside it.
+CONTROLLER_SPEC = "band=0.55-0.75,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,every=10,raise_beta1=true"
 
 
-def in_band_share(damping: float, seeds=range(4)) -> float:
+def in_band_share(damping: float, seeds=range(4), raise_beta1: bool = True) -> float:
     """Share of steps whose 20-step mean entropy is inside the band, over a few noise seeds."""
-    config = replace(parse_controller(CONTROLLER_SPEC), damping=damping)
+    config = replace(parse_controller(CONTROLLER_SPEC), damping=damping, raise_beta1=raise_beta1)
     shares = []
     for seed in seeds:
         trace = simulate(EntropyController(config, 0.0, 1.0), seed)
@@ -131,8 +133,10 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for path in [*plot_schedules(), plot_controller()]:
         print(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
-    for damping in (0.0, 1.0):
-        print(f"toy model, damping={damping:g}: {in_band_share(damping):.2f} of steps inside the band (4 seeds)")
+    for raise_beta1 in (True, False):
+        for damping in (0.0, 1.0):
+            share = in_band_share(damping, raise_beta1=raise_beta1)
+            print(f"toy model, raise_beta1={raise_beta1}, damping={damping:g}: {share:.2f} of steps inside the band")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,17 @@ from trl import GRPOConfig
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
 
-def _grpo(tmp_path, **kw) -> GRPOConfig:
+def _fields(tmp_path, **kw) -> dict:
     base = dict(
         output_dir=str(tmp_path), use_cpu=True, report_to="none", learning_rate=3e-6, num_generations=4,
         per_device_train_batch_size=8, loss_type="grpo", beta=0.04, num_iterations=2, hub_token="hf_secret",
         lr_scheduler_type="cosine", max_completion_length=64,
     )  # fmt: skip
-    return GRPOConfig(**{**base, **kw})
+    return {**base, **kw}
+
+
+def _grpo(tmp_path, **kw) -> GRPOConfig:
+    return GRPOConfig(**_fields(tmp_path, **kw))
 
 
 def _grpo_fields() -> list[str]:
@@ -62,4 +66,47 @@ def test_trainer_given_a_grpo_config_suggests_the_conversion_that_works(tmp_path
         model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(completions),
         args=CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.5), train_dataset=prompt_dataset,
         processing_class=tokenizer,
+    )  # fmt: skip
+
+
+def _layout(config) -> tuple[int, int]:
+    return config.steps_per_generation, config.generation_batch_size
+
+
+@pytest.mark.parametrize(
+    "source, overrides",
+    [
+        ({}, dict(gradient_accumulation_steps=4, num_iterations=2)),  # the derived layout follows the new value
+        ({}, dict(per_device_train_batch_size=4)),
+        ({"gradient_accumulation_steps": 2}, dict(gradient_accumulation_steps=4, per_device_train_batch_size=4)),
+        ({"steps_per_generation": 8}, dict(gradient_accumulation_steps=4)),  # a layout that was set stays
+        ({"generation_batch_size": 32}, dict(gradient_accumulation_steps=2)),
+    ],
+)
+def test_from_grpo_config_derives_the_rollout_batch_as_a_config_built_with_the_same_fields(
+    tmp_path, source, overrides
+):
+    # `from_grpo_config(GRPOConfig(**source), **overrides)` is `CEGPPOConfig(**source, **overrides)`. It kept the
+    # source's derived steps_per_generation=1 (rollout batch 8, on-policy) where the constructor derives 4 (32).
+    converted = CEGPPOConfig.from_grpo_config(_grpo(tmp_path, **source), **overrides)
+    built = CEGPPOConfig(**_fields(tmp_path, **{**source, **overrides}))
+    assert _layout(converted) == _layout(built)
+    assert converted.to_dict() == built.to_dict()
+
+
+def test_from_grpo_config_converts_the_issue_example_to_four_micro_batches_per_rollout_batch(tmp_path):
+    config = CEGPPOConfig.from_grpo_config(_grpo(tmp_path, num_iterations=1), gradient_accumulation_steps=4,
+                                           num_iterations=2)  # fmt: skip
+    assert _layout(config) == (4, 32)  # per_device_train_batch_size 8 x 4 micro-batches, one process
+
+
+def test_from_grpo_config_asks_which_layout_to_keep_when_the_batch_size_changes_a_set_layout(tmp_path):
+    grpo = _grpo(tmp_path, steps_per_generation=4)  # rollout batch 32 = 8 x 4; the source cannot say which was set
+    with pytest.raises(ValueError, match=r"Pass one of them .*`steps_per_generation=4`.*`generation_batch_size=32`"):
+        CEGPPOConfig.from_grpo_config(grpo, per_device_train_batch_size=4)
+    assert _layout(CEGPPOConfig.from_grpo_config(grpo, per_device_train_batch_size=4, steps_per_generation=4)) == (
+        4, 16,
+    )  # fmt: skip
+    assert _layout(CEGPPOConfig.from_grpo_config(grpo, per_device_train_batch_size=4, generation_batch_size=32)) == (
+        8, 32,
     )  # fmt: skip

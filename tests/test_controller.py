@@ -14,7 +14,10 @@ TOL = 1e-12
 
 
 def make(mode="both", beta1=0.5, beta2=1.0, **overrides) -> EntropyController:
+    """A controller with the symmetric rule (beta1 may rise above its nominal): the tests of the update rule use it;
+    the default, which never raises beta1 above its nominal, has its own tests below."""
     kwargs = dict(
+        raise_beta1=True,
         target_low=0.3,
         target_high=0.6,
         step_size=0.05,
@@ -57,6 +60,42 @@ def test_entropy_above_band_lowers_beta2_and_raises_beta1():
     assert history[1] == pytest.approx((0.55, 0.95))
     assert history[-1] == pytest.approx((1.0, 0.5))
     assert controller.last_direction == -1
+
+
+def test_by_default_beta1_never_rises_above_its_nominal():
+    # The second entropy study's situation: entropy starts just above the band. The symmetric rule raised beta1
+    # (0.5 -> 0.6 -> ...), the direction that collapsed validity on 5/5 seeds; the default lowers beta2 only.
+    default = EntropyController(EntropyControllerConfig(0.30, 0.40, step_size=0.1), beta1=0.5, beta2=1.0)
+    history = run(default, [0.415, 0.42, 0.43, 0.45, 0.5])
+    assert all(beta1 == 0.5 for beta1, _ in history)
+    assert history[-1][1] == pytest.approx(0.5)  # beta2 went down to its bound instead
+    assert make(target_high=0.40, step_size=0.1).update(0.415)[0] == pytest.approx(0.6)  # the symmetric rule
+
+
+def test_by_default_beta1_comes_back_up_to_its_nominal_but_not_past_it():
+    controller = EntropyController(EntropyControllerConfig(0.3, 0.6, damping=0.0), beta1=0.5, beta2=1.0)
+    collapsing = run(controller, [0.1, 0.1])  # below the band: beta1 down
+    assert collapsing == [pytest.approx(b) for b in [(0.45, 1.05), (0.4, 1.1)]]
+    exploding = run(controller, [0.9] * 4)  # above it: beta1 back up to its nominal, then only beta2 moves
+    assert exploding == [pytest.approx(b) for b in [(0.45, 1.05), (0.5, 1.0), (0.5, 0.95), (0.5, 0.9)]]
+    assert controller.offsets[0] == 0.0
+    # Along a schedule: the applied beta1 is never above the nominal of the step, whatever the nominal does.
+    for nominal in (0.0, 0.2, 0.7, 0.1):
+        assert controller.apply(nominal, 1.0)[0] <= nominal
+        controller.update(0.9)
+        assert controller.beta1 <= nominal
+
+
+def test_raise_beta1_parses_and_round_trips():
+    assert parse_controller("band=0.3-0.6").raise_beta1 is False
+    assert parse_controller("band=0.3-0.6,raise_beta1=true").raise_beta1 is True
+    assert parse_controller({"band": [0.3, 0.6], "raise_beta1": True}).raise_beta1 is True
+    config = EntropyControllerConfig(0.3, 0.6, raise_beta1=True)
+    assert config.to_spec().endswith(",raise_beta1=true") and parse_controller(config.to_spec()) == config
+    with pytest.raises(ValueError, match="raise_beta1='maybe' must be true or false"):
+        parse_controller("band=0.3-0.6,raise_beta1=maybe")
+    with pytest.raises(ValueError, match="`raise_beta1` must be True or False"):
+        EntropyControllerConfig(0.3, 0.6, raise_beta1=1)
 
 
 @pytest.mark.parametrize("entropy", [0.3, 0.45, 0.6])

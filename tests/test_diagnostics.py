@@ -70,8 +70,9 @@ def test_masked_out_rows_count_nowhere_and_give_nan_shares():
 
 
 def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
-    # GSPO: one (B, 1) log-ratio per sequence. Row 0: r = 1/e, A = -1 -> left clip, weight 0.4 on each of its
-    # tokens (mean 0.4). Row 1: r = e, A = 1 -> right clip, but it has no tokens, so it counts nowhere.
+    # GSPO: one (B, 1) log-ratio per sequence. Row 0: r = 1/e, A = -1 -> left clip, kernel weight 0.4; without
+    # `weights` the loss is sum(per_token_loss * mask), in which row 0's loss counts once per token: 2 * 0.4.
+    # Row 1: r = e, A = 1 -> right clip, but it has no tokens, so it counts nowhere.
     log_ratio = torch.tensor([[-1.0], [1.0]])
     advantages = torch.tensor([[-1.0], [1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
@@ -79,8 +80,8 @@ def test_sequence_level_ratio_counts_each_sequence_with_tokens_once():
     got = named(diag.sums)
     assert got["tokens"] == 1.0 and got["left"] == 1.0 and got["right"] == 0.0
     assert got["left_log_ratio"] == -1.0  # row 0 once; row 1 is right-clipped and has no tokens anyway
-    assert math.isclose(got["preserved_grad_weight"], 0.4, rel_tol=1e-6)
-    assert math.isclose(got["grad_weight"], 0.4, rel_tol=1e-6)
+    assert math.isclose(got["preserved_grad_weight"], 0.8, rel_tol=1e-6)
+    assert math.isclose(got["grad_weight"], 0.8, rel_tol=1e-6)
     assert diag.minima["left_share"].item() == 1.0 and diag.maxima["right_share"].item() == 0.0
 
 
@@ -157,3 +158,24 @@ def test_trainer_grad_share_is_that_of_the_loss_with_entropy_mask_off_policy_mas
 
     assert logged == pytest.approx(share((per_token * weights * mask).sum()), rel=1e-5)
     assert logged != pytest.approx(share((per_token * mask).sum()), rel=1e-3)  # what the metric used to report
+
+
+def test_trainer_combines_the_diagnostics_with_one_host_transfer(make_trainer, monkeypatch):
+    # Each transfer of a device tensor to the host is a synchronisation on a GPU: the combined diagnostics of a
+    # micro-batch take one (it made two: one `.tolist()` for the sums, one for the extremes).
+    trainer = make_trainer()
+    diag = cegppo_diagnostics(torch.tensor([[-1.0, 0.0, 1.0]]), torch.tensor([-1.0]), torch.ones(1, 3), **KWARGS)
+    transfers = []
+    for name in ("tolist", "item", "cpu", "numpy", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            transfers.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    sums, minima, maxima = trainer._combine_diagnostics(diag)
+    monkeypatch.undo()
+    assert transfers == ["tolist"]
+    assert sums == named(diag.sums) and minima["ratio"] == diag.minima["ratio"].item()
+    assert maxima["right_share"] == diag.maxima["right_share"].item()

@@ -201,12 +201,13 @@ def test_diagnostics_count_the_guarded_tokens():
 @pytest.mark.parametrize("beta1_source", ["schedule", "controller"])
 def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_trainer, mode, beta1_source):
     # beta1 of the step: 0.8 from a schedule at step 0, or 0.6 = 0.5 + one controller step (entropy above the band
-    # moves beta1 up by 0.1). The guard at 0.7 acts on part of the batch's left-clipped tokens and scales that beta1.
+    # moves beta1 up by 0.1 with raise_beta1). The guard at 0.7 acts on part of the batch's left-clipped tokens and
+    # scales that beta1.
     guard = dict(gppo_beta2=1.0, delta=1.5, delta_low=0.7, delta_low_mode=mode)
     if beta1_source == "schedule":
         trainer, beta1 = make_trainer(gppo_beta1_schedule="linear:0.8->0.1", **guard), 0.8
     else:
-        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1"
+        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1,raise_beta1=true"
         trainer, beta1 = make_trainer(gppo_beta1=0.5, entropy_controller=controller, **guard), 0.6
         trainer.entropy_controller.update(0.9)
     coefficients = trainer.cegppo_coefficients()  # before the step: the controller may move beta1 after it
@@ -283,19 +284,21 @@ def test_trainer_warns_once_per_episode_of_drift_naming_the_fixes(make_trainer, 
     assert len(warnings_after(drift)) == 1  # a new episode
 
 
-def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batches(make_trainer, caplog):
-    # Two micro-batches per optimizer step: the first alone is far below the threshold, the step's token-weighted
-    # mean over both is not, so nothing is said at the step's end.
+@pytest.mark.parametrize("deep_last", [False, True])
+def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batches(make_trainer, caplog, deep_last):
+    # Two micro-batches per optimizer step: one alone is far below the threshold, the step's token-weighted mean over
+    # both is not, so nothing is said at the step's end. The deep one comes first, then last: a window that kept only
+    # the first micro-batch's sums, or only the last's, would warn in one of the two orders.
     trainer = make_trainer(gppo_beta1=0.5, gradient_accumulation_steps=2, steps_per_generation=4)
     mask = torch.ones(1, 4)
     coefficients = trainer.cegppo_coefficients()
+    deep = torch.tensor([[-3.0, 0.0, 0.0, 0.0]])  # one left-clipped token, log r = -3
+    calm = torch.full((1, 4), -0.5)  # four left-clipped tokens, log r = -0.5
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        trainer.accelerator.gradient_state._set_sync_gradients(False)
-        first = torch.tensor([[-3.0, 0.0, 0.0, 0.0]])  # one left-clipped token
-        trainer._log_cegppo_metrics("train", first, torch.tensor([-1.0]), mask, coefficients)
-        trainer.accelerator.gradient_state._set_sync_gradients(True)
-        trainer._log_cegppo_metrics("train", torch.full((1, 4), -0.5), torch.tensor([-1.0]), mask, coefficients)
+        for sync, log_ratio in zip((False, True), (calm, deep) if deep_last else (deep, calm)):
+            trainer.accelerator.gradient_state._set_sync_gradients(sync)
+            trainer._log_cegppo_metrics("train", log_ratio, torch.tensor([-1.0]), mask, coefficients)
     # (-3 + 4 * -0.5) / 5 = -1.0 > -1.5
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
     assert trainer.left_drift_alarm.armed
@@ -307,3 +310,16 @@ def test_drift_warning_can_be_disabled(make_trainer, caplog):
     with caplog.at_level(logging.WARNING):
         loss_and_grads(trainer, _drift_batch(trainer, 3.0))
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
+
+
+def test_config_docstring_gives_the_decay_weight_the_loss_applies():
+    # The documented decay weight, evaluated as written, is the gradient of the loss below delta_low (it had lost its
+    # minus sign). A = -2, r = e^-2 < 0.25: -0.5 * 0.8 * -2 * e^-2 / 0.25 = 3.2 e^-2.
+    import re
+
+    formula = re.search(r'`"decay"`: weight `([^`]+)`', " ".join(CEGPPOConfig.__doc__.split())).group(1)
+    r, A = math.exp(-2.0), -2.0
+    documented = eval(formula, {}, dict(beta1=0.5, epsilon=0.2, A=A, r=r, delta_low=0.25))  # noqa: S307
+    _, grad = loss_and_grad(torch.tensor([[-2.0]], dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64),
+                            torch.tensor([A], dtype=torch.float64), delta_low=0.25, delta_low_mode="decay")  # fmt: skip
+    assert documented == pytest.approx(grad.item()) == pytest.approx(3.2 * r)

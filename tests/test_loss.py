@@ -279,6 +279,22 @@ def test_bf16_log_probs_give_fp32_loss_from_fp32_ratio_and_bf16_gradient():
     assert_close(grad, torch.tensor([[-math.exp(0.03125)]], dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_definition_equals_the_fast_path_bit_for_bit_with_half_precision_log_probs(dtype):
+    # The definition computed r in the input dtype: with bf16 log-probs r = exp(log r) rounds to 8 mantissa bits, and
+    # its values differed from the fast path's (fp32 r) by up to 0.33. Both now compute in fp32.
+    logp, old, adv = random_inputs(dtype=dtype, spread=1.5)
+    kwargs = dict(**LOSS_KWARGS, delta=2.5, delta_low=0.5, delta_low_mode="decay")
+    fast_loss, fast_grad = loss_and_grad(logp, old, adv, **kwargs)
+    leaf = logp.clone().requires_grad_()
+    definition_loss = reference_loss(leaf, old, adv, **kwargs)
+    (definition_grad,) = torch.autograd.grad(definition_loss.sum(), leaf)
+    assert definition_loss.dtype == fast_loss.dtype == torch.float32
+    assert definition_grad.dtype == fast_grad.dtype == dtype
+    assert_close(definition_loss, fast_loss, rtol=0, atol=0)
+    assert_close(definition_grad, fast_grad, rtol=0, atol=0)
+
+
 def test_bf16_matches_fp32_on_the_same_values():
     logp, old, adv = random_inputs(dtype=torch.bfloat16, spread=1.5)
     loss_bf16, grad_bf16 = loss_and_grad(logp, old, adv.float(), delta=2.5)

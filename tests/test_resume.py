@@ -141,7 +141,7 @@ def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_
         original_init(self, *args, **kwargs)
 
     monkeypatch.setattr(CEGPPOTrainer, "__init__", init)
-    controller = "band=0-0.1,step=0.1,mode=beta1,beta1=0-1,every=1,damping=0"
+    controller = "band=0-0.1,step=0.1,mode=beta1,beta1=0-1,every=1,damping=0,raise_beta1=true"
     with caplog.at_level(logging.WARNING):
         trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last",
                                     "--max_steps", "2", "--entropy_controller", controller))  # fmt: skip

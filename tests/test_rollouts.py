@@ -253,3 +253,71 @@ def test_training_with_the_full_authors_recipe_logs_its_terms(make_trainer):
         assert h["cegppo/dynamic_sampling/kept_groups"] + h["cegppo/dynamic_sampling/dropped_groups"] == 2
         assert 0.0 <= h["cegppo/sft_frac"] <= 1.0
     assert all(math.isfinite(h["loss"]) for h in logs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Resuming: where a checkpoint lands in the rollout schedule
+# ---------------------------------------------------------------------------------------------------------------------
+def _offset(global_step, gas, spg, iterations, num_prompts=None, generation_batch_size=8, num_generations=4):
+    from cegppo_trl.rollouts import resume_offset
+
+    return resume_offset(
+        global_step, gradient_accumulation_steps=gas, steps_per_generation=spg, num_iterations=iterations,
+        num_prompts=num_prompts, generation_batch_size=generation_batch_size, num_generations=num_generations,
+    )  # fmt: skip
+
+
+def test_resume_offset_is_the_micro_batch_position_modulo_the_rollout_batch():
+    # One rollout batch = steps_per_generation x num_iterations micro-batches; an optimizer step takes gas of them.
+    assert [_offset(g, 1, 1, 2) for g in range(5)] == [0, 1, 0, 1, 0]  # 2 optimizer steps per rollout batch
+    assert [_offset(g, 2, 4, 2) for g in range(6)] == [0, 2, 4, 6, 0, 2]  # 4 per rollout batch
+    assert [_offset(g, 4, 2, 1) for g in range(3)] == [0, 0, 0]  # an optimizer step spans two rollout batches
+    assert [_offset(g, 1, 8, 1) for g in (8, 16, 12)] == [0, 0, 4]  # the authors' 8 steps per batch
+
+
+def test_resume_offset_restarts_at_each_epoch_where_transformers_restarts_the_data():
+    # 6 prompts, 2 per rollout batch (generation batch 8 / 4 generations): 3 rollout batches of 3 micro-batches, 9
+    # micro-batches per epoch. With 2 per optimizer step an epoch has 5 updates, the last of one micro-batch, so
+    # step 5 starts the second epoch at its first micro-batch (a boundary) although 5 x 2 = 10 is not a multiple of 3.
+    offsets = [_offset(g, 2, 3, 1, num_prompts=6) for g in range(11)]
+    assert offsets == [0, 2, 1, 0, 2, 0, 2, 1, 0, 2, 0]
+    assert [_offset(g, 2, 3, 1) for g in (5, 6)] == [1, 0]  # an endless epoch (no length): no restart
+
+
+@pytest.mark.parametrize("steps_per_generation, num_iterations", [(1, 2), (2, 3)])
+def test_an_epoch_holds_the_micro_batches_resume_offset_assumes(make_trainer, steps_per_generation, num_iterations):
+    # The TRL/transformers layout `resume_offset` relies on: an epoch of the training dataloader is
+    # num_prompts // (generation_batch_size // num_generations) rollout batches of steps_per_generation x
+    # num_iterations micro-batches.
+    trainer = make_trainer(steps_per_generation=steps_per_generation, num_iterations=num_iterations)
+    args = trainer.args
+    rollout_batches = len(trainer.train_dataset) // (args.generation_batch_size // args.num_generations)
+    assert len(trainer.get_train_dataloader()) == rollout_batches * steps_per_generation * num_iterations
+
+
+def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(make_trainer, tmp_path, caplog):
+    # num_iterations=2, one micro-batch per step: a rollout batch serves 2 optimizer steps. Resuming from step 2 (a
+    # boundary) reproduces the uninterrupted run; from step 1 (inside) TRL generates a new batch and shifts the rollout
+    # schedule, which the trainer says.
+    import logging
+
+    kwargs = dict(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=1)
+    full = make_trainer(**kwargs)
+    full.train()
+
+    def resumed_losses(step: int) -> tuple[list[float], list[str]]:
+        caplog.clear()
+        trainer = make_trainer(**kwargs)
+        with caplog.at_level(logging.WARNING):
+            trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{step}"))
+        warnings = [r.getMessage() for r in caplog.records if "into a rollout batch" in r.getMessage()]
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h and h["step"] > step], warnings
+
+    expected = [h["loss"] for h in full.state.log_history if "loss" in h]
+    losses, warnings = resumed_losses(2)
+    assert losses == expected[2:] and warnings == []
+    losses, warnings = resumed_losses(1)
+    assert losses != expected[1:]
+    assert len(warnings) == 1
+    assert "Resuming at step 1 lands 1 of 2 micro-batches into a rollout batch" in warnings[0]
+    assert "resume from a checkpoint at a multiple of 2 steps" in warnings[0]

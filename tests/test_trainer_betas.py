@@ -32,14 +32,18 @@ def test_schedule_resolves_against_the_epoch_computed_total(make_trainer):
     assert [h["cegppo/beta2"] for h in logs] == pytest.approx([schedule(s, total) for s in range(total)])
 
 
-def test_controller_moves_beta_by_bounded_steps_toward_the_band(make_trainer):
-    # A random tiny model has entropy ~4.6 nats, far above this band: "exploding", so the controller raises beta1
-    # and lowers beta2 by `step` per update until the bounds stop it.
-    spec = "band=1-2,step=0.25,mode=both,beta1=0-1,beta2=0.5-1.5,damping=0"  # damping=0: plain bounded steps
+@pytest.mark.parametrize(
+    "raise_beta1, beta1s", [("false", [0.5, 0.5, 0.5, 0.5, 0.5]), ("true", [0.5, 0.75, 1.0, 1.0, 1.0])]
+)
+def test_controller_moves_beta_by_bounded_steps_toward_the_band(make_trainer, raise_beta1, beta1s):
+    # A random tiny model has entropy ~4.6 nats, far above this band: "exploding", so the controller lowers beta2
+    # (and with raise_beta1 raises beta1) by `step` per update until the bounds stop it. By default beta1 stays at
+    # its nominal 0.5: raising it is the hazard of docs/entropy-study.md.
+    spec = f"band=1-2,step=0.25,mode=both,beta1=0-1,beta2=0.5-1.5,damping=0,raise_beta1={raise_beta1}"
     trainer = make_trainer(num_iterations=2, max_steps=5, entropy_controller=spec)
     trainer.train()
     logs = _step_logs(trainer)
-    assert [h["cegppo/beta1"] for h in logs] == pytest.approx([0.5, 0.75, 1.0, 1.0, 1.0])
+    assert [h["cegppo/beta1"] for h in logs] == pytest.approx(beta1s)
     assert [h["cegppo/beta2"] for h in logs] == pytest.approx([1.0, 0.75, 0.5, 0.5, 0.5])
     assert all(h["cegppo/controller/target_low"] == 1 and h["cegppo/controller/target_high"] == 2 for h in logs)
     # The controller measured each step's global entropy (window = 1 step) at the end of that step.
@@ -61,9 +65,13 @@ def test_logged_betas_replay_the_controller_rule_on_the_logged_entropy(make_trai
         replay.update(h["entropy"])
 
 
-def documented_controller_rule(entropies, *, low, high, step, damping, ema, beta1, beta2, bounds1, bounds2):
+def documented_controller_rule(
+    entropies, *, low, high, step, damping, ema, beta1, beta2, bounds1, bounds2, raise_beta1=False
+):
     """The update rule of the `cegppo_trl.controller` docstring (mode both, bang-bang push), written out from the
     docs without the library: the applied (beta1, beta2) before each update, for constant nominal betas."""
+    if not raise_beta1:  # 7. beta1 never above its nominal
+        bounds1 = (bounds1[0], min(bounds1[1], beta1))
     clamp = lambda x, lo, hi: min(max(x, lo), hi)  # noqa: E731
     applied, offset1, offset2, h = [], 0.0, 0.0, None
     for entropy in entropies:
@@ -83,15 +91,17 @@ def documented_controller_rule(entropies, *, low, high, step, damping, ema, beta
 
 def test_logged_betas_follow_the_documented_rule_written_out_independently(make_trainer):
     # The entropy of the tiny random model (~4.6) is above this band and changes between steps, so both the push
-    # and the damping term act; ema=0.5 smooths; beta1 reaches its upper bound on the way.
+    # and the damping term act; ema=0.5 smooths; beta1 reaches its upper bound on the way (raise_beta1: the
+    # symmetric rule; the default's cap is the same rule with bounds1 ending at the nominal).
     trainer = make_trainer(
-        num_iterations=2, max_steps=5, entropy_controller="band=1-2,step=0.2,damping=2,ema=0.5,beta1=0-0.9",
+        num_iterations=2, max_steps=5,
+        entropy_controller="band=1-2,step=0.2,damping=2,ema=0.5,beta1=0-0.9,raise_beta1=true",
     )  # fmt: skip
     trainer.train()
     logs = _step_logs(trainer)
     expected = documented_controller_rule(
         [h["entropy"] for h in logs], low=1.0, high=2.0, step=0.2, damping=2.0, ema=0.5, beta1=0.5, beta2=1.0,
-        bounds1=(0.0, 0.9), bounds2=(0.5, 1.5),
+        bounds1=(0.0, 0.9), bounds2=(0.5, 1.5), raise_beta1=True,
     )  # fmt: skip
     assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [pytest.approx(b, abs=1e-6) for b in expected]
     assert expected[-1][0] == 0.9  # the bound was reached
@@ -112,10 +122,10 @@ def test_step_and_percent_window_resolves_against_the_real_run_length(make_train
 
 def test_controller_composes_with_a_schedule_as_an_offset(make_trainer):
     # beta1's nominal switches 0 -> 0.5 at step 2; the controller's offset (+0.1 per update, entropy above band)
-    # rides on top of it.
+    # rides on top of it (raise_beta1: the offset is positive).
     trainer = make_trainer(
         num_iterations=2, max_steps=4, gppo_beta1_schedule="piecewise:0@0,0.5@2",
-        entropy_controller="band=1-2,step=0.1,mode=beta1,beta1=0-1,damping=0",
+        entropy_controller="band=1-2,step=0.1,mode=beta1,beta1=0-1,damping=0,raise_beta1=true",
     )  # fmt: skip
     trainer.train()
     assert [h["cegppo/beta1"] for h in _step_logs(trainer)] == pytest.approx([0.0, 0.1, 0.7, 0.8])

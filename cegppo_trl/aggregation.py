@@ -1,0 +1,147 @@
+"""TRL's aggregation of a per-token loss into one micro-batch's loss, as pure functions (no trainer state).
+
+Each `loss_type` is a weighted sum ``loss = sum_{i,t} per_token_loss[i, t] * w[i, t]``: `normaliser` computes the
+normalisers of the rule once, `aggregate` applies them in TRL's own operation order (so that ``beta1 = beta2 = 0``
+reproduces `GRPOTrainer` bit for bit), and `aggregation_weights` turns the same normalisers into ``w``, the
+coefficient ``d loss / d per_token_loss`` of each token (what `cegppo_trl.loss.cegppo_diagnostics` weighs the
+gradient by). Both read one `Normaliser`, so the logged gradient share and the loss cannot drift apart;
+tests/test_aggregation.py checks ``w`` against autograd for every loss type.
+
+The rollout-batch counts (``num_items_in_batch`` tokens, ``num_sequences_in_batch`` sequences) span the whole
+rollout batch (all processes, all micro-batches of the generation batch). Like TRL's `dapo` normaliser, they are
+rescaled to one micro-batch's share, so the loss of a rollout batch does not depend on how it is split into
+micro-batches and processes. With nothing dropped the sequence share is exactly the micro-batch size TRL averages
+`grpo`, `dr_grpo` and `luspo` over. `bnpo` keeps TRL's rule: the tokens of the micro-batch itself.
+
+==========  ==========================================================================
+loss_type   ``w[i, t]`` (``mask`` the loss mask, ``|o_i|`` the tokens of sequence i)
+==========  ==========================================================================
+``grpo``    ``mask / |o_i| / (num_sequences_in_batch / share) / accumulation``
+``bnpo``    ``mask / sum(mask) / accumulation``
+``dr_grpo`` ``mask / (num_sequences_in_batch / share * max_completion_length) / accumulation``
+``dapo``    ``mask / (num_items_in_batch / processes * accumulation / steps_per_generation)`` (train)
+``luspo``   ``mask / (num_sequences_in_batch / share) / accumulation``
+==========  ==========================================================================
+
+``share`` is `micro_batch_share`; ``accumulation`` the gradient-accumulation steps in training, 1 in evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
+class Normaliser(NamedTuple):
+    """The normalisers of one micro-batch's aggregation (see `normaliser`).
+
+    Attributes:
+        per_sequence: ``(B,)`` divisor of each sequence's token sum (``grpo``: its token count), or None.
+        total: 0-d divisor of the summed (per-sequence-normalised) loss.
+        accumulation: divisor for gradient accumulation, applied last.
+        rows_first: sum each sequence before summing the batch (TRL's ``luspo`` order), rather than all at once.
+        accumulated: `total` already spans the accumulation window (``dapo``): the loss is not divided by
+            `accumulation`, and its logged value is multiplied by it instead.
+    """
+
+    per_sequence: torch.Tensor | None
+    total: torch.Tensor
+    accumulation: float
+    rows_first: bool = False
+    accumulated: bool = False
+
+
+def micro_batch_share(num_processes: int, steps_per_generation: int, train: bool) -> int:
+    """Micro-batches per rollout batch: the generation batch spans all processes and, in training,
+    `steps_per_generation` micro-batches (TRL's rescaling of `num_items_in_batch` for ``dapo``)."""
+    return num_processes * (steps_per_generation if train else 1)
+
+
+def normaliser(
+    loss_type: str,
+    mask: torch.Tensor,
+    *,
+    num_items_in_batch: torch.Tensor,
+    num_sequences_in_batch: torch.Tensor,
+    num_processes: int,
+    steps_per_generation: int,
+    gradient_accumulation_steps: int,
+    max_completion_length: int,
+    train: bool,
+) -> Normaliser:
+    """The normalisers of TRL's aggregation rule `loss_type` for one micro-batch (module table).
+
+    Args:
+        loss_type: one of ``AGGREGATION_LOSS_TYPES``.
+        mask: ``(B, T)`` loss mask of the micro-batch.
+        num_items_in_batch: 0-d, tokens in the loss over the whole rollout batch (``dapo``).
+        num_sequences_in_batch: 0-d, sequences in the loss over the whole rollout batch (``grpo``, ``dr_grpo``,
+            ``luspo``).
+        num_processes: processes the rollout batch is spread over.
+        steps_per_generation: micro-batches per process per rollout batch in training.
+        gradient_accumulation_steps: micro-batches per optimizer step (the trainer's current value).
+        max_completion_length: ``dr_grpo``'s constant token count.
+        train: training (the batch is split into micro-batches and accumulated) or evaluation (neither).
+
+    Returns:
+        `Normaliser`.
+    """
+    accumulation = gradient_accumulation_steps if train else 1.0
+    share = micro_batch_share(num_processes, steps_per_generation, train)
+    if loss_type == "grpo":
+        num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
+        return Normaliser(mask.sum(-1).clamp(min=1.0), num_sequences, accumulation)
+    if loss_type == "bnpo":
+        return Normaliser(None, mask.sum().clamp(min=1.0), accumulation)
+    if loss_type == "dr_grpo":
+        num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
+        return Normaliser(None, num_sequences * max_completion_length, accumulation)
+    if loss_type == "dapo":
+        # TRL's expression: `num_items_in_batch` spans the generation batch; rescale it to one accumulation window
+        total = num_items_in_batch.clamp(min=1.0) / num_processes
+        if train:  # in eval, the batch is neither split across steps nor accumulated
+            total = total * gradient_accumulation_steps / steps_per_generation
+        return Normaliser(None, total, accumulation, accumulated=True)
+    if loss_type == "luspo":
+        num_sequences = num_sequences_in_batch.clamp(min=1.0) / share
+        return Normaliser(None, num_sequences, accumulation, rows_first=True)
+    raise ValueError(f"Unknown loss type: {loss_type}")
+
+
+def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch's loss from the per-token loss, in TRL's operation order.
+
+    Args:
+        per_token_loss: ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (broadcast against `mask`).
+        mask: ``(B, T)`` loss mask.
+        norm: `normaliser` of the rule.
+
+    Returns:
+        The loss scaled for gradient accumulation (its gradient w.r.t. `per_token_loss` is `aggregation_weights`),
+        and its unscaled detached value (the same quantity for every loss type: the aggregated per-token values of
+        this micro-batch with the rollout-batch normaliser).
+    """
+    if norm.per_sequence is not None:
+        summed = ((per_token_loss * mask).sum(-1) / norm.per_sequence).sum()
+    elif norm.rows_first:
+        summed = (per_token_loss * mask).sum(-1).sum()
+    else:
+        summed = (per_token_loss * mask).sum()
+    loss = summed / norm.total
+    if norm.accumulated:
+        return loss, loss.detach() * norm.accumulation
+    return loss / norm.accumulation, loss.detach()
+
+
+@torch.no_grad()
+def aggregation_weights(mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """``d loss / d per_token_loss`` of `aggregate`'s loss: the coefficient of each token, ``(B, T)`` (module table).
+
+    Equal to autograd's gradient of `aggregate` up to rounding (the division order differs); 0 outside `mask`.
+    """
+    weights = mask if norm.per_sequence is None else mask / norm.per_sequence.unsqueeze(-1)
+    weights = weights / norm.total
+    return weights if norm.accumulated else weights / norm.accumulation
