@@ -33,14 +33,20 @@ RESUME_COMPARED_FIELDS = (
 # ----------------------------------------------------------------------------------------------------------------
 # Reading and writing the state files (JSON only)
 # ----------------------------------------------------------------------------------------------------------------
-def state_record(args: Any, controller_state: dict | None) -> dict[str, Any]:
-    """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`)."""
+def state_record(args: Any, controller_state: dict | None, run_state: dict | None = None) -> dict[str, Any]:
+    """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`).
+
+    `run_state` (`CEGPPOTrainer.cegppo_run_state()`: the drift alarm, the unscorable-batch count) is stored under
+    `"run_state"`; a checkpoint without that key (written before it existed) resumes with a fresh run state.
+    """
     record: dict[str, Any] = {
         "format": CEGPPO_STATE_FORMAT,
         "settings": {name: getattr(args, name) for name in RESUME_COMPARED_FIELDS},
     }
     if controller_state is not None:
         record["controller"] = controller_state
+    if run_state is not None:
+        record["run_state"] = run_state
     return record
 
 
