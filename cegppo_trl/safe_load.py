@@ -65,8 +65,11 @@ def refusal_message(path: object, error: BaseException) -> str:
     unsafe = re.findall(r"GLOBAL (\S+) was not an allowed global", str(error))
     with contextlib.suppress(Exception):  # zip-format files (torch.save) list all of them
         unsafe = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in _ALLOWED_NAMES]
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    what = f"the global(s) {', '.join(unsafe)}" if unsafe else f"something torch's weights-only loader refuses ({reason})"
+    lines = [line.strip() for line in str(error).split("WeightsUnpickler error:")[-1].splitlines() if line.strip()]
+    reason = lines[0] if lines else type(error).__name__
+    what = (
+        f"the global(s) {', '.join(unsafe)}" if unsafe else f"something torch's weights-only loader refuses ({reason})"
+    )
     return (
         f"Refusing to resume from {path}: unpickling it needs {what}, which is not among the classes DeepSpeed's own "
         f"checkpoints hold ({', '.join(DEEPSPEED_CHECKPOINT_GLOBALS)}). Unpickling a global can run arbitrary code, so "
