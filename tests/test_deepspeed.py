@@ -20,6 +20,7 @@ import math
 
 import pytest
 import torch
+from helpers.crafted import crafted_copy
 from helpers.mp_launch import (
     ACCELERATE,
     LAYOUT_ATOL,
@@ -101,6 +102,17 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     assert after == [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(full["dapo"][1])[2:]]
     controller = [json.loads((d / "controller_dapo.json").read_text()) for d in (tmp_path, tmp_path / "resumed")]
     assert controller[0] == controller[1] and controller[0]["num_updates"] == 4
+
+    # The same checkpoint with rank 0's model states replaced by a pickle that runs code: refused, nothing runs
+    # (cegppo_trl.safe_load; the other engines are in tests/test_safe_load.py).
+    marker, model_states = tmp_path / "PWNED", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    crafted = crafted_copy(checkpoint, tmp_path / "crafted" / "checkpoint-2", model_states, marker)
+    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
+    proc.wait(timeout=600)
+    output = proc.log_path.read_text()
+    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
+    for needle in ("Refusing to resume from", "zero_pp_rank_0_mp_rank_00_model_states.pt", "io.open"):
+        assert needle in output, output[-3000:]
 
 
 @pytest.mark.slow
