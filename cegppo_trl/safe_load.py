@@ -12,14 +12,16 @@ that loads the checkpoint (transformers' `_prepare_for_training`), and only when
   weights-only load with the same allowlist (DeepSpeed's universal-checkpoint and other checkpoint engines' loads).
 
 transformers reads the plain, DDP and FSDP (`FULL_STATE_DICT`, the shipped `fsdp2.yaml`) checkpoint files with
-`weights_only=True` itself. Not covered: FSDP's `SHARDED_STATE_DICT`, whose `.metadata` torch's distributed
-checkpoint reads with `pickle.load` (docs/usage.md, "Security"). `CEGPPO_TRUST_CHECKPOINT_PICKLES=1` turns all of this
-off, for a checkpoint you wrote yourself with classes outside the list.
+`weights_only=True` itself. A checkpoint in torch's distributed-checkpoint format (FSDP's `SHARDED_STATE_DICT`, the
+FSDP2 default when `fsdp_state_dict_type` is not set) is refused: its index, `<folder>/.metadata`, is read with plain
+`pickle.load`, which no allowlist reaches. `CEGPPO_TRUST_CHECKPOINT_PICKLES=1` turns all of this off, for a checkpoint
+you wrote yourself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
 import re
@@ -105,11 +107,20 @@ def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
     `checkpoint` is None or `CEGPPO_TRUST_CHECKPOINT_PICKLES=1`.
 
     Raises:
-        UnsafeCheckpointError: a file of the checkpoint needs a global outside `DEEPSPEED_CHECKPOINT_GLOBALS`.
+        UnsafeCheckpointError: a file of the checkpoint needs a global outside `DEEPSPEED_CHECKPOINT_GLOBALS`, or
+            the checkpoint has a pickled distributed-checkpoint index (`*/.metadata`).
     """
     if checkpoint is None or os.environ.get(TRUST_ENV) == "1":
         yield
         return
+    pickled_index = sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*", ".metadata")))
+    if pickled_index:
+        raise UnsafeCheckpointError(
+            f"Refusing to resume from {checkpoint}: {', '.join(pickled_index)} is the index of a torch distributed "
+            "checkpoint (FSDP `SHARDED_STATE_DICT`), which torch reads with plain `pickle.load`: a tampered file would "
+            "run code, and no allowlist can stop it. Save with `fsdp_state_dict_type: FULL_STATE_DICT` (as the shipped "
+            f"accelerate_configs/fsdp2.yaml does), or, for a checkpoint you wrote yourself, set {TRUST_ENV}=1."
+        )
     try:
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     except ImportError:  # without DeepSpeed there is no DeepSpeed checkpoint to read

@@ -100,6 +100,25 @@ def test_the_resume_window_guards_every_load_and_restores_everything_after(tmp_p
         assert TorchCheckpointEngine.load is original
 
 
+def test_a_sharded_fsdp_checkpoint_with_a_pickled_index_is_refused_before_anything_is_read(tmp_path, monkeypatch):
+    # FSDP's SHARDED_STATE_DICT (not the shipped fsdp2.yaml, which saves FULL_STATE_DICT) is torch's distributed
+    # checkpoint format: its `.metadata` index is read with plain `pickle.load`. FSDP cannot run on CPU here; the
+    # folder is what accelerate's `save_fsdp_model` writes for it (`dist_cp.save` into `pytorch_model_fsdp_0/`).
+    import torch.distributed.checkpoint as dist_cp
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    dist_cp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "pytorch_model_fsdp_0"))
+    index = tmp_path / "pytorch_model_fsdp_0" / ".metadata"
+    pickle.loads(index.read_bytes())  # a plain pickle
+    with pytest.raises(UnsafeCheckpointError, match=r"(?s)\.metadata is the index of a torch distributed checkpoint.*"
+                       r"plain `pickle.load`.*FULL_STATE_DICT.*" + TRUST_ENV):  # fmt: skip
+        with safe_resume_loads(str(tmp_path)):
+            pytest.fail("entered the resume")
+    monkeypatch.setenv(TRUST_ENV, "1")
+    with safe_resume_loads(str(tmp_path)):
+        pass
+
+
 def test_the_window_is_where_transformers_loads_the_checkpoint():
     # `CEGPPOTrainer._prepare_for_training` wraps transformers' method: the DeepSpeed, FSDP, optimizer and scheduler
     # loads of a resume must still happen inside it, or the guard silently guards nothing.
