@@ -1,8 +1,8 @@
 """What a CE-GPPO checkpoint holds beside transformers' files, read back as plain JSON only.
 
 Every checkpoint the trainer writes has a `cegppo_state.json`: the CE-GPPO settings a resumed run is compared with
-(`RESUME_COMPARED_FIELDS`), with an entropy controller the controller's state, and the run state the trainer carries
-from step to step (`CEGPPOTrainer.cegppo_run_state`: the drift alarm, the unscorable-batch count). Resuming never
+(`RESUME_COMPARED_FIELDS`), with an entropy controller the controller's state, and the run state that the trainer
+carries between steps (`CEGPPOTrainer.cegppo_run_state`: the drift alarm, the unscorable-batch count). Resuming never
 reads `training_args.bin` (a pickle: reading it would run whatever code it holds). The other pickles of a checkpoint
 (optimizer, scheduler, RNG states; DeepSpeed's model and optimizer states) are read with
 `torch.load(weights_only=True)`, DeepSpeed's through `cegppo_trl.safe_load` with an allowlist of its own data
