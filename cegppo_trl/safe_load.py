@@ -32,6 +32,7 @@ import torch
 
 TRUST_ENV = "CEGPPO_TRUST_CHECKPOINT_PICKLES"
 _FORCE_WEIGHTS_ONLY_ENV = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+_TORCH_LOAD_ENVS = (_FORCE_WEIGHTS_ONLY_ENV, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 # The classes DeepSpeed pickles into its own ZeRO checkpoints (found with `torch.serialization.
 # get_unsafe_globals_in_checkpoint` on the ZeRO-2/3 checkpoints of tests/helpers/mp_train.py), and why each is data.
 # torch's weights-only unpickler rebuilds each from its saved fields or value without calling any of its methods.
@@ -125,7 +126,8 @@ def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     except ImportError:  # without DeepSpeed there is no DeepSpeed checkpoint to read
         TorchCheckpointEngine = None
-    forced = os.environ.get(_FORCE_WEIGHTS_ONLY_ENV)
+    # torch refuses every load while both of its switches are set: the opposite one is lifted for the window.
+    saved_env = {name: os.environ.pop(name, None) for name in _TORCH_LOAD_ENVS}
     if TorchCheckpointEngine is not None:
         original = TorchCheckpointEngine.load
         TorchCheckpointEngine.load = _engine_load
@@ -140,7 +142,7 @@ def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
     finally:
         if TorchCheckpointEngine is not None:
             TorchCheckpointEngine.load = original
-        if forced is None:
-            os.environ.pop(_FORCE_WEIGHTS_ONLY_ENV, None)
-        else:
-            os.environ[_FORCE_WEIGHTS_ONLY_ENV] = forced
+        for name, value in saved_env.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value

@@ -84,6 +84,7 @@ def test_a_crafted_file_runs_nothing_and_is_refused_naming_the_global_and_the_fi
 def test_the_resume_window_guards_every_load_and_restores_everything_after(tmp_path, monkeypatch):
     monkeypatch.delenv(TRUST_ENV, raising=False)
     monkeypatch.delenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", raising=False)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # a user's unsafe default: lifted for the window
     marker, path = tmp_path / "PWNED", tmp_path / "file.pt"
     path.write_bytes(hostile_bytes(marker, 512))
     original = TorchCheckpointEngine.load
@@ -93,6 +94,7 @@ def test_the_resume_window_guards_every_load_and_restores_everything_after(tmp_p
         torch.load(path, weights_only=False)  # DeepSpeed's loads outside the engine (universal checkpoints)
     assert not marker.exists()
     assert TorchCheckpointEngine.load is original and "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+    assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"
     with safe_resume_loads(None):  # not resuming: nothing changes
         assert TorchCheckpointEngine.load is original
     monkeypatch.setenv(TRUST_ENV, "1")  # the documented opt-out for a checkpoint one trusts
