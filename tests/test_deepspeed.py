@@ -38,6 +38,7 @@ from helpers.mp_launch import (
     start,
     wait,
 )
+from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.distributed import check_distributed_engine
@@ -87,7 +88,7 @@ def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, d
         "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
         "zero_pp_rank_1_mp_rank_00_optim_states.pt",
     ]  # fmt: skip
-    unsafe = {g for f in files for g in torch.serialization.get_unsafe_globals_in_checkpoint(f)}
+    unsafe = {g for f in files for g in get_unsafe_globals_in_checkpoint(f)}
     assert unsafe == set(DEEPSPEED_CHECKPOINT_GLOBALS) - {"deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"}
 
     # The model states replaced by a pickle that runs code: refused, naming the file, and nothing runs.
@@ -130,6 +131,8 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     checkpoint = tmp_path / "dapo" / "checkpoint-2"
     saved_controller = json.loads((checkpoint / "cegppo_state.json").read_text())["controller"]
     assert saved_controller["num_updates"] == 2 and saved_controller["offset_beta1"] != 0
+    unsafe = {g for f in (checkpoint / "global_step2").iterdir() for g in get_unsafe_globals_in_checkpoint(f)}
+    assert unsafe == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum"}
     resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
     for name, value in full["dapo"][0].items():
         assert torch.equal(resumed["dapo"][0][name], value), name
