@@ -6,7 +6,8 @@ carries between steps (`CEGPPOTrainer.cegppo_run_state`: the drift alarm, the un
 reads `training_args.bin` (a pickle: reading it would run whatever code it holds). The other pickles of a checkpoint
 (optimizer, scheduler, RNG states; DeepSpeed's model and optimizer states) are read with
 `torch.load(weights_only=True)`, DeepSpeed's through `cegppo_trl.safe_load` with an allowlist of its own data
-classes, so no file of a checkpoint runs code on resume (FSDP's `SHARDED_STATE_DICT` excepted, see docs/usage.md).
+classes, so no file of a checkpoint runs code on resume; a checkpoint with a plain-pickle index (FSDP's
+`SHARDED_STATE_DICT`) is refused (docs/usage.md, "Security").
 """
 
 from __future__ import annotations
