@@ -1,9 +1,13 @@
 """What a CE-GPPO checkpoint holds beside transformers' files, read back as plain JSON only.
 
 Every checkpoint the trainer writes has a `cegppo_state.json`: the CE-GPPO settings a resumed run is compared with
-(`RESUME_COMPARED_FIELDS`) and, with an entropy controller, the controller's state. Resuming never unpickles
-anything in a checkpoint (`training_args.bin` is a pickle: reading it would run whatever code it holds), so a
-checkpoint from someone else is as safe to resume as its safetensors weights and JSON files.
+(`RESUME_COMPARED_FIELDS`), with an entropy controller the controller's state, and the run state that the trainer
+carries between steps (`CEGPPOTrainer.cegppo_run_state`: the drift alarm, the unscorable-batch count). Resuming never
+reads `training_args.bin` (a pickle: reading it would run whatever code it holds). The other pickles of a checkpoint
+(optimizer, scheduler, RNG states; DeepSpeed's model and optimizer states) are read with
+`torch.load(weights_only=True)`, DeepSpeed's through `cegppo_trl.safe_load` with an allowlist of its own data
+classes, so no file of a checkpoint runs code on resume; a checkpoint with a plain-pickle index (FSDP's
+`SHARDED_STATE_DICT`) is refused (docs/usage.md, "Security").
 """
 
 from __future__ import annotations
@@ -33,14 +37,20 @@ RESUME_COMPARED_FIELDS = (
 # ----------------------------------------------------------------------------------------------------------------
 # Reading and writing the state files (JSON only)
 # ----------------------------------------------------------------------------------------------------------------
-def state_record(args: Any, controller_state: dict | None) -> dict[str, Any]:
-    """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`)."""
+def state_record(args: Any, controller_state: dict | None, run_state: dict | None = None) -> dict[str, Any]:
+    """The content of `cegppo_state.json` for a run configured by `args` (a `CEGPPOConfig`).
+
+    `run_state` (`CEGPPOTrainer.cegppo_run_state()`: the drift alarm, the unscorable-batch count) is stored under
+    `"run_state"`; a checkpoint without that key (written before it existed) resumes with a fresh run state.
+    """
     record: dict[str, Any] = {
         "format": CEGPPO_STATE_FORMAT,
         "settings": {name: getattr(args, name) for name in RESUME_COMPARED_FIELDS},
     }
     if controller_state is not None:
         record["controller"] = controller_state
+    if run_state is not None:
+        record["run_state"] = run_state
     return record
 
 

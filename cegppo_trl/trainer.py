@@ -41,6 +41,7 @@ from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
+from .safe_load import safe_resume_loads
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
@@ -308,8 +309,33 @@ class CEGPPOTrainer(GRPOTrainer):
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            write_state(folder, state_record(self.args, controller))
+            write_state(folder, state_record(self.args, controller, self.cegppo_run_state()))
         super()._save_checkpoint(model, trial)
+
+    # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
+    # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
+    # (`_sft_nll_window`, `_left_drift_window`) are empty at every checkpoint (it is saved after the step ends).
+    _RUN_STATE_COMPONENTS = ("left_drift_alarm",)
+
+    def cegppo_run_state(self) -> dict:
+        """What this trainer carries from step to step, as JSON (saved in each checkpoint's `cegppo_state.json`)."""
+        state = {"unscorable_batches": self._unscorable_batches}
+        for name in self._RUN_STATE_COMPONENTS:
+            if getattr(self, name) is not None:
+                state[name] = getattr(self, name).state_dict()
+        return state
+
+    def load_cegppo_run_state(self, state: dict) -> None:
+        """Restore `cegppo_run_state()`; what `state` lacks (a checkpoint written before it was saved) stays fresh."""
+        self._unscorable_batches = int(state.get("unscorable_batches", self._unscorable_batches))
+        for name in self._RUN_STATE_COMPONENTS:
+            if getattr(self, name) is not None and name in state:
+                getattr(self, name).load_state_dict(state[name])
+
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        # Where transformers loads a checkpoint's DeepSpeed / FSDP / optimizer files: as data only (`safe_load`).
+        with safe_resume_loads(resume_from_checkpoint):
+            return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that
@@ -322,6 +348,8 @@ class CEGPPOTrainer(GRPOTrainer):
             inside := resume_inside_rollout_batch_message(self.state.global_step, self.args, num_prompts)
         ):
             logger.warning(inside, main_process_only=True)
+        if checkpoint is not None:
+            self.load_cegppo_run_state((read_state(checkpoint) or {}).get("run_state", {}))
         if self.entropy_controller is None or checkpoint is None:
             return
         note = fresh_controller_note(checkpoint, self.args)
@@ -885,6 +913,13 @@ class LeftDriftAlarm:
     def __init__(self, threshold: float):
         self.threshold = threshold
         self.armed = True
+
+    def state_dict(self) -> dict:
+        """The alarm's state as JSON: whether the next drift fires (False within an episode of drift)."""
+        return {"armed": self.armed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.armed = bool(state["armed"])
 
     def update(self, value: float | None) -> bool:
         """Record one optimizer step's value; True when the warning should be given now."""

@@ -6,8 +6,9 @@ and the entropy controller; steps 2 and 4 off-policy) from the shipped accelerat
 (`ddp_two_process_run`, tests/conftest.py). Measured on a 2-core shared CPU (2026-12-01), the largest parameter
 difference from DDP is 6.5e-6 for ZeRO-2 and 1.1e-4 for ZeRO-3 (its gradients are reduce-scattered and its AdamW
 steps flat partitions: fp32 rounding in another order, which the off-policy steps amplify), and at most 1e-5
-relative on the `cegppo/*` metrics; tolerances in tests/helpers/mp_launch.py. Two nodes and a ZeRO-3 resume are
-bit-identical to their references.
+relative on the `cegppo/*` metrics; tolerances in tests/helpers/mp_launch.py. Two nodes and the ZeRO-2/3 resumes are
+bit-identical to their references; a ZeRO-2/3 checkpoint with a file replaced by a pickle that runs code is refused
+before it runs (`cegppo_trl.safe_load`).
 
 DeepSpeed's first run on a machine JIT-compiles its CPU communication op (gcc + ninja, 1-3 minutes) into
 ~/.cache/cegppo_trl/torch_extensions; later runs load it.
@@ -20,6 +21,7 @@ import math
 
 import pytest
 import torch
+from helpers.crafted import crafted_copy
 from helpers.mp_launch import (
     ACCELERATE,
     LAYOUT_ATOL,
@@ -36,9 +38,11 @@ from helpers.mp_launch import (
     start,
     wait,
 )
+from torch.serialization import get_unsafe_globals_in_checkpoint
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.distributed import check_distributed_engine
+from cegppo_trl.safe_load import DEEPSPEED_CHECKPOINT_GLOBALS, TRUST_ENV
 
 DAPO = {"loss_types": ["dapo"]}
 # What a CPU rehearsal overrides in a GPU recipe (docs/usage.md): device and precision, no vLLM, short completions, a
@@ -67,13 +71,47 @@ def _steps(logs: list[dict]) -> list[dict]:
 # Parity with DDP (real multi-process jobs)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_zero2_trains_what_ddp_trains(tmp_path, ddp_two_process_run):
-    zero2 = run(_accelerate_launch(cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)), tmp_path, DAPO)
+def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, ddp_two_process_run):
+    config = cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)
+    zero2 = run(_accelerate_launch(config), tmp_path, {**DAPO, "save_steps": 2})
     assert _engine(tmp_path) == {
         "distributed_type": "DistributedType.DEEPSPEED", "num_processes": 2, "zero_stage": 2,
         "optimizer": "DeepSpeedZeroOptimizer",
     }  # fmt: skip
     same_training("zero2", ddp_two_process_run["dapo"], zero2["dapo"], atol=ZERO2_ATOL, metric_rtol=METRIC_RTOL)
+
+    # What DeepSpeed pickled beyond tensors and containers: exactly the ZeRO-2 entries of cegppo_trl.safe_load's
+    # allowlist (fp16's DynamicLossScaler aside).
+    checkpoint = tmp_path / "dapo" / "checkpoint-2"
+    files = sorted((checkpoint / "global_step2").iterdir())
+    assert [f.name for f in files] == [
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]  # fmt: skip
+    unsafe = {g for f in files for g in get_unsafe_globals_in_checkpoint(f)}
+    assert unsafe == set(DEEPSPEED_CHECKPOINT_GLOBALS) - {"deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"}
+
+    # The model states replaced by a pickle that runs code: refused, naming the file, and nothing runs.
+    marker = tmp_path / "PWNED"
+    crafted = crafted_copy(
+        checkpoint, tmp_path / "c" / "checkpoint-2", "global_step2/mp_rank_00_model_states.pt", marker
+    )
+    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
+    proc.wait(timeout=600)
+    output = proc.log_path.read_text()
+    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
+    for needle in ("Refusing to resume from", "mp_rank_00_model_states.pt", "io.open", TRUST_ENV):
+        assert needle in output, output[-3000:]
+
+    # The genuine checkpoint resumes through the weights-only loads exactly as the uninterrupted run went on.
+    resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
+    for name, value in zero2["dapo"][0].items():
+        assert torch.equal(resumed["dapo"][0][name], value), name
+    after = [
+        [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(r["dapo"][1])[2:]]
+        for r in (zero2, resumed)
+    ]
+    assert len(after[0]) == 2 and after[0] == after[1]
 
 
 @pytest.mark.slow
@@ -93,6 +131,8 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     checkpoint = tmp_path / "dapo" / "checkpoint-2"
     saved_controller = json.loads((checkpoint / "cegppo_state.json").read_text())["controller"]
     assert saved_controller["num_updates"] == 2 and saved_controller["offset_beta1"] != 0
+    unsafe = {g for f in (checkpoint / "global_step2").iterdir() for g in get_unsafe_globals_in_checkpoint(f)}
+    assert unsafe == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum"}
     resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
     for name, value in full["dapo"][0].items():
         assert torch.equal(resumed["dapo"][0][name], value), name
@@ -101,6 +141,17 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     assert after == [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(full["dapo"][1])[2:]]
     controller = [json.loads((d / "controller_dapo.json").read_text()) for d in (tmp_path, tmp_path / "resumed")]
     assert controller[0] == controller[1] and controller[0]["num_updates"] == 4
+
+    # The same checkpoint with rank 0's model states replaced by a pickle that runs code: refused, nothing runs
+    # (cegppo_trl.safe_load; the other engines are in tests/test_safe_load.py).
+    marker, model_states = tmp_path / "PWNED", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    crafted = crafted_copy(checkpoint, tmp_path / "crafted" / "checkpoint-2", model_states, marker)
+    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
+    proc.wait(timeout=600)
+    output = proc.log_path.read_text()
+    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
+    for needle in ("Refusing to resume from", "zero_pp_rank_0_mp_rank_00_model_states.pt", "io.open", TRUST_ENV):
+        assert needle in output, output[-3000:]
 
 
 @pytest.mark.slow
