@@ -156,8 +156,11 @@ def missing_reference_message(reward: str, columns: Sequence[str], cli: bool = T
         fix = (
             f"Give the trainer a dataset whose `{REFERENCE_COLUMN}` column holds the reference answer, e.g. "
             f"`train_dataset = train_dataset.rename_column({top!r}, {REFERENCE_COLUMN!r})`"
-            + (" (a nested field: `.map(lambda row: {'solution': row['reward_model']['ground_truth']})`)"
-               if likely and "." in likely else "")  # fmt: skip
+            + (
+                " (a nested field: `.map(lambda row: {'solution': row['reward_model']['ground_truth']})`)"
+                if likely and "." in likely
+                else ""
+            )  # fmt: skip
         )
     return (
         f"Reward `{reward}` compares each completion with a reference answer, passed as the `{REFERENCE_COLUMN}` "
@@ -506,7 +509,11 @@ def get_reward_func(name: str) -> Callable:
 
 
 # Score ranges and reference completions of TRL's rewards accepted by name (they declare neither).
-_TRL_REWARD_RANGES = {"accuracy_reward": (0.0, 1.0), "reasoning_accuracy_reward": (0.0, 1.0), "think_format_reward": (0.0, 1.0)}
+_TRL_REWARD_RANGES = {
+    "accuracy_reward": (0.0, 1.0),
+    "reasoning_accuracy_reward": (0.0, 1.0),
+    "think_format_reward": (0.0, 1.0),
+}
 
 
 def _boxed_reference(solution: Any) -> str:

@@ -34,8 +34,9 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
-from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
+from .monitoring import RewardSignalMonitor
+from .preflight import trainer_checks
 from .rollouts import correct_completions, informative_groups
 from .schedules import parse_schedule
 
@@ -175,7 +176,7 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        check_distributed_engine(args)  # before GRPOTrainer loads the model
+        trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
         check_trl_compatibility()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
@@ -189,7 +190,7 @@ class CEGPPOTrainer(GRPOTrainer):
             else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
         self._schedules_checked_for = None
-        self._unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
@@ -382,30 +383,18 @@ class CEGPPOTrainer(GRPOTrainer):
         `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
         batches neither count nor reset the count: they do not train.
         """
-        limit = self.args.max_unscorable_batches
-        if not limit or not self.model.training:
-            return
-        unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
-        self._unscorable_batches = self._unscorable_batches + 1 if unscorable else 0
-        if not unscorable:
-            return
-        if self._unscorable_batches >= limit:
-            raise RuntimeError(
-                f"No completion of the last {self._unscorable_batches} rollout batch(es) got a reward: every reward "
-                f"function ({', '.join(self.reward_func_names)}) returned None or NaN for all "
-                f"{rewards_per_func.size(0)} completions, so the loss and gradient are zero. Check that the reward "
-                "functions can score this task (their dataset columns, e.g. `solution`, and the completion format), "
-                "or raise `max_unscorable_batches` (0 never stops)."
-            )
-        logger.warning(
-            f"No completion of this rollout batch got a reward (zero loss and gradient): {self._unscorable_batches} "
-            f"consecutive unscorable batch(es); training stops at {limit} (`max_unscorable_batches`).",
-            main_process_only=True,
-        )
+        if self.model.training:
+            warning = self.reward_monitor.observe_rewards(rewards_per_func)
+            if warning is not None:
+                logger.warning(warning, main_process_only=True)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         args = self.args
+        if self.model.training:  # zero reward spread in every group: warn, and stop after `max_zero_signal_batches`
+            warning = self.reward_monitor.observe_trainer_batch(self, output)
+            if warning is not None:
+                logger.warning(warning, main_process_only=True)
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output
         rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
