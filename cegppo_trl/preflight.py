@@ -475,13 +475,17 @@ def _score_references(report, name, func, rows, value_range, *, cli: bool) -> No
             failures.append((i, solution, score))
     if failures:
         i, solution, score = failures[0]
-        fix = "`--solution_column`" if cli else "the `solution` column of the dataset"
+        fix = (
+            "`--solution_column` (a dotted path reads a nested field)"
+            if cli
+            else "the `solution` column of the dataset"
+        )
         report.error(
             "rewards",
             f"Reward `{name}` gives the reference answer itself (row {i}: solution={_short(solution)}) the score "
             f"{score}, not its top score {value_range[1]:g} ({len(failures)} of {len(rows)} rows checked): the "
             f"reference column does not hold what this reward reads, or the reward does not fit this data, and every "
-            f"completion would be scored wrong. Check {fix} (a dotted path reads a nested field) and the reward.",
+            f"completion would be scored wrong. Check {fix} and the reward.",
         )
 
 
@@ -585,6 +589,7 @@ def inspect_extras(report: Report, args: Any, *, cli: bool, quantized: bool = Fa
         if _installed(module):
             report.info("extras", f"{extra}: installed ({why})")
         else:
+            report.info("extras", f"{extra}: NOT installed ({why}): `{line}`")
             report.error(
                 "extras", f"{why} needs `{module}`, which is not installed. Install it with `{line}`.", ImportError
             )
