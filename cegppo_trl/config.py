@@ -160,10 +160,8 @@ class CEGPPOConfig(GRPOConfig):
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
-            "help": "Stop with an error after this many consecutive training rollout batches with no reward spread in "
-            "any group (zero advantages, no policy gradient); a warning names the kind (all top / all lowest / all "
-            "equal) at the first. 0: never. Default 100: TRL's own tests run 51 such batches; "
-            "docs/configuration.md."
+            "help": "Stop after this many consecutive training rollout batches with zero reward spread in every group "
+            "(no policy gradient; the first warns). 0: never. See docs/configuration.md."
         },
     )
 

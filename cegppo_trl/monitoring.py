@@ -183,11 +183,14 @@ class RewardSignalMonitor:
             )
         if not first:
             return None
-        stop = f"training stops after {limit} such batches in a row" if limit else "`max_zero_signal_batches=0`: "
-        stop += "" if limit else "training does not stop"
+        stop = (
+            f"training stops after {limit} such batches in a row (`max_zero_signal_batches`)"
+            if limit
+            else "`max_zero_signal_batches=0`: training does not stop"
+        )
         return (
             f"No learning signal in this rollout batch: in every group all completions got the same reward (zero "
-            f"advantages, zero policy gradient); {self._advice(kind, values)} ({stop}: `max_zero_signal_batches`.)"
+            f"advantages, zero policy gradient); {self._advice(kind, values)} ({stop}.)"
         )
 
     def classify(self, rewards: torch.Tensor, num_generations: int) -> tuple[str, list[float]]:

@@ -114,7 +114,7 @@ def own_reference_reward(completions, solution, **kwargs):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 31 item 5: the default `solution_column` gives the right advice, and is not needed by reference-free rewards
+# The default `solution_column` gives the right advice, and is not needed by reference-free rewards
 # ----------------------------------------------------------------------------------------------------------------
 def test_default_solution_column_with_question_answer_data_names_the_answer_column(
     model_dir, gsm8k_file, tmp_path, no_model_load
