@@ -179,16 +179,6 @@ def _is_prompt(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
 
 
-def _get_path(row: Any, path: str) -> Any:
-    value = row
-    for key in path.split("."):
-        try:
-            value = value[key]
-        except (KeyError, TypeError, IndexError):
-            return None
-    return value
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Source data (command line): the columns the options name, before they are mapped onto `prompt` / `solution`
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,8 +202,9 @@ def source_column_problems(
 ) -> list[str]:
     """What is wrong with `prompt_column` / `solution_column` in the loaded data, every path component checked.
 
-    A dotted path (`reward_model.ground_truth`) is followed field by field through the dataset's schema (or its first
-    rows for a stream without one), so a misspelled nested field is named instead of passing `None` to every reward.
+    A dotted path (`reward_model.ground_truth`) is followed field by field through the first rows (a `datasets` row
+    holds every field of the schema, `None` where a record lacks it), so a misspelled nested field is named instead of
+    passing `None` to every reward.
     """
     import difflib
 

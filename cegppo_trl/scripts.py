@@ -223,7 +223,13 @@ def load_any_dataset(
         missing = _missing_local_path(name)
         if missing is not None:
             raise FileNotFoundError(missing)
-        loaded = load_dataset(name, name=config, streaming=streaming)
+        try:
+            loaded = load_dataset(name, name=config, streaming=streaming)
+        except ConnectionError as error:  # offline: neither a local path nor a cached Hub dataset
+            raise FileNotFoundError(
+                f"`dataset_name`: {name!r} is not a local file or directory ({os.path.abspath(name)} does not exist), "
+                f"and not a Hub dataset available offline ({error}). Check the path, or run online once to cache it."
+            ) from error
     if isinstance(loaded, Dataset):
         loaded = DatasetDict({train_split: loaded})
     return loaded

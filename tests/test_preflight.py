@@ -150,6 +150,17 @@ def test_a_mistyped_local_dataset_path_is_reported_as_a_missing_file(model_dir, 
         train(*args)
 
 
+def test_an_unknown_hub_id_offline_is_reported_as_neither_a_file_nor_a_cached_dataset(
+    model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # no `nosuch` folder here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = parse_args(cli_args(model_dir, "nosuch/dataset", tmp_path, "--reward_funcs", "format"))
+    with pytest.raises(FileNotFoundError, match=r"'nosuch/dataset' is not a local file or directory .* and not a Hub "
+                       r"dataset available offline"):  # fmt: skip
+        train(*args)
+
+
 @pytest.mark.parametrize(
     ("extra", "error", "message"),
     [
