@@ -236,7 +236,7 @@ def source_column_problems(
                     hint = ""
                 if option == "solution_column" and path == REFERENCE_COLUMN and readers:
                     hint += f" ({', '.join(readers)} read(s) the reference as `solution`.)"
-                elif option == "solution_column":
+                elif option == "solution_column" and depth == 0:
                     hint += " `solution_column: null` runs reference-free rewards only."
                 kind = "a column of" if depth == 0 else "a field of"
                 problems.append(
@@ -552,9 +552,10 @@ def inspect_engine(report: Report, args: Any) -> None:
         return
     world_size = args.world_size
     device = args.device.type
-    if engine is None:
-        engine = "DDP" if world_size > 1 else "a single process"
-    report.info("engine", f"{engine} on {device}, {world_size} process(es)")
+    if engine is None and world_size == 1:
+        report.info("engine", f"one process on {device}")
+    else:
+        report.info("engine", f"{engine or 'DDP'} on {device}, {world_size} processes")
     if args.use_vllm:
         report.info("engine", f"generation: vLLM ({args.vllm_mode})")
     else:
@@ -693,6 +694,7 @@ def run_checks(
     processing_class: Any = None,
     quantized: bool = False,
     cli: bool = False,
+    engine: bool = True,
     report: Report | None = None,
 ) -> Report:
     """The checks shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`, on what the trainer is given.
@@ -709,6 +711,7 @@ def run_checks(
         processing_class: a tokenizer/processor to render the sample prompts with; None skips the rendering.
         quantized: 4-/8-bit loading (needs bitsandbytes).
         cli: word the fixes as `cegppo train` flags (else as dataset / config changes for the Python API).
+        engine: check the distributed engine (the CLI checks it first, before loading the data).
         report: a report to add to (the CLI's own checks come first).
 
     Returns:
@@ -738,7 +741,8 @@ def run_checks(
             report.findings.extend(f for f in sub.errors if f.message not in {g.message for g in report.errors})
     inspect_reward_weights(report, args, len(funcs), cli=cli)
     inspect_batch_layout(report, args, args.world_size)
-    inspect_engine(report, args)
+    if engine:
+        inspect_engine(report, args)
     inspect_extras(report, args, cli=cli, quantized=quantized)
     inspect_output_dir(report, args)
     return report
@@ -803,6 +807,7 @@ def cli_checks(
         report.collect("model", scripts.check_model_path, model_name)
     report.collect("extras", scripts.check_quantization, model_args)
     report.collect("engine", scripts.check_launch, training_args)
+    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
     for name in script_args.reward_funcs:
         func = report.collect("rewards", scripts.get_reward_func, name)
         if func is not None:
@@ -855,6 +860,7 @@ def cli_checks(
         processing_class=processing_class,
         quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
         cli=True,
+        engine=False,
         report=report,
     )
     return report, prepared
