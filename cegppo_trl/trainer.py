@@ -140,8 +140,9 @@ class CEGPPOTrainer(GRPOTrainer):
     - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
       `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stop after
-      `max_unscorable_batches` unscorable rollout batches in a row;
+    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stops after
+      `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
+      (`monitoring.RewardSignalMonitor`), and the pre-flight checks before the model loads (`preflight`);
     - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table,
       and the refusals before training (TRL drift, a distributed engine that would silently fall back to DDP).
 
