@@ -362,8 +362,12 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
             else:
                 text = prompt
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        except Exception as error:  # a template that fails on this data fails at the first rollout too
-            report.error("prompts", f"Rendering the prompt of row {i} failed: {type(error).__name__}: {error}")
+        except Exception as error:  # TRL renders some inputs (images, tools) its own way: say so, do not refuse
+            report.warning(
+                "prompts",
+                f"Rendering the prompt of row {i} with the chat template failed here ({type(error).__name__}: "
+                f"{error}); check that the template accepts these messages.",
+            )
             return
         lengths.append(n)
         report.info("prompts", f"row {i}, {n} tokens: {text!r}")
