@@ -1,6 +1,7 @@
 """The `cegppo` console command.
 
     cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
+    cegppo check --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # the same, checked without training
     cegppo recipes                                                          # the shipped recipes and their folders
     cegppo config-path deepspeed_zero2                                      # a shipped file's installed path
     cegppo rewards
@@ -30,6 +31,8 @@ def _build_parser() -> argparse.ArgumentParser:
 examples:
   cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
       --config takes a shipped recipe's name (`cegppo recipes` lists them) or a YAML path; flags override it.
+  cegppo check --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
+      the same command, checked in seconds before any GPU time: a report, exit status 1 on any error.
   accelerate launch --config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train --config RECIPE
       several GPUs (launchers take the module form `-m cegppo_trl.cli`); the shipped configs are in
       {accelerate_configs_dir()}.
@@ -45,6 +48,13 @@ examples:
         add_help=False,
         help="train with CE-GPPO: --config RECIPE (a shipped recipe's name or a YAML path) plus any config field as "
         "a flag (flags override the YAML)",
+    )
+    commands.add_parser(
+        "check",
+        add_help=False,
+        help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
+        "gets them, what each reward receives, the batch layout, the engine and extras; no GPU, no model weights; "
+        "exits 1 on any error",
     )
     commands.add_parser(
         "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
@@ -168,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
+    elif args.command == "check":
+        from .preflight import main as check
+
+        return check(argv[1:])
     elif args.command == "recipes":
         _list_recipes()
     elif args.command == "rewards":

@@ -63,6 +63,11 @@ class CEGPPOConfig(GRPOConfig):
             cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.
+        max_zero_signal_batches (`int`, *optional*, defaults to `100`):
+            Stop after this many consecutive training rollout batches in which every group has zero reward spread
+            (zero advantages, no policy gradient; the batches dynamic sampling would empty). The first batch of such a
+            streak warns with its kind: every completion at the top reward, at the lowest, or all equal in between.
+            `0` never stops. See docs/configuration.md for the default.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
             Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
             falls below it, once per episode of drift. `None` disables the warning.
@@ -150,6 +155,14 @@ class CEGPPOConfig(GRPOConfig):
         metadata={
             "help": "Stop with an error after this many consecutive training rollout batches in which no completion "
             "got a reward (every reward None or NaN; zero loss and gradient). Fewer only warn, as TRL does. 0: never."
+        },
+    )
+
+    max_zero_signal_batches: int = field(
+        default=100,
+        metadata={
+            "help": "Stop after this many consecutive training rollout batches with zero reward spread in every group "
+            "(no policy gradient; the first warns). 0: never. See docs/configuration.md."
         },
     )
 
@@ -245,6 +258,10 @@ class CEGPPOConfig(GRPOConfig):
         if self.max_unscorable_batches < 0:
             raise ValueError(
                 f"`max_unscorable_batches` must be >= 0 (0 never stops), got {self.max_unscorable_batches}."
+            )
+        if self.max_zero_signal_batches < 0:
+            raise ValueError(
+                f"`max_zero_signal_batches` must be >= 0 (0 never stops), got {self.max_zero_signal_batches}."
             )
 
     def _validate_left_guard(self) -> None:

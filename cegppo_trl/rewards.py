@@ -128,16 +128,44 @@ TRAINER_KWARGS = (
 _LIKELY_REFERENCE_COLUMNS = ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label")
 
 
-def missing_reference_message(reward: str, columns: Sequence[str]) -> str:
-    """Why `reward` cannot score without a `solution` column, and how to map one of `columns` to it."""
-    columns = [c for c in columns if c not in TRAINER_KWARGS]
+def likely_reference_column(columns: Sequence[str]) -> str | None:
+    """The column (a dotted path for verl's `reward_model`) that most likely holds the reference answer, if any."""
     likely = next((c for c in _LIKELY_REFERENCE_COLUMNS if c in columns), None)
-    flag = {"reward_model": "reward_model.ground_truth"}.get(likely, likely) or "<column>"
+    return {"reward_model": "reward_model.ground_truth"}.get(likely, likely)
+
+
+def missing_reference_message(reward: str, columns: Sequence[str], cli: bool = True) -> str:
+    """Why `reward` cannot score without a `solution` column, and how to map one of `columns` to it.
+
+    Args:
+        reward: the reward's name.
+        columns: the columns the data has.
+        cli: name the `cegppo train` flag (`--solution_column`); otherwise (the Python API) say how to rename the
+            column of the dataset given to the trainer.
+    """
+    columns = [c for c in columns if c not in TRAINER_KWARGS]
+    likely = likely_reference_column(columns)
+    if cli:
+        fix = (
+            f"Name the column that holds the reference: `--solution_column {likely or '<column>'}` on the command "
+            f"line (`solution_column: {likely or '<column>'}` in a recipe), or rename it to `{REFERENCE_COLUMN}` in the "
+            "dataset given to the trainer"
+        )
+    else:
+        top = (likely or "<column>").split(".")[0]
+        fix = (
+            f"Give the trainer a dataset whose `{REFERENCE_COLUMN}` column holds the reference answer, e.g. "
+            f"`train_dataset = train_dataset.rename_column({top!r}, {REFERENCE_COLUMN!r})`"
+            + (
+                " (a nested field: `.map(lambda row: {'solution': row['reward_model']['ground_truth']})`)"
+                if likely and "." in likely
+                else ""
+            )  # fmt: skip
+        )
     return (
         f"Reward `{reward}` compares each completion with a reference answer, passed as the `{REFERENCE_COLUMN}` "
-        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). Name the column that holds "
-        f"the reference: `--solution_column {flag}` on the command line, or rename it to `{REFERENCE_COLUMN}` in the "
-        "dataset given to the trainer. Without a reference, use a reference-free reward such as `format`."
+        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). {fix}. Without a reference, "
+        "use a reference-free reward such as `format`."
     )
 
 
@@ -187,6 +215,15 @@ class MathVerifyReward:
         self.__name__ = name or "math_verify"
 
     required_columns = (REFERENCE_COLUMN,)
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """`(lowest, top)` score: what `cegppo check` and the zero-signal warning compare with."""
+        return (min(self.incorrect, self.correct), max(self.incorrect, self.correct))
+
+    def reference_completion(self, solution: Any) -> str:
+        """A completion whose answer is `solution` (boxed unless it already holds a box): it must score `correct`."""
+        return _boxed_reference(solution)
 
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
         if solution is None:
@@ -307,6 +344,15 @@ class GSM8KReward:
 
     required_columns = (REFERENCE_COLUMN,)
 
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """`(lowest, top)` score: what `cegppo check` and the zero-signal warning compare with."""
+        return (min(self.incorrect, self.correct), max(self.incorrect, self.correct))
+
+    def reference_completion(self, solution: Any) -> str:
+        """A completion whose final number is that of `solution`: it must score `correct`."""
+        return f"#### {extract_gsm8k_gold(solution)}" if extract_gsm8k_gold(solution) is not None else str(solution)
+
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
         if solution is None:
             raise ValueError(missing_reference_message(self.__name__, list(kwargs)))
@@ -337,6 +383,9 @@ def format_reward(completions: list, **kwargs) -> list[float]:
         boxed = last_boxed(answer) if answer is not None else None
         rewards.append(1.0 if boxed is not None and boxed.strip() else 0.0)
     return rewards
+
+
+format_reward.reward_range = (0.0, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -457,6 +506,69 @@ def get_reward_func(name: str) -> Callable:
     if key in _MATH_VERIFY_REWARDS:
         require_math_verify(key)
     return func
+
+
+# Score ranges and reference completions of TRL's rewards accepted by name (they declare neither).
+_TRL_REWARD_RANGES = {
+    "accuracy_reward": (0.0, 1.0),
+    "reasoning_accuracy_reward": (0.0, 1.0),
+    "think_format_reward": (0.0, 1.0),
+}
+
+
+def _boxed_reference(solution: Any) -> str:
+    text = str(solution)
+    return text if "\\boxed" in text else f"\\boxed{{{text}}}"
+
+
+def reward_value_range(func: Callable) -> tuple[float, float] | None:
+    """`(lowest, top)` score of a reward: its `reward_range` attribute if it declares one (this package's rewards
+    do; a reward of yours can too), TRL's 0/1 rewards by name; None when unknown."""
+    declared = getattr(func, "reward_range", None)
+    if declared is not None:
+        low, high = declared
+        return float(low), float(high)
+    if getattr(func, "__module__", "").startswith("trl.rewards"):
+        return _TRL_REWARD_RANGES.get(getattr(func, "__name__", ""))
+    return None
+
+
+def reference_completion(func: Callable, solution: Any) -> Any:
+    """A completion that states `solution` as the answer, in the form `func` reads, or None when `func` does not
+    compare with a reference (or does not say how): a reference reward should give it its top score.
+
+    A reward of yours can define `reference_completion(solution)` to take part in `cegppo check`'s reference test.
+    """
+    own = getattr(func, "reference_completion", None)
+    if callable(own):
+        return own(solution)
+    if getattr(func, "__module__", "").startswith("trl.rewards"):
+        name = getattr(func, "__name__", "")
+        if name == "accuracy_reward":
+            return [{"role": "assistant", "content": _boxed_reference(solution)}]
+        if name == "reasoning_accuracy_reward":
+            return [{"role": "assistant", "content": "<think>\n</think>\n" + _boxed_reference(solution)}]
+    return None
+
+
+def reward_reads_reference(func: Callable) -> bool | None:
+    """Whether a reward reads the `solution` column: True, False, or None when it cannot be told (a `**kwargs`
+    function that declares nothing may read anything)."""
+    import inspect
+
+    if REFERENCE_COLUMN in reward_required_columns(func) or reference_completion(func, "0") is not None:
+        return True
+    if getattr(func, "required_columns", None) is not None or func is format_reward:
+        return False
+    if getattr(func, "__module__", "").startswith("trl.rewards") and getattr(func, "__name__", "") in TRL_REWARD_FUNCS:
+        return False  # the two accuracy rewards answered above; think_format_reward reads no reference
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return None
+    if REFERENCE_COLUMN in parameters:
+        return True
+    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) else False
 
 
 def reward_required_columns(func: Callable) -> tuple[str, ...]:

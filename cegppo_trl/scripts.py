@@ -30,16 +30,13 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     resume_last,
 )
 from .config import CEGPPOConfig
-from .distributed import CPU_DDP_LAUNCH_LINE, check_distributed_engine
+from .distributed import CPU_DDP_LAUNCH_LINE
 from .resources import resolve_config_args
 from .rewards import (
     REWARD_FUNCS,
     TRL_REWARD_FUNCS,
     check_reward_name,
     get_reward_func,
-    missing_reference_message,
-    reward_needs_chat,
-    reward_required_columns,
 )
 
 if TYPE_CHECKING:
@@ -223,10 +220,49 @@ def load_any_dataset(
                 raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
             raise
     else:
-        loaded = load_dataset(name, name=config, streaming=streaming)
+        missing = _missing_local_path(name)
+        if missing is not None:
+            raise FileNotFoundError(missing)
+        try:
+            loaded = load_dataset(name, name=config, streaming=streaming)
+        except ConnectionError as error:  # offline: neither a local path nor a cached Hub dataset
+            raise FileNotFoundError(
+                f"`dataset_name`: {name!r} is not a local file or directory ({os.path.abspath(name)} does not exist), "
+                f"and not a Hub dataset available offline ({error}). Check the path, or run online once to cache it."
+            ) from error
     if isinstance(loaded, Dataset):
         loaded = DatasetDict({train_split: loaded})
     return loaded
+
+
+_DATA_EXTENSIONS = (*_FILE_BUILDERS, ".txt", ".tsv", ".json.gz", ".jsonl.gz", ".zst")
+
+
+def _missing_local_path(name: str) -> str | None:
+    """Why `name`, which does not exist locally, is a mistyped local path rather than a Hub id; None if it may be
+    a Hub id.
+
+    A data-file extension, a `./`, `../`, `/` or `~` start, more than one `/` (a Hub id has one) or an existing
+    parent directory make it a path: `datasets` would look it up on the Hub and fail with a network error (or retry
+    for half a minute) instead of saying the file is missing.
+    """
+    expanded = os.path.expanduser(name)
+    parent = os.path.dirname(expanded.rstrip("/"))
+    looks_like_path = (
+        name.lower().endswith(_DATA_EXTENSIONS)
+        or name.startswith(("./", "../", "/", "~"))
+        or name.count("/") > 1
+        or os.sep != "/"
+        and os.sep in name
+        or (parent != "" and os.path.isdir(parent))
+    )
+    if not looks_like_path:
+        return None
+    where = os.path.abspath(expanded)
+    return (
+        f"`dataset_name`: no file or directory at {where} ({name!r} looks like a local path, not a Hub dataset id). "
+        "Give an existing .json/.jsonl/.csv/.parquet file, a dataset directory, or a Hub id such as `openai/gsm8k`."
+    )
 
 
 def _data_file_is_empty(path: str, builder: str) -> bool:
@@ -251,13 +287,19 @@ def _get_path(row: dict[str, Any], path: str) -> Any:
     return value
 
 
-def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dataset:
+def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments, reward_funcs: list | None = None) -> Dataset:
     """Give the rows the `prompt` (and `solution`) columns TRL and the rewards read, applying the prompt options.
 
-    Other columns stay and reach the reward functions as keyword arguments, as in TRL.
+    Other columns stay and reach the reward functions as keyword arguments, as in TRL. `reward_funcs` (resolved from
+    `script_args.reward_funcs` when None) decide whether the default `solution_column` is needed: when the data has
+    no `solution` column and no selected reward reads one, none is mapped.
     """
     from datasets import IterableDataset
 
+    from .preflight import resolve_solution_column, source_column_problems
+
+    if reward_funcs is None:
+        reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
     if script_args.max_train_samples is not None:
         if isinstance(dataset, IterableDataset):
             dataset = dataset.take(script_args.max_train_samples)
@@ -267,15 +309,13 @@ def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments) -> Dat
         limit = script_args.max_train_samples
         after = "" if limit is None else f" after `max_train_samples={limit}`"
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows{after}): nothing to train on.")
-    prompt_col, solution_col = script_args.prompt_column, script_args.solution_column
-    columns = dataset.column_names  # None for some streaming datasets: then the checks are skipped
-    if columns is not None:
-        for option, column in (("prompt_column", prompt_col), ("solution_column", solution_col)):
-            if column is not None and column.split(".")[0] not in columns:
-                raise ValueError(
-                    f"`{option}={column}` is not a column of the dataset {columns}. A dotted path reads a nested "
-                    "field; `solution_column: null` runs reference-free rewards."
-                )
+    prompt_col = script_args.prompt_column
+    solution_col = resolve_solution_column(script_args.solution_column, dataset.column_names, reward_funcs)
+    problems = source_column_problems(
+        dataset, prompt_col, solution_col, script_args.reward_funcs[: len(reward_funcs)], reward_funcs
+    )
+    if problems:
+        raise ValueError(" ".join(problems))
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
         out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
@@ -328,15 +368,6 @@ def _warn_on_own_system_messages(dataset: Dataset, prompt_col: str) -> None:
         )
 
 
-def _first_row(dataset: Dataset) -> dict[str, Any] | None:
-    """The first row (a streaming dataset reads just that one), `None` for an empty dataset."""
-    from datasets import IterableDataset
-
-    if isinstance(dataset, IterableDataset):
-        return next(iter(dataset), None)
-    return dataset[0] if len(dataset) else None
-
-
 def _first_prompt_is_text(dataset: Dataset) -> bool:
     from datasets import Dataset
 
@@ -374,16 +405,15 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     import torch
     import transformers
     from packaging.version import Version
-    from trl import get_peft_config, get_quantization_config
+    from trl import get_quantization_config
 
+    from .preflight import cli_checks
     from .trainer import CEGPPOTrainer
 
-    if model_args.model_name_or_path is None:
-        raise ValueError("`model_name_or_path` is required (a Hub id or a local directory).")
-    check_model_path(model_args.model_name_or_path)
-    check_quantization(model_args)
-    check_launch(training_args)
-    check_distributed_engine(training_args)
+    # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
+    # nothing, after it.
+    report, prepared = cli_checks(script_args, training_args, model_args)
+    report.raise_errors()
     training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is not None:
@@ -399,7 +429,7 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
                 training_args.output_dir,
                 ", ".join(os.path.basename(folder) for folder in removed),
             )
-    reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
+    reward_funcs, train_dataset, eval_dataset = prepared.reward_funcs, prepared.train_dataset, prepared.eval_dataset
 
     model_init_kwargs = dict(
         revision=model_args.model_revision,
@@ -409,23 +439,6 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     )
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-
-    dataset = load_dataset_dict(script_args)
-    train_dataset = prepare_dataset(dataset[script_args.dataset_train_split], script_args)
-    eval_dataset = None
-    if training_args.eval_strategy != "no":
-        if script_args.dataset_test_split not in dataset:
-            strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
-            raise ValueError(
-                f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
-                f"(splits: {list(dataset)}). Name the split with `--dataset_test_split`, or `--eval_strategy no`."
-            )
-        eval_dataset = prepare_dataset(dataset[script_args.dataset_test_split], script_args)
-    # Before the model loads: each of these would otherwise fail (or train on nothing) after it.
-    for data in (train_dataset, eval_dataset):
-        check_rewards_fit_data(script_args.reward_funcs, reward_funcs, data)
-    check_streaming_length(train_dataset, training_args)
-    check_chat_template(model_args, training_args, train_dataset, script_args)
     check_cpu_dtype(model_args, training_args)
 
     trainer = CEGPPOTrainer(
@@ -435,7 +448,7 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
+        peft_config=prepared.peft_config,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
@@ -504,37 +517,6 @@ def check_launch(training_args: CEGPPOConfig) -> None:
         )
 
 
-def check_rewards_fit_data(names: list[str], reward_funcs: list, dataset: Dataset | None) -> None:
-    """Refuse a reward that needs a column the prepared data lacks, or chat completions the data will not give.
-
-    Without its reference a built-in reward raises at the first rollout, and a function of TRL's fails there on a
-    plain-text completion: both after the model has loaded and generated.
-    """
-    if dataset is None:
-        return
-    columns = dataset.column_names  # None for some streaming datasets: checked by the rewards themselves then
-    for name, func in zip(names, reward_funcs, strict=True):
-        missing = [c for c in reward_required_columns(func) if columns is not None and c not in columns]
-        if missing == ["solution"]:
-            raise ValueError(missing_reference_message(name, columns))
-        if missing:
-            raise ValueError(
-                f"Reward `{name}` needs the dataset column(s) {missing}, which the prepared data lacks (columns: "
-                f"{', '.join(columns)}). Add them to the dataset, or map one with `--solution_column` (it arrives "
-                "as `solution`)."
-            )
-    if any(reward_needs_chat(func) for func in reward_funcs):
-        first = _first_row(dataset)
-        if first is not None and isinstance(first.get("prompt"), str):
-            chat_only = [name for name, func in zip(names, reward_funcs) if reward_needs_chat(func)]
-            raise ValueError(
-                f"TRL's {', '.join(chat_only)} read(s) chat completions (`completion[0]['content']`), and the prompts "
-                "are plain text (`chat_prompts` is false), so the completions will be too. Use chat prompts "
-                "(`--chat_prompts true`, a model with a chat template), or this library's rewards, which read both "
-                "(`math_verify_01` for accuracy_reward, `format` for a format check)."
-            )
-
-
 def check_streaming_length(train_dataset: Dataset, training_args: CEGPPOConfig) -> None:
     """A streamed dataset has no length, so the number of steps must be given."""
     from datasets import IterableDataset
@@ -544,41 +526,6 @@ def check_streaming_length(train_dataset: Dataset, training_args: CEGPPOConfig) 
             "`dataset_streaming` reads the rows as training goes, so the run length cannot come from "
             "`num_train_epochs`: set `--max_steps N`, or drop `--dataset_streaming`."
         )
-
-
-def check_chat_template(
-    model_args: ModelConfig, training_args: CEGPPOConfig, train_dataset: Dataset, script_args: CEGPPOScriptArguments
-) -> None:
-    """Refuse chat prompts for a model whose tokenizer has no chat template (a base model), before the model loads.
-
-    Chat prompts are the default (`chat_prompts` wraps plain text as a user message); transformers would only fail
-    at the first rollout. The tokenizer is loaded as TRL's trainer loads it, which takes a moment, not the weights.
-    """
-    from transformers import AutoProcessor
-
-    first = _first_row(train_dataset)
-    if first is None or isinstance(first.get("prompt"), str):
-        return
-    try:
-        processor = AutoProcessor.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            trust_remote_code=training_args.trust_remote_code,
-        )
-    except Exception as error:  # the model load reports the real problem; this check only looks for a template
-        logger.debug("check_chat_template: could not load the processor: %s", error)
-        return
-    tokenizer = getattr(processor, "tokenizer", processor)
-    if getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None):
-        return
-    drop_system = " and drop `--system_prompt`" if script_args.system_prompt is not None else ""
-    raise ValueError(
-        f"The prompts are chat messages, but the tokenizer of {model_args.model_name_or_path} has no chat template "
-        f"(a base model), so they cannot be rendered. For a base model trained on raw text pass `--chat_prompts "
-        f"false`{drop_system} (plain-text prompts then stay text; prompts that are chat messages in the dataset "
-        "need a template whatever the flag); or use a model with a chat template (an instruct model), or set one on "
-        "the tokenizer (`tokenizer.chat_template = ...`, then `save_pretrained`)."
-    )
 
 
 def cpu_computes_natively(dtype: str) -> bool:

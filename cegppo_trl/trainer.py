@@ -39,6 +39,8 @@ from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
 from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
+from .monitoring import RewardSignalMonitor
+from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
 from .safe_load import safe_resume_loads
@@ -144,8 +146,9 @@ class CEGPPOTrainer(GRPOTrainer):
     - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
       `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stop after
-      `max_unscorable_batches` unscorable rollout batches in a row;
+    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stops after
+      `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
+      (`monitoring.RewardSignalMonitor`), and the pre-flight checks before the model loads (`preflight`);
     - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table,
       and the refusals before training (TRL drift, a distributed engine that would silently fall back to DDP).
 
@@ -180,7 +183,8 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        if check_distributed_engine(args) != "deepspeed":  # before GRPOTrainer loads the model
+        trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
+        if check_distributed_engine(args) != "deepspeed":
             quiet_unused_deepspeed()
         check_trl_compatibility()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
@@ -195,7 +199,7 @@ class CEGPPOTrainer(GRPOTrainer):
             else EntropyController(controller_config, self.beta1_schedule.initial, self.beta2_schedule.initial)
         )
         self._schedules_checked_for = None
-        self._unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
@@ -315,11 +319,11 @@ class CEGPPOTrainer(GRPOTrainer):
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
     # (`_sft_nll_window`, `_left_drift_window`) are empty at every checkpoint (it is saved after the step ends).
-    _RUN_STATE_COMPONENTS = ("left_drift_alarm",)
+    _RUN_STATE_COMPONENTS = ("left_drift_alarm", "reward_monitor")
 
     def cegppo_run_state(self) -> dict:
         """What this trainer carries from step to step, as JSON (saved in each checkpoint's `cegppo_state.json`)."""
-        state = {"unscorable_batches": self._unscorable_batches}
+        state = {}
         for name in self._RUN_STATE_COMPONENTS:
             if getattr(self, name) is not None:
                 state[name] = getattr(self, name).state_dict()
@@ -327,7 +331,6 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def load_cegppo_run_state(self, state: dict) -> None:
         """Restore `cegppo_run_state()`; what `state` lacks (a checkpoint written before it was saved) stays fresh."""
-        self._unscorable_batches = int(state.get("unscorable_batches", self._unscorable_batches))
         for name in self._RUN_STATE_COMPONENTS:
             if getattr(self, name) is not None and name in state:
                 getattr(self, name).load_state_dict(state[name])
@@ -380,31 +383,19 @@ class CEGPPOTrainer(GRPOTrainer):
         `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
         batches neither count nor reset the count: they do not train.
         """
-        limit = self.args.max_unscorable_batches
-        if not limit or not self.model.training:
-            return
-        unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
-        self._unscorable_batches = self._unscorable_batches + 1 if unscorable else 0
-        if not unscorable:
-            return
-        if self._unscorable_batches >= limit:
-            raise RuntimeError(
-                f"No completion of the last {self._unscorable_batches} rollout batch(es) got a reward: every reward "
-                f"function ({', '.join(self.reward_func_names)}) returned None or NaN for all "
-                f"{rewards_per_func.size(0)} completions, so the loss and gradient are zero. Check that the reward "
-                "functions can score this task (their dataset columns, e.g. `solution`, and the completion format), "
-                "or raise `max_unscorable_batches` (0 never stops)."
-            )
-        logger.warning(
-            f"No completion of this rollout batch got a reward (zero loss and gradient): {self._unscorable_batches} "
-            f"consecutive unscorable batch(es); training stops at {limit} (`max_unscorable_batches`).",
-            main_process_only=True,
-        )
+        if self.model.training:
+            warning = self.reward_monitor.observe_rewards(rewards_per_func)
+            if warning is not None:
+                logger.warning(warning, main_process_only=True)
 
     def _generate_and_score_completions(self, inputs):
         with trl_deprecated_model_calls():
             output = super()._generate_and_score_completions(inputs)
         args = self.args
+        if self.model.training:  # zero reward spread in every group: warn, and stop after `max_zero_signal_batches`
+            warning = self.reward_monitor.observe_trainer_batch(self, output)
+            if warning is not None:
+                logger.warning(warning, main_process_only=True)
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output
         rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group

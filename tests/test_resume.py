@@ -52,11 +52,10 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
     state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
-    assert state == {
-        "format": 1,
-        "settings": {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS},
-        "run_state": {"unscorable_batches": 0, "left_drift_alarm": {"armed": True}},
-    }
+    assert set(state) == {"format", "settings", "run_state"} and state["format"] == 1
+    assert state["settings"] == {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS}
+    assert state["run_state"]["left_drift_alarm"] == {"armed": True}
+    assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
     marker = tmp_path / "PWNED"
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))

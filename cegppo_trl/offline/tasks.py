@@ -103,6 +103,9 @@ def addition_reward(completions: Sequence, solution: Sequence[str], **kwargs) ->
     return [float(addition_is_correct(completion_text(c), s)) for c, s in zip(completions, solution, strict=True)]
 
 
+addition_reward.reward_range = (0.0, 1.0)  # the zero-signal warning tells all-wrong from all-right with it
+
+
 def addition_task(num_digits: int = 2, num_heldout: int = 200, seed: int = 0) -> Task:
     """The built-in task: `num_digits`-digit addition with an exact-match reward.
 

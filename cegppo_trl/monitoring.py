@@ -1,0 +1,243 @@
+"""Is there still a learning signal? A stop when every rollout batch trains on nothing.
+
+A rollout batch whose every group has zero reward spread has zero advantage everywhere: the policy loss has no
+gradient, and the logs look normal (TRL logs `frac_reward_zero_std` = 1). `RewardSignalMonitor` watches the training
+rollout batches and
+
+- counts *unscorable* batches (no completion got a reward: every reward None/NaN) and stops after
+  `max_unscorable_batches` in a row;
+- counts *zero-signal* batches (every group's scorable rewards are equal: exactly the batches in which dynamic
+  sampling, `rollouts.informative_groups`, would keep no group) and stops after `max_zero_signal_batches` in a row,
+  warning at the first batch of each such streak with its kind:
+
+  - `"top"`: every completion got the top reward (the task is solved or too easy);
+  - `"lowest"`: every completion got the lowest reward (too hard, or the reward cannot score this data);
+  - `"equal"`: every completion got one value in between (the reward is constant);
+  - `"mixed"`: each group is unanimous, some at the top and some at the lowest (each prompt is all or nothing).
+
+"Top" and "lowest" are the weighted sum of the rewards' declared ranges (`rewards.reward_value_range`: this package's
+rewards and TRL's by name declare them) when every reward declares one; otherwise the highest and lowest total reward
+the run has seen so far in training, this batch included (a batch whose every value equals both is `"equal"`: a run
+that has only ever seen one value cannot tell).
+
+Pure Python and tensors: the trainer hands each batch's gathered rewards (every process sees the same tensors, so
+every process decides the same), logs the returned warning and lets the `RuntimeError` of a stop propagate. The
+counts are the monitor's whole state: `state_dict()` is JSON-able for checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .rollouts import informative_groups
+
+ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed")
+_ADVICE = {
+    "top": "every completion got the top reward ({value}): the task is solved or too easy for the model. Stop here, "
+    "or train on harder prompts.",
+    "lowest": "every completion got the lowest reward ({value}): the task is too hard for the model, or the reward "
+    "cannot score this data (a wrong reference column or answer format). Run `cegppo check` with the same arguments "
+    "to see what each reward receives and how it scores the reference answers.",
+    "equal": "the completions of each prompt got one reward ({value}), not all the lowest or all the top one"
+    "{range_note}: the reward is constant on these completions. Check the reward function (`cegppo check` shows "
+    "what it receives).",
+    "mixed": "every prompt's completions got one reward each, the top for some prompts and the lowest for others "
+    "({value}): each prompt is all or nothing for the model. Mix in prompts of intermediate difficulty, or raise "
+    "`num_generations`.",
+}
+
+
+def total_reward_range(
+    ranges: Sequence[tuple[float, float] | None], weights: Sequence[float]
+) -> tuple[float, float] | None:
+    """`(lowest, top)` of the weighted sum of rewards with ranges `ranges`; None if any range is unknown."""
+    if not ranges or any(r is None for r in ranges):
+        return None
+    low = sum(min(w * lo, w * hi) for (lo, hi), w in zip(ranges, weights, strict=True))
+    high = sum(max(w * lo, w * hi) for (lo, hi), w in zip(ranges, weights, strict=True))
+    return float(low), float(high)
+
+
+class RewardSignalMonitor:
+    """Counts consecutive unscorable and zero-signal training rollout batches; warns, and stops at the limits.
+
+    Args:
+        max_unscorable_batches: stop after this many consecutive batches without any reward (0: never).
+        max_zero_signal_batches: stop after this many consecutive batches with zero reward spread in every group
+            (0: never).
+        reward_range: `(lowest, top)` of the total (weighted) reward when every reward declares its range, else None
+            (the run's observed extremes are used).
+        reward_names: the reward functions' names, for the messages.
+    """
+
+    def __init__(
+        self,
+        max_unscorable_batches: int = 10,
+        max_zero_signal_batches: int = 0,
+        reward_range: tuple[float, float] | None = None,
+        reward_names: Sequence[str] = (),
+    ):
+        self.max_unscorable_batches = max_unscorable_batches
+        self.max_zero_signal_batches = max_zero_signal_batches
+        self.reward_range = reward_range
+        self.reward_names = list(reward_names)
+        self.unscorable_batches = 0  # consecutive training rollout batches without any reward
+        self.zero_signal_batches = 0  # consecutive training rollout batches without reward spread in any group
+        self.zero_signal_kind: str | None = None  # kind of the last zero-signal batch
+        self.observed_min: float | None = None  # extremes of the total reward seen in training (scorable ones)
+        self.observed_max: float | None = None
+
+    @classmethod
+    def for_trainer(cls, trainer) -> RewardSignalMonitor:
+        """The monitor of a `CEGPPOTrainer`: its limits, reward names and the total reward's declared range."""
+        from .rewards import reward_value_range
+
+        args = trainer.args
+        ranges = [reward_value_range(func) for func in trainer.reward_funcs]
+        return cls(
+            max_unscorable_batches=args.max_unscorable_batches,
+            max_zero_signal_batches=args.max_zero_signal_batches,
+            reward_range=total_reward_range(ranges, trainer.reward_weights.tolist()),
+            reward_names=trainer.reward_func_names,
+        )
+
+    def observe_trainer_batch(self, trainer, output: dict) -> str | None:
+        """`observe_signal` on a training rollout batch of `trainer`, from the rewards it computed
+        (`_last_rewards_per_func`, all processes) and the advantages of `output` gathered from all processes: the
+        same inputs as dynamic sampling, so a zero-signal batch is exactly one where dynamic sampling keeps nothing."""
+        rewards_per_func = trainer._last_rewards_per_func
+        weights = trainer.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards[unscorable] = torch.nan
+        advantages = trainer.accelerator.gather(output["advantages"]).masked_fill(unscorable, torch.nan)
+        return self.observe_signal(rewards, advantages, trainer.num_generations)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def observe_rewards(self, rewards_per_func: torch.Tensor) -> str | None:
+        """Count one training batch's per-function rewards `[N, num_funcs]` (NaN: unscorable).
+
+        Returns:
+            A warning to log when the batch has no reward at all, else None.
+
+        Raises:
+            RuntimeError: the `max_unscorable_batches`-th unscorable batch in a row.
+        """
+        unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
+        self.unscorable_batches = self.unscorable_batches + 1 if unscorable else 0
+        if not unscorable or not self.max_unscorable_batches:
+            return None
+        names = ", ".join(self.reward_names)
+        if self.unscorable_batches >= self.max_unscorable_batches:
+            raise RuntimeError(
+                f"No completion of the last {self.unscorable_batches} rollout batch(es) got a reward: every reward "
+                f"function ({names}) returned None or NaN for all {rewards_per_func.size(0)} completions, so the "
+                "loss and gradient are zero. Check that the reward functions can score this task (their dataset "
+                "columns, e.g. `solution`, and the completion format), or raise `max_unscorable_batches` (0 never "
+                "stops)."
+            )
+        return (
+            f"No completion of this rollout batch got a reward (zero loss and gradient): {self.unscorable_batches} "
+            f"consecutive unscorable batch(es); training stops at {self.max_unscorable_batches} "
+            "(`max_unscorable_batches`)."
+        )
+
+    def observe_signal(self, rewards: torch.Tensor, advantages: torch.Tensor, num_generations: int) -> str | None:
+        """Count one training batch's learning signal.
+
+        Args:
+            rewards: total (weighted) reward per completion `(N,)`, NaN where no reward scored it, group by group.
+            advantages: TRL's advantages `(N,)` of the same completions (all processes), the input dynamic sampling
+                decides from; NaN where unscorable.
+            num_generations: completions per group.
+
+        Returns:
+            A warning to log at the first zero-signal batch of a streak, else None.
+
+        Raises:
+            RuntimeError: the `max_zero_signal_batches`-th zero-signal batch in a row.
+        """
+        scorable = rewards[~torch.isnan(rewards)]
+        if scorable.numel() == 0:  # an unscorable batch: `observe_rewards` counts it; neither counts nor resets
+            return None
+        low, high = float(scorable.min()), float(scorable.max())
+        self.observed_min = low if self.observed_min is None else min(self.observed_min, low)
+        self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
+        if bool(informative_groups(advantages, num_generations).any()):
+            self.zero_signal_batches, self.zero_signal_kind = 0, None
+            return None
+        self.zero_signal_batches += 1
+        kind, values = self.classify(rewards, num_generations)
+        first = self.zero_signal_batches == 1 or kind != self.zero_signal_kind
+        self.zero_signal_kind = kind
+        limit = self.max_zero_signal_batches
+        if limit and self.zero_signal_batches >= limit:
+            raise RuntimeError(
+                f"No learning signal in the last {self.zero_signal_batches} rollout batch(es): in every group all "
+                f"completions got the same reward, so every advantage, the policy loss and its gradient are zero. "
+                f"In the last one {self._advice(kind, values)} Training stops at `max_zero_signal_batches={limit}` "
+                "(0 never stops)."
+            )
+        if not first:
+            return None
+        stop = (
+            f"training stops after {limit} such batches in a row (`max_zero_signal_batches`)"
+            if limit
+            else "`max_zero_signal_batches=0`: training does not stop"
+        )
+        return (
+            f"No learning signal in this rollout batch: in every group all completions got the same reward (zero "
+            f"advantages, zero policy gradient); {self._advice(kind, values)} ({stop}.)"
+        )
+
+    def classify(self, rewards: torch.Tensor, num_generations: int) -> tuple[str, list[float]]:
+        """The kind of a zero-signal batch (`ZERO_SIGNAL_KINDS`) and its distinct group values."""
+        grouped = rewards.view(-1, num_generations)
+        values = sorted({float(v) for v in torch.nan_to_num(grouped, nan=-math.inf).amax(dim=1) if v != -math.inf})
+        if self.reward_range is not None:
+            low, high = self.reward_range
+        else:
+            low, high = self.observed_min, self.observed_max
+        if low is None or high is None or not math.isfinite(low) or not math.isfinite(high) or low == high:
+            return "equal", values
+        tol = 1e-6 * max(1.0, abs(low), abs(high))
+        at_top = [abs(v - high) <= tol for v in values]
+        at_low = [abs(v - low) <= tol for v in values]
+        if all(at_top):
+            return "top", values
+        if all(at_low):
+            return "lowest", values
+        if all(t or lo for t, lo in zip(at_top, at_low)):
+            return "mixed", values
+        return "equal", values
+
+    def _advice(self, kind: str, values: list[float]) -> str:
+        shown = ", ".join(f"{v:g}" for v in values[:4]) + (", ..." if len(values) > 4 else "")
+        if self.reward_range is not None:
+            range_note = f" ({self.reward_range[0]:g} to {self.reward_range[1]:g})"
+        else:
+            range_note = (
+                f"; the rewards ({', '.join(self.reward_names)}) declare no score range (a `reward_range` attribute), "
+                "so the lowest and top are the extremes seen so far, and a run that has seen one value cannot tell"
+            )
+        return _ADVICE[kind].format(value=shown, range_note=range_note)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The counts and observed extremes, JSON-able (for checkpoints)."""
+        return {
+            "unscorable_batches": self.unscorable_batches,
+            "zero_signal_batches": self.zero_signal_batches,
+            "zero_signal_kind": self.zero_signal_kind,
+            "observed_min": self.observed_min,
+            "observed_max": self.observed_max,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned (missing keys keep their fresh values)."""
+        for key in ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "observed_min", "observed_max"):
+            if key in state:
+                setattr(self, key, state[key])

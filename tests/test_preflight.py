@@ -1,0 +1,295 @@
+"""Pre-flight checks (`cegppo_trl.preflight`): every failure that used to come after the model load (or never) now
+comes before it, with the field and the fix, from `cegppo check`, `cegppo train` and `CEGPPOTrainer` alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from datasets import Dataset
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl import preflight as preflight_module
+from cegppo_trl.cli import main as cegppo
+from cegppo_trl.rewards import get_reward_func
+from cegppo_trl.scripts import main as train
+from cegppo_trl.scripts import parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail if anything gets as far as loading the model's weights (TRL's `create_model_from_path`)."""
+    import trl.trainer.grpo_trainer as grpo_trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the check refused")
+
+    monkeypatch.setattr(grpo_trainer, "create_model_from_path", refuse)
+
+
+@pytest.fixture(scope="module")
+def verl_file(tmp_path_factory) -> str:
+    """The layout of the paper's recipe data: the reference nested as `reward_model.ground_truth`."""
+    rows = [{"prompt": f"{i}+2=", "reward_model": {"ground_truth": str(i + 2), "style": "rule"}} for i in range(8)]
+    return _jsonl(tmp_path_factory.mktemp("verl") / "verl.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def gsm8k_file(tmp_path_factory) -> str:
+    rows = [{"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(8)]
+    return _jsonl(tmp_path_factory.mktemp("gsm8k") / "gsm8k.jsonl", rows)
+
+
+def cli_args(model_dir, data, out, *extra):
+    return ["--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data, "--output_dir",
+            str(out), *extra]  # fmt: skip
+
+
+def check(capsys, *argv) -> tuple[int, str]:
+    status = cegppo(["check", *argv])
+    return status, capsys.readouterr().out
+
+
+def api(model_dir, dataset, reward="format", trainer_kwargs=None, **config):
+    args = CEGPPOConfig(**{"output_dir": "unused-out", "use_cpu": True, "report_to": "none",
+                           "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8,
+                           **config})  # fmt: skip
+    return CEGPPOTrainer(model_dir, reward_funcs=get_reward_func(reward), args=args, train_dataset=dataset,
+                         **(trainer_kwargs or {}))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The nested reference path: every component is checked (today only the first was)
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_misspelled_nested_solution_path_is_refused_naming_the_field(model_dir, verl_file, tmp_path, no_model_load):
+    args = parse_args(cli_args(model_dir, verl_file, tmp_path, "--reward_funcs", "gsm8k_01",
+                               "--solution_column", "reward_model.groundtruth"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"`solution_column=reward_model.groundtruth`: `groundtruth` is not a field of "
+                       r"`reward_model` \(its fields: ground_truth, style\)\. Did you mean `reward_model.ground_truth`"):  # fmt: skip
+        train(*args)
+
+
+def test_the_correct_nested_path_passes_and_the_reference_scores_top(capsys, model_dir, verl_file, tmp_path):
+    status, out = check(capsys, *cli_args(model_dir, verl_file, tmp_path, "--reward_funcs", "gsm8k_01", "format",
+                                          "--solution_column", "reward_model.ground_truth"))  # fmt: skip
+    assert status == 0, out
+    assert "row 0: solution='2' -> the reference scores 1.0 (top score)" in out
+    assert "format (scores 0 to 1)" in out and "reads no reference" in out
+    assert "0 error(s)" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reference scoring
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_reference_the_reward_cannot_score_top_is_an_error(capsys, model_dir, verl_file, tmp_path):
+    # `reward_model.style` exists ("rule") but is not the answer: gsm8k scores its own reference -1.
+    status, out = check(capsys, *cli_args(model_dir, verl_file, tmp_path, "--reward_funcs", "gsm8k",
+                                          "--solution_column", "reward_model.style"))  # fmt: skip
+    assert status == 1
+    assert "ERROR [rewards] Reward `gsm8k` gives the reference answer itself (row 0: solution='rule') the score" in out
+    assert "not its top score 1 (3 of 3 rows checked)" in " ".join(out.split())
+
+
+def test_the_reference_test_says_where_it_does_not_apply(capsys, model_dir, data_file, tmp_path):
+    status, out = check(capsys, *cli_args(model_dir, data_file, tmp_path, "--reward_funcs",
+                                          "test_preflight.own_reference_reward"))  # fmt: skip
+    assert status == 0, out
+    assert "the reference test does not apply: test_preflight.own_reference_reward does not say how" in " ".join(
+        out.split()
+    )
+
+
+def own_reference_reward(completions, solution, **kwargs):
+    return [float(str(s) in str(c)) for c, s in zip(completions, solution)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The default `solution_column` gives the right advice, and is not needed by reference-free rewards
+# ----------------------------------------------------------------------------------------------------------------
+def test_default_solution_column_with_question_answer_data_names_the_answer_column(
+    model_dir, gsm8k_file, tmp_path, no_model_load
+):
+    args = parse_args(cli_args(model_dir, gsm8k_file, tmp_path, "--prompt_column", "question",
+                               "--reward_funcs", "gsm8k"))  # fmt: skip
+    with pytest.raises(ValueError, match="`solution_column=solution`.*pass `--solution_column answer`") as error:
+        train(*args)
+    assert "solution_column: null" not in str(error.value)
+
+
+def test_default_solution_column_is_not_required_when_no_reward_reads_it(capsys, model_dir, gsm8k_file, tmp_path):
+    status, out = check(capsys, *cli_args(model_dir, gsm8k_file, tmp_path, "--prompt_column", "question",
+                                          "--reward_funcs", "format"))  # fmt: skip
+    assert status == 0, out
+    assert "columns: question (string), answer (string), prompt" in out and "solution (" not in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Each late failure, now early: command line
+# ----------------------------------------------------------------------------------------------------------------
+def test_an_integer_prompt_column_is_refused_naming_the_column(model_dir, tmp_path, no_model_load):
+    data = _jsonl(tmp_path / "ints.jsonl", [{"n": i, "text": f"{i}+1=", "solution": str(i + 1)} for i in range(4)])
+    args = parse_args(cli_args(model_dir, data, tmp_path / "out", "--prompt_column", "n", "--reward_funcs", "format"))
+    with pytest.raises(ValueError, match=r"`prompt_column=n` holds int values \(e.g. 0\).*\(text columns: text"):
+        train(*args)
+
+
+def test_a_mistyped_local_dataset_path_is_reported_as_a_missing_file(model_dir, tmp_path, no_model_load):
+    args = parse_args(cli_args(model_dir, "data/nonexistent.jsonl", tmp_path, "--reward_funcs", "format"))
+    with pytest.raises(FileNotFoundError, match=r"`dataset_name`: no file or directory at .*data/nonexistent.jsonl "
+                       r"\('data/nonexistent.jsonl' looks like a local path, not a Hub dataset id\)"):  # fmt: skip
+        train(*args)
+
+
+def test_an_unknown_hub_id_offline_is_reported_as_neither_a_file_nor_a_cached_dataset(
+    model_dir, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # no `nosuch` folder here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = parse_args(cli_args(model_dir, "nosuch/dataset", tmp_path, "--reward_funcs", "format"))
+    with pytest.raises(FileNotFoundError, match=r"'nosuch/dataset' is not a local file or directory .* and not a Hub "
+                       r"dataset available offline"):  # fmt: skip
+        train(*args)
+
+
+@pytest.mark.parametrize(
+    ("extra", "error", "message"),
+    [
+        (["--output_dir", "FILE"], FileExistsError, r"`output_dir` .*afile is a file, not a directory"),
+        (["--use_vllm", "true"], ImportError, r"`use_vllm=True` needs `vllm`.*`pip install \"cegppo-trl\[vllm\]\"`"),
+        (["--report_to", "tensorboard"], ImportError,
+         r"`report_to` includes tensorboard needs `tensorboard`.*`pip install \"cegppo-trl\[tensorboard\]\"`"),
+        (["--reward_funcs", "format", "gsm8k", "--reward_weights", "1.0"], ValueError,
+         r"`--reward_weights` has 1 value\(s\) \(1.0\) for 2 reward function\(s\)"),
+        (["--use_peft", "true", "--lora_target_modules", "q_proj", "qkv_proj"], ValueError,
+         r"LoRA target module\(s\) \['qkv_proj'\] match no module of LlamaForCausalLM.*`--lora_target_modules`"),
+    ],
+)  # fmt: skip
+def test_late_failures_are_refused_before_the_model_loads(
+    model_dir, data_file, tmp_path, no_model_load, monkeypatch, extra, error, message
+):
+    (tmp_path / "afile").write_text("not a directory")
+    extra = [str(tmp_path / "afile") if e == "FILE" else e for e in extra]
+    installed = preflight_module._installed
+    monkeypatch.setattr(preflight_module, "_installed", lambda m: m not in ("vllm", "tensorboard") and installed(m))
+    with pytest.raises(error, match=message):
+        train(*parse_args(cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format", *extra)))
+
+
+def test_steps_per_generation_not_a_multiple_of_gradient_accumulation_is_reported(
+    capsys, model_dir, data_file, tmp_path
+):
+    status, out = check(capsys, *cli_args(model_dir, data_file, tmp_path, "--gradient_accumulation_steps", "2",
+                                          "--steps_per_generation", "3", "--per_device_train_batch_size", "4"))  # fmt: skip
+    text = " ".join(out.split())
+    assert status == 0
+    assert "WARNING [batch] `steps_per_generation=3` is not a multiple of `gradient_accumulation_steps=2`" in text
+    assert "optimizer steps per rollout batch: 1.5" in text
+
+
+def test_on_policy_layout_is_reported_as_a_no_op(capsys, model_dir, data_file, tmp_path):
+    status, out = check(capsys, *cli_args(model_dir, data_file, tmp_path, "--steps_per_generation", "1"))
+    assert status == 0
+    assert "on-policy: the ratio is 1 at every step, so CE-GPPO is identical to GRPO" in " ".join(out.split())
+
+
+def test_output_dir_with_checkpoints_is_reported(capsys, model_dir, data_file, tmp_path):
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-10").mkdir()
+    status, out = check(capsys, *cli_args(model_dir, data_file, tmp_path))
+    assert f"{tmp_path}: holds checkpoints (checkpoint-2, checkpoint-10)" in " ".join(out.split())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The Python API runs the same checks before the model loads, worded for the API
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("columns", "reward", "error", "message"),
+    [
+        ({"prompt": []}, "format", ValueError, r"`train_dataset` is empty \(0 rows\): nothing to train on"),
+        ({"question": ["a"], "answer": ["1"]}, "format", ValueError,
+         r"`train_dataset` has no `prompt` column \(its columns: question, answer\)\. Fix: `train_dataset = "
+         r"train_dataset.rename_column\('question', 'prompt'\)`"),
+        ({"prompt": [1, 2]}, "format", ValueError, r"The `prompt` column of `train_dataset` holds int values"),
+        ({"prompt": ["a"], "answer": ["#### 1"]}, "gsm8k", ValueError,
+         r"\(its columns: prompt, answer\)\. Give the trainer a dataset whose `solution` column holds the reference "
+         r"answer, e.g. `train_dataset = train_dataset.rename_column\('answer', 'solution'\)`"),
+        ({"prompt": ["a"], "solution": ["none"]}, "gsm8k", ValueError,
+         r"Reward `gsm8k` gives the reference answer itself \(row 0: solution='none'\) the score -1.0"),
+    ],
+)  # fmt: skip
+def test_the_python_api_refuses_bad_data_before_the_model_loads(
+    model_dir, no_model_load, columns, reward, error, message
+):
+    with pytest.raises(error, match=message) as caught:
+        api(model_dir, Dataset.from_dict(columns), reward)
+    assert "--" not in str(caught.value)  # no command-line flag in a Python API message
+
+
+def test_the_python_api_refuses_the_late_configuration_failures(model_dir, tmp_path, no_model_load, monkeypatch):
+    from peft import LoraConfig
+
+    data = Dataset.from_dict({"prompt": ["a"]})
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match="is a file, not a directory"):
+        api(model_dir, data, output_dir=str(tmp_path / "afile"))
+    monkeypatch.setattr(preflight_module, "_installed", lambda m: False)
+    with pytest.raises(ImportError, match=r'pip install "cegppo-trl\[vllm\]"'):
+        api(model_dir, data, use_vllm=True)
+    with pytest.raises(ValueError, match=r"`reward_weights` has 2 value\(s\)"):
+        api(model_dir, data, reward_weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"\['qkv'\] match no module.*`target_modules` of the `peft_config`"):
+        api(model_dir, data, trainer_kwargs={"peft_config": LoraConfig(target_modules=["q_proj", "qkv"])})
+
+
+def test_cli_and_api_report_the_same_finding(capsys, model_dir, tmp_path, no_model_load):
+    """Parity: one implementation (`run_checks`), two wordings of the fix."""
+    data = [{"prompt": "1+1=", "answer": "#### 2"}]
+    status, out = check(capsys, *cli_args(model_dir, _jsonl(tmp_path / "d.jsonl", data), tmp_path / "o",
+                                          "--reward_funcs", "gsm8k", "--solution_column", "none"))  # fmt: skip
+    cli_message = " ".join(out.split("ERROR [rewards] ", 1)[1].split("\n0 error")[0].split())
+    with pytest.raises(ValueError) as api_error:
+        api(model_dir, Dataset.from_list(data), "gsm8k")
+    common = "Reward `gsm8k` compares each completion with a reference answer, passed as the `solution` column, and "
+    common += "the data has none (its columns: prompt, answer)."
+    assert status == 1 and cli_message.startswith(common) and str(api_error.value).startswith(common)
+    assert "`--solution_column answer`" in cli_message and "--" not in str(api_error.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `cegppo check` on every shipped recipe, with a tiny local model and local data in the recipe's layout
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, recipe, model_dir, tmp_path):
+    raw = yaml.safe_load(recipe.read_text())
+    prompt, solution = raw.get("prompt_column", "prompt"), raw.get("solution_column", "solution")
+    rows = []
+    for i in range(4):
+        row = {prompt: f"What is {i} + 2?"}
+        if solution:  # the reference in the recipe's layout (a dotted path is a nested field)
+            *parents, leaf = solution.split(".")
+            node = row
+            for key in parents:
+                node = node.setdefault(key, {})
+            node[leaf] = f"{i} + 2 = {i + 2}\n#### {i + 2}" if "gsm8k" in raw.get("reward_funcs", []) else str(i + 2)
+        rows.append(row)
+    data = _jsonl(tmp_path / "data.jsonl", rows)
+    status, out = check(capsys, "--config", str(recipe), "--model_name_or_path", model_dir, "--dataset_name", data,
+                        "--output_dir", str(tmp_path / "out"), "--use_cpu", "true")  # fmt: skip
+    for title in ("Dataset (as the trainer sees it)", "Prompts (as the model gets them)", "Rewards", "Batch layout",
+                  "Engine", "Extras", "Output directory"):  # fmt: skip
+        assert title in out, out
+    assert "the reference scores 1.0 (top score)" in out or "reads no reference" in out
+    errors = [line for line in out.splitlines() if line.startswith("ERROR")]
+    expected = [] if not raw.get("use_vllm") or preflight_module._installed("vllm") else ["ERROR [extras] `use_vllm"]
+    assert [e[: len(x)] for e, x in zip(errors, expected)] == expected and len(errors) == len(expected), out
+    assert status == (1 if expected else 0)
