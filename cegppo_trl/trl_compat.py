@@ -61,8 +61,9 @@ TRL_CONFIG_FIELDS = (
 )
 
 # Fingerprints (`source_fingerprint`) of each guarded source in every TRL release the package was tested on (the
-# tests/test_trl_drift.py subset against that release: .ci/trl_oldest.sh for the oldest, the main suite for the
-# newest). Code-identical releases share fingerprints: 1.15 changed only a comment line of `_compute_loss`.
+# subset of .ci/trl_oldest.sh against that release; CI runs it on the oldest, the main suite on the newest). An entry
+# is the output of `python -m cegppo_trl.trl_compat` with that release installed. Code-identical releases have equal
+# fingerprints (1.15 has 1.16's, but cannot train on CPU: `TRL_RELEASE_FACTS`); TRL 1.9's `_compute_loss` is other code.
 TRL_SOURCE_FINGERPRINTS: dict[str, dict[str, str]] = {
     "1.10.0": {
         "GRPOTrainer.compute_loss": "27b90214bf202c1fa9aa039dbbe2667be54d76fe3c2f8f79a59b0baf6ce6d74c",
@@ -126,6 +127,9 @@ TRL_RELEASE_FACTS = {
     # TRL < 1.14's `compute_loss` sends `use_liger_kernel=True` to Liger's fused GRPO loss, which never calls
     # `_compute_loss`: it would train TRL's clipped surrogate under the CE-GPPO name.
     "liger_fused_loss_before": "1.14.0",
+    # TRL 1.15's `GRPOTrainer` computes every log-probability with a triton kernel (`trl.kernels.chunked_logprob`),
+    # imported only when triton is installed and run only on a GPU: on CPU its own first step fails. Not in the pin.
+    "gpu_only_log_probs": "1.15",
 }
 
 SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
@@ -231,6 +235,26 @@ def missing_config_fields() -> list[str]:
     return [name for name in TRL_CONFIG_FIELDS if name not in present]
 
 
+def missing_trl_kernel(args: Any = None) -> str | None:
+    """Why the installed TRL's own `GRPOTrainer` cannot compute log-probabilities in this run, or None."""
+    import torch
+    import trl
+    from trl.trainer import utils
+
+    series = TRL_RELEASE_FACTS["gpu_only_log_probs"]
+    if Version(trl.__version__).release[:2] != Version(series).release[:2]:
+        return None
+    on_cpu = not torch.cuda.is_available() or getattr(args, "use_cpu", False)
+    if on_cpu or getattr(utils, "_ChunkedLogProbFunction", None) is None:
+        return (
+            f"trl {trl.__version__} computes every log-probability with a triton kernel that needs triton and a GPU "
+            f"({'no GPU in this run' if on_cpu else 'triton is not installed'}): its GRPOTrainer would fail at the "
+            f"first training step. Install a supported TRL (`pip install 'trl>={oldest_tested_release()},"
+            f"!={series}.*,<={newest_tested_release()}'`)."
+        )
+    return None
+
+
 def config_refusal(args: Any, release: str, version: str | None = None) -> str | None:
     """Why `args` cannot train CE-GPPO on the code of tested TRL `release` (installed as `version`), or None."""
     if Version(release) < Version(TRL_RELEASE_FACTS["liger_fused_loss_before"]) and getattr(
@@ -256,7 +280,8 @@ def check_trl_compatibility(args: Any = None) -> None:
         RuntimeError: naming the installed TRL version, each changed source and what it must keep doing (or each
             missing `GRPOConfig` field), the newest tested release, and how to proceed.
         ValueError: `args` asks for something the installed release would silently do differently (e.g.
-            `use_liger_kernel` before TRL 1.14).
+            `use_liger_kernel` before TRL 1.14), or the installed TRL cannot run here (TRL 1.15 on CPU,
+            `missing_trl_kernel`).
     """
     import trl
 
@@ -273,7 +298,9 @@ def check_trl_compatibility(args: Any = None) -> None:
                 "test_trl_drift.py against it before relying on the results (docs/maintaining.md, 'Bumping TRL').",
                 stacklevel=3,
             )
-        refusal = None if args is None else config_refusal(args, release, trl.__version__)
+        refusal = missing_trl_kernel(args) or (
+            None if args is None else config_refusal(args, release, trl.__version__)
+        )
         if refusal is not None:
             raise ValueError(refusal)
         return
