@@ -4,7 +4,7 @@
 # running the subset that depends on TRL's internals: the drift guard, beta = 0 equal to GRPOTrainer for every loss
 # type and the other trainer tests, split invariance, resume. The main suite covers the newest releases.
 # Usage: bash .ci/trl_oldest.sh [VENV_DIR]   (default: $CEGPPO_TRL_OLDEST_VENV or /tmp/cegppo-trl-oldest-venv)
-# Measured on the 2-core CPU box (2026-12-01, see docs/maintaining.md): about 2-3 minutes with a warm pip cache.
+# Measured on the 2-core CPU box shared with other jobs (2026-12-01): 5 min 47 s, of which the subset 74 s (106 tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
