@@ -121,8 +121,8 @@ TRL_SOURCE_FINGERPRINTS: dict[str, dict[str, str]] = {
     },
 }
 
-# What a tested release does differently from the newest, where the trainer must act on it: release -> facts. Each
-# fact holds for the releases before the one named in its key (`_facts_for`).
+# What a TRL release does differently from the newest tested one, where the package must act on it (each key says
+# which releases a fact covers; `config_refusal` and `missing_trl_kernel` act on them).
 TRL_RELEASE_FACTS = {
     # TRL < 1.14's `compute_loss` sends `use_liger_kernel=True` to Liger's fused GRPO loss, which never calls
     # `_compute_loss`: it would train TRL's clipped surrogate under the CE-GPPO name.
@@ -219,6 +219,12 @@ def trl_source_changes(installed: dict[str, str] | None = None) -> list[str]:
     return [name for name in TRL_GUARDED_SOURCES if installed[name] != reference.get(name)]
 
 
+def supported_trl_requirement() -> str:
+    """The `pip install` requirement for a supported TRL (the pin in pyproject.toml, with its upper end tested)."""
+    left_out = TRL_RELEASE_FACTS["gpu_only_log_probs"]
+    return f"trl>={oldest_tested_release()},!={left_out}.*,<={newest_tested_release()}"
+
+
 def newest_tested_release() -> str:
     return max(TRL_SOURCE_FINGERPRINTS, key=Version)
 
@@ -249,8 +255,7 @@ def missing_trl_kernel(args: Any = None) -> str | None:
         return (
             f"trl {trl.__version__} computes every log-probability with a triton kernel that needs triton and a GPU "
             f"({'no GPU in this run' if on_cpu else 'triton is not installed'}): its GRPOTrainer would fail at the "
-            f"first training step. Install a supported TRL (`pip install 'trl>={oldest_tested_release()},"
-            f"!={series}.*,<={newest_tested_release()}'`)."
+            f"first training step. Install a supported TRL (`pip install '{supported_trl_requirement()}'`)."
         )
     return None
 
@@ -311,7 +316,7 @@ def check_trl_compatibility(args: Any = None) -> None:
     message = (
         f"cegppo_trl relies on TRL internals that changed in the installed trl {trl.__version__} ({tested}): "
         f"{details}. Training could silently lose a TRL feature or mis-normalise the loss. Install a tested TRL "
-        f"(`pip install 'trl>={oldest_tested_release()},<={newest}'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train "
+        f"(`pip install '{supported_trl_requirement()}'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train "
         "anyway at your own risk."
     )
     if os.environ.get(SKIP_DRIFT_CHECK_ENV) == "1":

@@ -398,3 +398,24 @@ def test_trl_1_15_on_cpu_is_refused_before_training(make_trainer, monkeypatch, v
         with pytest.raises(ValueError, match=rf"trl {version} computes every log-probability with a triton kernel .*"
                            r"no GPU in this run.*!=1\.15\.\*"):  # fmt: skip
             make_trainer()
+
+
+def test_the_trl_pin_is_the_tested_range():
+    # pip's pin and the run-time check say the same: from the oldest tested release to the newest one's minor series,
+    # without the release left out (what `.ci/trl_oldest.sh` installs is the pin's lower end).
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    (pin,) = [Requirement(d).specifier for d in project["dependencies"] if Requirement(d).name == "trl"]
+    newest = Version(trl_compat.newest_tested_release())
+    left_out = trl_compat.TRL_RELEASE_FACTS["gpu_only_log_probs"]
+    expected = SpecifierSet(
+        f">={trl_compat.oldest_tested_release()},!={left_out}.*,<{newest.major}.{newest.minor + 1}"
+    )
+    assert pin == expected
+    assert all(release in pin for release in trl_compat.TRL_SOURCE_FINGERPRINTS)
+    assert f"{left_out}.0" not in pin and f"{left_out}.0" not in trl_compat.TRL_SOURCE_FINGERPRINTS
