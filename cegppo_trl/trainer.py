@@ -12,11 +12,8 @@ train on a mismatch, naming the method (tests/test_trl_drift.py pins the same ha
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 import textwrap
-import warnings
 
 import torch
 from accelerate.logging import get_logger
@@ -45,90 +42,9 @@ from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
 from .safe_load import safe_resume_loads
 from .schedules import parse_schedule
+from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
-
-# The TRL internals this package relies on, each with what it must keep doing. A change in any of them can silently
-# train plain GRPO or mis-normalise the loss, so their sources are hashed (`check_trl_compatibility`).
-TRL_GUARDED_SOURCES = {
-    "GRPOTrainer.compute_loss": "dispatches to `_compute_loss` (a fused-loss branch would train plain GRPO)",
-    "GRPOTrainer._compute_loss": "is the method `CEGPPOTrainer._compute_loss` copies line for line",
-    "GRPOTrainer._generate_and_score_completions": "calls `_calculate_rewards` once per rollout batch and gives "
-    "process k the rows k * local .. (k + 1) * local of the gathered batch, the slice the SFT and dynamic-sampling "
-    "masks take",
-    "GRPOTrainer._calculate_rewards": "returns the rewards of every process, gathered in process order",
-    "GRPOTrainer._prepare_inputs": "splits each rollout batch into `steps_per_generation` micro-batches, the share "
-    "the rollout-batch normalisers are divided by",
-    "split_tensor_dict": "passes 0-d tensors (the rollout-batch counts) to every micro-batch unchanged",
-    "shuffle_sequence_dict": "passes 0-d tensors through unshuffled",
-}
-# sha256 of each guarded source in the TRL releases this package was checked against.
-TRL_SOURCE_SHA256 = {
-    "1.16.0": {
-        "GRPOTrainer.compute_loss": "a2d6ef8bd29c3e26be8d8b25fa03a298a7a7fa4a3abb851a52845bc16c0e54ce",
-        "GRPOTrainer._compute_loss": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
-        "GRPOTrainer._generate_and_score_completions": "1fa48922792dcd5c72da155cfe99db477771a7c61cde15519fe8c86d0cdc0b65",  # noqa: E501
-        "GRPOTrainer._calculate_rewards": "736ae29b083840b5da2638b55ad1258659c644589991fe6a494131354952efef",
-        "GRPOTrainer._prepare_inputs": "f824e7fb0714795697c9b4d574de1e139dd5f4404c2554e92cf1db7f60fa6c96",
-        "split_tensor_dict": "b61a5760a03e95dbceddcc1e8e78c3db6d9303f01c0b1ced19b745271e56d079",
-        "shuffle_sequence_dict": "bab038755e57ed2b537885296273850223db4d14c728fc2f6e4b1216eb5a9f30",
-    },
-}
-SKIP_DRIFT_CHECK_ENV = "CEGPPO_SKIP_TRL_DRIFT_CHECK"
-
-
-def trl_source_sha256() -> dict[str, str]:
-    """sha256 of the installed TRL's source of each of `TRL_GUARDED_SOURCES` (`"missing"` for one TRL lacks)."""
-    from trl.trainer import grpo_trainer  # the functions as the trainer module uses them, wherever they come from
-
-    hashes = {}
-    for name in TRL_GUARDED_SOURCES:
-        owner, _, attribute = name.rpartition(".")
-        obj = getattr(GRPOTrainer if owner else grpo_trainer, attribute, None)
-        hashes[name] = "missing" if obj is None else hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
-    return hashes
-
-
-def trl_source_changes() -> list[str]:
-    """The guarded TRL sources that differ from every tested release (an empty list: compatible).
-
-    Compared with the tested release closest to the installed one (the same version, else the one with the most
-    identical sources), so the list names what changed rather than everything that differs from some release.
-    """
-    import trl
-
-    installed = trl_source_sha256()
-    if any(installed == hashes for hashes in TRL_SOURCE_SHA256.values()):
-        return []
-    reference = TRL_SOURCE_SHA256.get(trl.__version__) or max(
-        TRL_SOURCE_SHA256.values(), key=lambda hashes: sum(installed[name] == hashes.get(name) for name in installed)
-    )
-    return [name for name in TRL_GUARDED_SOURCES if installed[name] != reference.get(name)]
-
-
-def check_trl_compatibility() -> None:
-    """Raise if a TRL internal this package relies on differs from every release it was checked against.
-
-    Raises:
-        RuntimeError: naming the installed TRL version, each changed method and what it must keep doing, and how to
-            proceed.
-    """
-    import trl
-
-    changed = trl_source_changes()
-    if not changed:
-        return
-    details = "; ".join(f"`{name}`, which {TRL_GUARDED_SOURCES[name]}" for name in changed)
-    message = (
-        f"cegppo_trl relies on TRL internals that changed in the installed trl {trl.__version__} (tested: "
-        f"{', '.join(TRL_SOURCE_SHA256)}): {details}. Training could silently lose a TRL feature or mis-normalise "
-        f"the loss. Install a tested TRL (`pip install 'trl~=1.16.0'`), or set {SKIP_DRIFT_CHECK_ENV}=1 to train "
-        "anyway at your own risk."
-    )
-    if os.environ.get(SKIP_DRIFT_CHECK_ENV) == "1":
-        warnings.warn(message, stacklevel=3)
-        return
-    raise RuntimeError(message)
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -186,7 +102,7 @@ class CEGPPOTrainer(GRPOTrainer):
         trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
         if check_distributed_engine(args) != "deepspeed":
             quiet_unused_deepspeed()
-        check_trl_compatibility()
+        check_trl_compatibility(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.

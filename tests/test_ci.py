@@ -1,4 +1,4 @@
-"""`.ci/run`, the CI entry point: the vLLM step runs by default; skipping it takes an explicit, loud opt-out.
+"""`.ci/run`, the CI entry point: the oldest-TRL and vLLM steps run by default; skipping vLLM takes a loud opt-out.
 
 The script runs for real in a scratch copy of the repository where `python3`, the venv and `.ci/vllm.sh` are stubs
 that record what was called (no install, no network)."""
@@ -31,6 +31,7 @@ def _run_ci(tmp_path: Path, **env_extra: str) -> tuple[subprocess.CompletedProce
     (repo / ".ci").mkdir(parents=True)
     shutil.copy(ROOT / ".ci" / "run", repo / ".ci" / "run")
     (repo / ".ci" / "vllm.sh").write_text('echo "vllm.sh ran" >> "$CI_TEST_LOG"\n')
+    (repo / ".ci" / "trl_oldest.sh").write_text('echo "trl_oldest.sh ran" >> "$CI_TEST_LOG"\n')
     (repo / "README.md").write_text('<!-- test-command -->\n```bash\necho "main suite ran" >> "$CI_TEST_LOG"\n```\n')
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -50,7 +51,7 @@ def _run_ci(tmp_path: Path, **env_extra: str) -> tuple[subprocess.CompletedProce
 def test_ci_runs_the_vllm_step_by_default(tmp_path):
     result, calls = _run_ci(tmp_path)
     assert result.returncode == 0, result.stderr
-    assert calls == ["main suite ran", "deactivated", "vllm.sh ran"]
+    assert calls == ["main suite ran", "deactivated", "trl_oldest.sh ran", "vllm.sh ran"]
     assert "SKIPPED" not in result.stderr
 
 
@@ -58,5 +59,5 @@ def test_ci_runs_the_vllm_step_by_default(tmp_path):
 def test_ci_vllm_opt_out_is_explicit_and_says_so(tmp_path):
     result, calls = _run_ci(tmp_path, CEGPPO_CI_VLLM="0")
     assert result.returncode == 0, result.stderr
-    assert calls == ["main suite ran"]
+    assert calls == ["main suite ran", "deactivated", "trl_oldest.sh ran"], "the oldest-TRL step still runs"
     assert "vLLM step SKIPPED (CEGPPO_CI_VLLM=0): the vLLM generation path was NOT checked" in result.stderr
