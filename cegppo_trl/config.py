@@ -162,7 +162,7 @@ class CEGPPOConfig(GRPOConfig):
         default=100,
         metadata={
             "help": "Stop after this many consecutive training rollout batches with zero reward spread in every group "
-            "(no policy gradient; the first warns). 0: never. See docs/configuration.md."
+            "(no policy gradient; the first warns). 0: never."
         },
     )
 

@@ -9,16 +9,20 @@ Each item is narrow (one message, one place) and leaves every other warning, TRL
 - transformers' FutureWarnings for the deprecated `is_gradient_checkpointing`, `gradient_checkpointing_disable` and
   `gradient_checkpointing_enable`, which TRL 1.16 calls around every generation (`trl.models.utils`); they were
   printed into the progress bar's line at the first step.
+- The package's own warnings during training (zero learning signal, drift, unscorable batches): with no logging
+  configured, Python prints them through its last-resort handler into the progress bar's line; a command-line run
+  sends them through `tqdm.write` instead, which prints them on a line of their own above the bar.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 
-__all__ = ["DEEPSPEED_CPU_NOTICE", "quiet_unused_deepspeed", "trl_deprecated_model_calls"]
+__all__ = ["DEEPSPEED_CPU_NOTICE", "log_above_progress_bars", "quiet_unused_deepspeed", "trl_deprecated_model_calls"]
 
 DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 _DEPRECATED_MODEL_CALLS = r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated"
@@ -47,3 +51,27 @@ def trl_deprecated_model_calls() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DEPRECATED_MODEL_CALLS, category=FutureWarning)
         yield
+
+
+class _TqdmWriteHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # a broken stream must not stop training; logging's own rule
+            self.handleError(record)
+
+
+def log_above_progress_bars() -> None:
+    """Print the package's warnings on lines of their own above a progress bar, where nothing else is configured.
+
+    Only when neither the package's logger nor the root logger has a handler, i.e. when Python would fall back to
+    its last-resort handler (same level and bare message); a user's own logging set-up is left as it is.
+    """
+    package_logger = logging.getLogger("cegppo_trl")
+    if package_logger.handlers or logging.getLogger().handlers:
+        return
+    handler = _TqdmWriteHandler(level=logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package_logger.addHandler(handler)

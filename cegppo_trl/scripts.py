@@ -408,6 +408,9 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     from trl import get_quantization_config
 
     from .preflight import cli_checks
+    from .quiet import log_above_progress_bars
+
+    log_above_progress_bars()
     from .trainer import CEGPPOTrainer
 
     # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
