@@ -152,6 +152,16 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
+    later_checkpoints: str = field(
+        default="refuse",
+        metadata={
+            "help": "What to do with checkpoints of `output_dir` later than the one resumed (every checkpoint, for a "
+            "new run): another run's, which `resume_from_checkpoint=last` would bring back. `refuse` (stop with an "
+            "error) or `move_aside` (move them into `output_dir/superseded-<time>/`).",
+            "choices": ["refuse", "move_aside"],
+        },
+    )
+
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
