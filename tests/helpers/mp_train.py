@@ -11,7 +11,8 @@ schedule and the entropy controller, with two optimizer steps per rollout batch 
 Usage: `mp_train.py OUT_DIR [SPEC_JSON]`; SPEC_JSON keys (all optional): `loss_types` (list), `save_steps` (int:
 save checkpoints), `save_total_limit`, `resume` (a checkpoint folder, or `last`), `bf16` (default False), `zero3`
 (record how the parameters are partitioned), `max_steps`, `num_iterations` (default 2), `pid_files` (each process
-writes `OUT_DIR/pid_<rank>` first). Used by tests/test_multiprocess.py, tests/test_deepspeed.py and
+writes `OUT_DIR/pid_<rank>` first), `slow_save` (`{"rank": k, "step": s}`: process k stalls before writing its RNG
+state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow or dying process would). Used by tests/test_multiprocess.py, tests/test_deepspeed.py and
 tests/helpers/chaos.py.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 from datasets import Dataset
@@ -114,6 +116,17 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
         rollout_func=rollout_func,
     )  # fmt: skip
+    slow = spec.get("slow_save")
+    if slow and trainer.accelerator.process_index == slow["rank"]:
+        save_rng_state = trainer._save_rng_state
+
+        def stalled(output_dir):
+            if trainer.state.global_step == slow["step"]:
+                open(os.path.join(out_dir, "slow_save_started"), "w").close()
+                time.sleep(600)
+            save_rng_state(output_dir)
+
+        trainer._save_rng_state = stalled
     resume = spec.get("resume")
     trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     if spec.get("zero3"):
