@@ -297,7 +297,7 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*resumed)
     assert trainer.args.resume_from_checkpoint == str(tmp_path / f"checkpoint-{step - 1}")
-    assert f"skipped the newer incomplete {partial.name} (trainer_state.json is missing)" in caplog.text
+    assert f"skipped the newer incomplete {partial.name} ({COMMIT_FILE} is missing" in caplog.text
     assert trainer.state.global_step == step
     assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
 
