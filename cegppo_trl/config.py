@@ -155,9 +155,8 @@ class CEGPPOConfig(GRPOConfig):
     later_checkpoints: str = field(
         default="refuse",
         metadata={
-            "help": "What to do with checkpoints of `output_dir` later than the one resumed (every checkpoint, for a "
-            "new run): another run's, which `resume_from_checkpoint=last` would bring back. `refuse` (stop with an "
-            "error) or `move_aside` (move them into `output_dir/superseded-<time>/`).",
+            "help": "Checkpoints of `output_dir` later than the one resumed (all, for a new run) are another run's, "
+            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/superseded-<time>/`.",
             "choices": ["refuse", "move_aside"],
         },
     )

@@ -1,7 +1,7 @@
-"""Preemption-safe checkpoints (issue 27): a commit record written last, rotation after the commit, no older run
+"""Preemption-safe checkpoints: a commit record written last, rotation after the commit, no older run
 coming back, one resume decision for every process, one live run per `output_dir`, and the chaos test.
 
-Each numbered trap of the issue has a test here that fails without the protocol: (1) a checkpoint missing a process's
+Each trap has a test here that fails without the protocol: (1) a checkpoint missing a process's
 RNG state is not resumed, (2) rotation never leaves nothing to resume, (3a) the Python API refuses a new run into a
 folder with checkpoints and a folder rewritten in place is not complete until committed, (3b) a resume with later
 checkpoints beside it is refused, naming the option, (5) the main process's resolution is every process's and a live
