@@ -281,8 +281,8 @@ def write_commit(folder: str, world_size: int, rank_files: list[str]) -> dict[st
 
 
 def commit_problem(folder: str) -> str | None:
-    """What `folder`'s commit record says is wrong with the folder (a file missing or of another size, a process's
-    file not recorded), or None when the folder is as committed. Also None-safe for a missing record: says so."""
+    """What is wrong with `folder` by its commit record (the record missing or unreadable, a file missing or of
+    another size, a process's file not recorded), or None when the folder is as committed."""
     try:
         with open(os.path.join(folder, COMMIT_FILE)) as f:
             record = json.load(f)
@@ -290,7 +290,12 @@ def commit_problem(folder: str) -> str | None:
         return f"{COMMIT_FILE} is missing"
     except (OSError, ValueError):
         record = None
-    if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("files"), dict)
+        or not isinstance(record.get("world_size", 1), int)
+        or not isinstance(record.get("rank_files", []), list)
+    ):
         return f"{COMMIT_FILE} is not a readable commit record"
     files = record["files"]
     for relative, size in files.items():
@@ -299,7 +304,7 @@ def commit_problem(folder: str) -> str | None:
             return f"{relative} is missing (named in {COMMIT_FILE})"
         if os.path.getsize(path) != size:
             return f"{relative} has {os.path.getsize(path)} bytes, {COMMIT_FILE} says {size}"
-    world_size = int(record.get("world_size", 1))
+    world_size = record.get("world_size", 1)
     for pattern in record.get("rank_files", []):
         for rank in range(world_size):
             if pattern.format(rank=rank) not in files:
@@ -321,7 +326,7 @@ def rotate(run_dir: str, save_total_limit: int | None, best_checkpoint: str | No
     if not complete:
         return []
     newest = complete[-1]
-    protected = {newest} | ({os.path.normpath(best_checkpoint)} if best_checkpoint else set())
+    protected = {os.path.normpath(newest)} | ({os.path.normpath(best_checkpoint)} if best_checkpoint else set())
     excess = len(complete) - max(save_total_limit, len(protected & set(map(os.path.normpath, complete))))
     doomed = [folder for folder in folders[: folders.index(newest)] if folder not in complete]
     for folder in complete:
@@ -354,7 +359,10 @@ def commit_after_save(trainer: Any, folder: str, run_dir: str, held: dict[str, A
     trainer.accelerator.wait_for_everyone()
     args = trainer.args
     if args.should_save:
-        write_commit(folder, args.world_size, per_rank_files(args.world_size, args.save_only_model))
+        # With `save_on_each_node` each node's folder holds its own processes' files only: the sizes are checked,
+        # the full set of RNG states cannot be.
+        rank_files = [] if args.save_on_each_node else per_rank_files(args.world_size, args.save_only_model)
+        write_commit(folder, args.world_size, rank_files)
         rotate(run_dir, held["save_total_limit"], trainer.state.best_model_checkpoint)
     if held["push_to_hub"]:
         trainer._push_from_checkpoint(folder)
