@@ -165,6 +165,14 @@ class CEGPPOConfig(GRPOConfig):
             "(no policy gradient; the first warns). 0: never."
         },
     )
+    later_checkpoints: str = field(
+        default="refuse",
+        metadata={
+            "help": "Checkpoints of `output_dir` later than the one resumed (all, for a new run) are another run's, "
+            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/superseded-<time>/`.",
+            "choices": ["refuse", "move_aside"],
+        },
+    )
 
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks

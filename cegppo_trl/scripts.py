@@ -21,13 +21,13 @@ from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
     CEGPPO_STATE_FILE,
     FRESH_CONTROLLER_ANNOUNCED,
     RESUME_COMPARED_FIELDS,
+    acquire_lock,
     changed_settings,
     check_resume_length,
     fresh_controller_note,
-    incomplete_reason,
-    last_complete_checkpoint,
+    plan_resume,
+    release_lock,
     remove_checkpoints,
-    resume_last,
 )
 from .config import CEGPPOConfig
 from .distributed import CPU_DDP_LAUNCH_LINE
@@ -417,7 +417,15 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     # nothing, after it.
     report, prepared = cli_checks(script_args, training_args, model_args)
     report.raise_errors()
-    training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
+    if training_args.process_index == 0 and training_args.should_save:
+        # Before anything in `output_dir` is read or deleted: a second live run into it stops here.
+        for warning in acquire_lock(training_args.output_dir):
+            logger.warning(warning)
+    try:
+        training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
+    except ValueError:
+        release_lock(training_args.output_dir)
+        raise
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is not None:
         check_resume_length(checkpoint, training_args.max_steps, training_args.num_train_epochs)
@@ -589,43 +597,22 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
 def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
     """The checkpoint to resume from: `true`/`last` is the newest complete one in `output_dir`, `false`/`none` none.
 
-    A checkpoint folder the run was killed while writing (see `checkpoints.incomplete_reason`) is never resumed: `last`
-    passes over it, naming it in a warning, and a path to one is refused. A new run into an `output_dir` that already
-    holds checkpoints is refused unless `overwrite_output_dir` (then `main` deletes them): it would overwrite some of
-    them and leave a stale later one that `last` would pick up.
+    `checkpoints.plan_resume` decides, as it does for the Python API: a checkpoint folder without its commit record
+    (a run killed while writing it, see `checkpoints.incomplete_reason`) is never resumed, `last` passes over it
+    naming it in a warning and a path to one is refused; a new run into an `output_dir` that already holds
+    checkpoints, or a resume with later checkpoints beside it, is refused (they would come back with `last`) unless
+    `overwrite_output_dir` (a new run: `main` deletes them) or `later_checkpoints="move_aside"` (the trainer moves
+    them aside once it holds the `output_dir` lock).
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
-    output_dir = training_args.output_dir
     value = training_args.resume_from_checkpoint
     if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS + ("false",):
         value = None
-    if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "last")):
-        last, warning = resume_last(output_dir, value)
-        if warning is not None:
-            logger.warning(warning)
-        return last
-    if isinstance(value, str) and os.path.isdir(value):
-        reason = incomplete_reason(value)
-        if reason is not None:
-            newest, _ = last_complete_checkpoint(os.path.dirname(os.path.abspath(value)))
-            fix = (
-                f"Resume {newest}, the newest complete checkpoint beside it."
-                if newest
-                else "No checkpoint beside it is complete: start a new run."
-            )
-            raise ValueError(
-                f"`resume_from_checkpoint={value}` is not a complete checkpoint ({reason}): a run stopped while "
-                f"writing it, or it is not a `checkpoint-*` folder. {fix}"
-            )
-    last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
-    if value is None and last is not None and not overwrite_output_dir:
-        raise ValueError(
-            f"`output_dir` {output_dir} already holds checkpoints (latest: {os.path.basename(last)}). Resume with "
-            "`--resume_from_checkpoint last`, pick another `--output_dir`, or pass `--overwrite_output_dir true` to "
-            "delete them and start over in it."
-        )
-    return value
+    checkpoint, warnings, _ = plan_resume(
+        training_args.output_dir, value, training_args.later_checkpoints, overwrite_output_dir
+    )
+    for warning in warnings:
+        logger.warning(warning)
+    return checkpoint
 
 
 def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> list[str]:

@@ -24,12 +24,16 @@ from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     FRESH_CONTROLLER_ANNOUNCED,
+    begin_checkpoint,
+    commit_after_save,
     finished_resume_message,
     fresh_controller_note,
+    held_until_commit,
     read_state,
-    resume_last,
+    release_lock,
+    start_run,
     state_record,
-    write_state,
+    uncommit,
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
 from .controller import EntropyController, parse_controller
@@ -209,28 +213,33 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """`Trainer.train`, except that `resume_from_checkpoint=True` resumes the newest *complete* checkpoint of
-        `output_dir` (transformers' picks the highest-numbered folder, even one a killed run left half-written)."""
-        if resume_from_checkpoint is True:
-            last, warning = resume_last(self.args.output_dir)
-            if warning is not None:
-                logger.warning(warning)
-            resume_from_checkpoint = last
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        """`Trainer.train`, resuming what `checkpoints.start_run` decides on the main process for every process:
+        `resume_from_checkpoint=True` is the newest *committed* checkpoint (transformers' picks the highest-numbered
+        folder, even one a killed run left half-written), later checkpoints of another run are refused or moved
+        aside (`later_checkpoints`), and `output_dir` is locked against a second live run until training ends."""
+        resume_from_checkpoint = start_run(self.args, resume_from_checkpoint, logger.warning)
+        try:
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        finally:
+            release_lock(self.args.output_dir)
 
     def _save_checkpoint(self, model, trial):
         # `cegppo_state.json` (the CE-GPPO settings a resumed run is compared with, and the controller state) is
-        # written before `super()`, which pushes the finished folder to the Hub (hub_strategy "checkpoint" /
-        # "all_checkpoints"): a file added afterwards would be missing from the pushed copy.
-        if self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        # written before `super()`, and the folder's old commit record is removed before anything else is written
+        # (every process does, before its own files). Rotation and the Hub push wait for the commit record, which
+        # the main process writes once every process has saved (`checkpoints.commit_after_save`).
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            write_state(folder, state_record(self.args, controller, self.cegppo_run_state()))
-        super()._save_checkpoint(model, trial)
+            begin_checkpoint(folder, state_record(self.args, controller, self.cegppo_run_state()))
+        else:
+            uncommit(folder)
+        with held_until_commit(self.args) as held:
+            super()._save_checkpoint(model, trial)
+        commit_after_save(self, folder, run_dir, held)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows

@@ -81,6 +81,7 @@ def test_pushed_checkpoint_holds_the_controller_state(make_trainer, hub):
     for _, _, files, _ in checkpoint_pushes:
         assert "trainer_state.json" in files
         assert "cegppo_state.json" in files, sorted(files)
+        assert "cegppo_commit.json" in files, sorted(files)  # pushed after the commit: the copy is resumable
     pushed = json.loads(checkpoint_pushes[-1][2]["cegppo_state.json"])
     assert pushed["controller"] == trainer.entropy_controller.state_dict()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, RESUME_COMPARED_FIELDS
+from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, COMMIT_FILE, RESUME_COMPARED_FIELDS, write_commit
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args, warn_on_changed_settings
 
@@ -52,16 +52,18 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
     state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
-    assert set(state) == {"format", "settings", "run_state"} and state["format"] == 1
+    assert set(state) == {"format", "settings", "run_state", "commit"} and state["format"] == 1
     assert state["settings"] == {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS}
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
+    assert state["commit"] == COMMIT_FILE  # complete once committed
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
     marker = tmp_path / "PWNED"
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
     pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
     assert marker.exists()
     marker.unlink()
+    write_commit(str(checkpoint), 1, [])  # whoever planted it committed the folder as it is now
 
     resumed_args = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
@@ -298,7 +300,7 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*resumed)
     assert trainer.args.resume_from_checkpoint == str(tmp_path / f"checkpoint-{step - 1}")
-    assert f"skipped the newer incomplete {partial.name} (trainer_state.json is missing)" in caplog.text
+    assert f"skipped the newer incomplete {partial.name} ({COMMIT_FILE} is missing" in caplog.text
     assert trainer.state.global_step == step
     assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
 

@@ -9,8 +9,11 @@ differently from one process. The job has every part that crosses processes: the
 schedule and the entropy controller, with two optimizer steps per rollout batch (steps 2 and 4 are off-policy).
 
 Usage: `mp_train.py OUT_DIR [SPEC_JSON]`; SPEC_JSON keys (all optional): `loss_types` (list), `save_steps` (int:
-save checkpoints), `resume` (a checkpoint folder), `bf16` (default False), `zero3` (record how the parameters are
-partitioned). Used by tests/test_multiprocess.py and tests/test_deepspeed.py.
+save checkpoints), `save_total_limit`, `resume` (a checkpoint folder, or `last`), `bf16` (default False), `zero3`
+(record how the parameters are partitioned), `max_steps`, `num_iterations` (default 2), `pid_files` (each process
+writes `OUT_DIR/pid_<rank>` first), `slow_save` (`{"rank": k, "step": s}`: process k stalls before writing its RNG
+state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow or dying process would). Used by tests/test_multiprocess.py, tests/test_deepspeed.py and
+tests/helpers/chaos.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 from datasets import Dataset
@@ -34,6 +38,9 @@ LOSS_TYPES = ("dapo", "grpo")
 
 def main(out_dir: str, spec: dict) -> None:
     torch.set_num_threads(1)
+    if spec.get("pid_files"):  # what a scheduler knows of its job: every process, whoever started it
+        with open(os.path.join(out_dir, f"pid_{os.environ.get('RANK', '0')}"), "w") as f:
+            f.write(str(os.getpid()))
     for loss_type in spec.get("loss_types", LOSS_TYPES):
         train(out_dir, loss_type, spec)
     # Tear the gloo group down before interpreter exit: left to atexit, one rank can abort with "terminate called
@@ -89,11 +96,12 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         report_to="none",
         save_strategy="no" if save_steps is None else "steps",
         save_steps=save_steps or 500,
+        save_total_limit=spec.get("save_total_limit"),
         per_device_train_batch_size=GLOBAL_BATCH // world,
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_LEN,
-        num_iterations=2,
-        max_steps=MAX_STEPS,
+        num_iterations=spec.get("num_iterations", 2),
+        max_steps=spec.get("max_steps", MAX_STEPS),
         learning_rate=5e-2,
         logging_steps=1,
         seed=0,
@@ -108,7 +116,19 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
         rollout_func=rollout_func,
     )  # fmt: skip
-    trainer.train(resume_from_checkpoint=spec.get("resume"))
+    slow = spec.get("slow_save")
+    if slow and trainer.accelerator.process_index == slow["rank"]:
+        save_rng_state = trainer._save_rng_state
+
+        def stalled(output_dir):
+            if trainer.state.global_step == slow["step"]:
+                open(os.path.join(out_dir, "slow_save_started"), "w").close()
+                time.sleep(600)
+            save_rng_state(output_dir)
+
+        trainer._save_rng_state = stalled
+    resume = spec.get("resume")
+    trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     if spec.get("zero3"):
         # Each rank holds a shard of every parameter (ZeRO-3), not a replica: the module's tensors are empty.
         params = list(trainer.model.parameters())

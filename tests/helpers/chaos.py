@@ -1,0 +1,307 @@
+"""Chaos test of checkpoint resume: kill a training job at a random moment, resume `last`, compare with a clean run.
+
+For a launch (`single`: 1 process; `ddp`: 2-process DDP under torchrun; `zero2`/`zero3`: 2-process DeepSpeed on CPU
+from the shipped accelerate configs), each trial runs tests/helpers/mp_train.py's job with `save_steps=1` and
+`save_total_limit=2`, and once its first checkpoint is committed SIGKILLs one random process of the job (a worker
+rank or the launcher) at a random moment: half the trials at a random time, half while a checkpoint is being written.
+Then it kills the rest of the job as a scheduler would (every process it started, whatever session it is in), checks
+that a committed checkpoint is left, and runs the same job again with `resume_from_checkpoint="last"` until
+`max_steps`. A trial passes when that run finishes and its final parameters equal an uninterrupted run's:
+bit-identical for one process and DDP, within the ZeRO parity tolerance (tests/helpers/mp_launch.py) under DeepSpeed.
+
+The job takes one optimizer step per rollout batch (`num_iterations=1`): TRL does not checkpoint the rollout buffer
+of a batch used for several steps, so a resume inside one regenerates it from the resumed weights (another, exact,
+behaviour that would not be bit-identical). It stays inside one epoch (6 of 8 steps).
+
+Usage: `python tests/helpers/chaos.py [--launch single ddp zero2 zero3] [--trials N] [--seed S] [--work DIR]`;
+prints one line per trial and a summary, exits 1 if any trial failed. tests/test_chaos.py runs a few trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.mp_launch import (  # noqa: E402
+    ACCELERATE,
+    LAYOUT_ATOL,
+    TORCHRUN,
+    ZERO2_ATOL,
+    cpu_accelerate_config,
+    free_port,
+    start,
+)
+
+from cegppo_trl.checkpoints import COMMIT_FILE, checkpoint_folders, last_complete_checkpoint  # noqa: E402
+
+LAUNCHES = ("single", "ddp", "zero2", "zero3")
+MAX_STEPS = 6
+SPEC = {
+    "loss_types": ["dapo"],
+    "save_steps": 1,
+    "save_total_limit": 2,
+    "max_steps": MAX_STEPS,
+    "num_iterations": 1,
+    "pid_files": True,
+}
+TOLERANCE = {"single": 0.0, "ddp": 0.0, "zero2": ZERO2_ATOL, "zero3": LAYOUT_ATOL}
+
+
+def launcher(launch: str, work: Path) -> tuple[list[str], dict[str, str], dict]:
+    """The launch prefix, its environment and the spec additions for `launch`."""
+    if launch == "single":
+        return [sys.executable], {"ACCELERATE_USE_CPU": "1"}, {}
+    if launch == "ddp":
+        return (
+            [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())],
+            {"ACCELERATE_USE_CPU": "1"},
+            {},
+        )
+    config = work / f"cpu_deepspeed_{launch}.yaml"
+    if not config.exists():
+        config = cpu_accelerate_config(f"deepspeed_{launch}.yaml", work)
+    prefix = [str(ACCELERATE), "launch", "--config_file", str(config), "--main_process_port", str(free_port())]
+    return prefix, {}, {"zero3": True} if launch == "zero3" else {}
+
+
+def run_job(launch: str, out: Path, work: Path, resume: str | None = None, timeout: float = 300) -> subprocess.Popen:
+    prefix, env, extra = launcher(launch, work)
+    spec = {**SPEC, **extra, **({"resume": resume} if resume else {})}
+    proc = start(prefix, out, spec, **env)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_job(proc, out)
+    return proc
+
+
+def job_processes(proc: subprocess.Popen, out: Path) -> list[psutil.Process]:
+    """Every process of the job: the launcher, its descendants, and any process named in a pid file."""
+    found = {}
+    try:
+        root = psutil.Process(proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            found[p.pid] = p
+    except psutil.NoSuchProcess:
+        pass
+    for pid_file in out.glob("pid_*"):
+        try:
+            pid = int(pid_file.read_text())
+            found.setdefault(pid, psutil.Process(pid))
+        except (ValueError, psutil.NoSuchProcess, OSError):
+            pass
+    return list(found.values())
+
+
+def kill_job(proc: subprocess.Popen, out: Path, processes: list[psutil.Process] | None = None) -> None:
+    """SIGKILL every process of the job (recorded beforehand when given) and reap the launcher."""
+    for p in processes if processes is not None else job_processes(proc, out):
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    for p in processes or []:
+        try:
+            p.wait(timeout=30)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired, ChildProcessError):
+            pass
+
+
+def _committed(output_dir: Path) -> list[Path]:
+    return [Path(f) for f in checkpoint_folders(str(output_dir)) if (Path(f) / COMMIT_FILE).exists()]
+
+
+def _saving(output_dir: Path) -> bool:
+    """A checkpoint folder newer than every committed one exists: a save is under way."""
+    folders = checkpoint_folders(str(output_dir))
+    return bool(folders) and not (Path(folders[-1]) / COMMIT_FILE).exists()
+
+
+def _workers(proc: subprocess.Popen, out: Path, world: int) -> list[psutil.Process]:
+    """The job's worker processes, rank order unknown (the launcher itself for one process)."""
+    if world == 1:
+        return [psutil.Process(proc.pid)]
+    while True:
+        found = [
+            p for p in job_processes(proc, out) if p.pid != proc.pid and any("mp_train.py" in a for a in _cmdline(p))
+        ]
+        if len(found) >= world or proc.poll() is not None:
+            return sorted(found, key=lambda p: p.pid)
+        time.sleep(0.005)
+
+
+def _step(folder: str) -> int:
+    return int(Path(folder).name.split("-")[1])
+
+
+def trial(launch: str, out: Path, work: Path, rng: random.Random, step_time: float) -> dict:
+    """One kill-and-resume trial in `out` (fresh); returns what happened."""
+    world = 1 if launch == "single" else 2
+    prefix, env, extra = launcher(launch, work)
+    proc = start(prefix, out, {**SPEC, **extra}, **env)
+    output_dir = out / "dapo"
+    mode = rng.choice(("time", "save"))
+    deadline = time.monotonic() + 300
+    # Kill once a checkpoint is committed: before that there is nothing to resume, by design.
+    while time.monotonic() < deadline and proc.poll() is None and not _committed(output_dir):
+        time.sleep(0.005)
+    workers = _workers(proc, out, world)
+    processes = job_processes(proc, out)  # what the scheduler knows of the job, recorded before the kill
+    victim = rng.choice(workers + ([psutil.Process(proc.pid)] if world > 1 else []))
+    victim_name = "launcher" if victim.pid == proc.pid and world > 1 else f"worker {workers.index(victim)}"
+    if mode == "time":
+        time.sleep(rng.uniform(0, step_time * (MAX_STEPS - 1)))
+    else:  # while the save of step `wanted` is being written
+        wanted = rng.randint(2, MAX_STEPS)
+        while proc.poll() is None and time.monotonic() < deadline:
+            folders = checkpoint_folders(str(output_dir))
+            if folders and _step(folders[-1]) >= wanted and (_saving(output_dir) or _step(folders[-1]) > wanted):
+                break
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0, 0.03))
+    finished_first = proc.poll() is not None
+    try:
+        victim.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass
+    time.sleep(rng.uniform(0, 0.2))  # the scheduler notices, then kills the rest of the job
+    kill_job(proc, out, processes)
+
+    last, _ = last_complete_checkpoint(str(output_dir))
+    result = {
+        "mode": mode,
+        "victim": victim_name,
+        "finished_before_kill": finished_first and proc.returncode == 0,
+        "committed_after_kill": [p.name for p in _committed(output_dir)],
+        "last": None if last is None else Path(last).name,
+    }
+    if last is None:
+        result["error"] = "no committed checkpoint left after the kill"
+        return result
+    if result["finished_before_kill"]:
+        result["resumed"] = None
+        result["params"] = str(out / "params_dapo.pt")
+        return result
+    if _step(last) == MAX_STEPS:  # killed after the last save: the checkpoint holds the final weights
+        from safetensors.torch import load_file
+
+        result["resumed"] = None
+        result["params"] = str(out / "params_from_checkpoint.pt")
+        torch.save(load_file(os.path.join(last, "model.safetensors")), result["params"])
+        return result
+    for stale in out.glob("params_*.pt"):
+        stale.unlink()
+    resumed = start(prefix, out, {**SPEC, **extra, "resume": "last"}, **env)
+    try:
+        resumed.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        kill_job(resumed, out)
+    result["resumed"] = last
+    if resumed.returncode != 0:
+        result["error"] = f"resumed run exited {resumed.returncode}: " + resumed.log_path.read_text()[-2000:]
+        return result
+    result["params"] = str(out / "params_dapo.pt")
+    return result
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def compare(reference: dict, params_file: str, atol: float) -> float | None:
+    """The largest parameter difference from `reference` (None when the file is missing)."""
+    if not os.path.exists(params_file):
+        return None
+    params = torch.load(params_file)
+    missing = sorted(set(reference) - set(params))
+    if [name for name in missing if name != "lm_head.weight"]:  # a checkpoint's safetensors drop tied weights
+        return None
+    return max(
+        (params[name].float() - value).abs().max().item() for name, value in reference.items() if name in params
+    )
+
+
+def reference_run(launch: str, work: Path) -> tuple[dict, float]:
+    """The uninterrupted job's final parameters, and its time from the first commit to the end (where kills land)."""
+    out = work / f"{launch}-reference"
+    shutil.rmtree(out, ignore_errors=True)
+    prefix, env, extra = launcher(launch, work)
+    proc = start(prefix, out, {**SPEC, **extra}, **env)
+    while proc.poll() is None and not _committed(out / "dapo"):
+        time.sleep(0.005)
+    first_commit = time.monotonic()
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, proc.log_path.read_text()[-3000:]
+    return torch.load(out / "params_dapo.pt"), time.monotonic() - first_commit
+
+
+def campaign(launches, trials: int, work: Path, seed: int = 0, log=print) -> dict[str, list[dict]]:
+    """Run `trials` trials of each launch in `work`, round-robin (so a campaign cut short has some of each)."""
+    work.mkdir(parents=True, exist_ok=True)
+    references = {launch: reference_run(launch, work) for launch in launches}
+    rngs = {launch: random.Random(f"{launch}-{seed}") for launch in launches}
+    results: dict[str, list[dict]] = {launch: [] for launch in launches}
+    for number in range(trials):
+        for launch in launches:
+            reference, window = references[launch]
+            out = work / f"{launch}-trial{number}"
+            shutil.rmtree(out, ignore_errors=True)
+            began = time.monotonic()
+            result = trial(launch, out, work, rngs[launch], window / (MAX_STEPS - 1))
+            if "error" not in result:
+                worst = compare(reference, result["params"], TOLERANCE[launch])
+                result["max_abs_diff"] = worst
+                if worst is None or worst > TOLERANCE[launch]:
+                    result["error"] = f"final parameters differ from the uninterrupted run's by {worst}"
+            result["seconds"] = round(time.monotonic() - began, 1)
+            results[launch].append(result)
+            verdict = "PASS" if "error" not in result else "FAIL"
+            log(f"{launch} trial {number}: {verdict} {json.dumps(result)[:700]}")
+            if "error" not in result:
+                shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def summary(results: dict[str, list[dict]]) -> dict[str, str]:
+    """Per launch: trials passed / run, and how many were killed before the job ended (the rest finished first)."""
+    lines = {}
+    for launch, runs in results.items():
+        passed = sum("error" not in r for r in runs)
+        killed = sum(not r["finished_before_kill"] for r in runs)
+        resumed = sum(bool(r.get("resumed")) for r in runs)
+        lines[launch] = f"{passed}/{len(runs)} passed; {killed} killed mid-run, {resumed} resumed"
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--launch", nargs="+", choices=LAUNCHES, default=list(LAUNCHES))
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=None, help="folder for the runs (default: a temporary one)")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="cegppo-chaos-"))
+    results = campaign(args.launch, args.trials, work, args.seed, log=lambda m: print(m, flush=True))
+    print(json.dumps(summary(results)), flush=True)
+    return 0 if all("error" not in r for runs in results.values() for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
