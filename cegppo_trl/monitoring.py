@@ -275,6 +275,42 @@ def combine_diagnostics(
     )
 
 
+def diagnostics_metrics(
+    sums: dict[str, float], minima: dict[str, float], maxima: dict[str, float], left_guard: bool
+) -> dict[str, float]:
+    """TRL's `clip_ratio/*` and the `cegppo/` metric values of one micro-batch from its combined diagnostics
+    (`combine_diagnostics`); none when it holds no token (every group, on every process, was dropped).
+
+    Args:
+        sums, minima, maxima: `combine_diagnostics`' values.
+        left_guard: whether the left guard is on (`delta_low` set): only then is its share logged.
+    """
+    count = sums["tokens"]
+    if count == 0:  # nothing to measure
+        return {}
+    metrics = {
+        "clip_ratio/low_mean": sums["left"] / count,
+        "clip_ratio/high_mean": sums["right"] / count,
+        "clip_ratio/region_mean": (sums["left"] + sums["right"]) / count,  # disjoint regions
+        "clip_ratio/low_min": minima["left_share"],
+        "clip_ratio/high_max": maxima["right_share"],
+        "cegppo/preserved/left_frac": sums["left"] / count,
+        "cegppo/preserved/right_frac": sums["right"] / count,
+    }
+    if sums["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift far below
+        # log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
+        metrics["cegppo/preserved/left_log_ratio"] = sums["left_log_ratio"] / sums["left"]
+    if left_guard:
+        metrics["cegppo/preserved/left_guard_frac"] = sums["guard"] / count
+    # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
+    metrics["cegppo/preserved/grad_share"] = sums["preserved_grad_weight"] / max(sums["grad_weight"], 1e-12)
+    metrics["cegppo/dual_clip_frac"] = sums["dual"] / count
+    metrics["cegppo/ratio/min"] = minima["ratio"]
+    metrics["cegppo/ratio/mean"] = sums["ratio"] / count
+    metrics["cegppo/ratio/max"] = maxima["ratio"]
+    return metrics
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The left-drift early warning
 # ----------------------------------------------------------------------------------------------------------------

@@ -36,7 +36,13 @@ from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
 from .loss import cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
-from .monitoring import LeftDriftAlarm, RewardSignalMonitor, combine_diagnostics, left_drift_message
+from .monitoring import (
+    LeftDriftAlarm,
+    RewardSignalMonitor,
+    combine_diagnostics,
+    diagnostics_metrics,
+    left_drift_message,
+)
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks
@@ -694,24 +700,7 @@ class CEGPPOTrainer(GRPOTrainer):
                     drift, step, threshold, self.args, coefficients["beta1"], coefficients["delta_low"]
                 )
                 logger.warning(message, main_process_only=True)
-        count = sums["tokens"]
-        if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
-            return
-        metrics["clip_ratio/low_mean"].append(sums["left"] / count)
-        metrics["clip_ratio/high_mean"].append(sums["right"] / count)
-        metrics["clip_ratio/region_mean"].append((sums["left"] + sums["right"]) / count)  # disjoint regions
-        metrics["clip_ratio/low_min"].append(minima["left_share"])
-        metrics["clip_ratio/high_max"].append(maxima["right_share"])
-        metrics["cegppo/preserved/left_frac"].append(sums["left"] / count)
-        metrics["cegppo/preserved/right_frac"].append(sums["right"] / count)
-        if sums["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift
-            # far below log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
-            metrics["cegppo/preserved/left_log_ratio"].append(sums["left_log_ratio"] / sums["left"])
-        if coefficients["delta_low"] is not None:
-            metrics["cegppo/preserved/left_guard_frac"].append(sums["guard"] / count)
-        # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
-        metrics["cegppo/preserved/grad_share"].append(sums["preserved_grad_weight"] / max(sums["grad_weight"], 1e-12))
-        metrics["cegppo/dual_clip_frac"].append(sums["dual"] / count)
-        metrics["cegppo/ratio/min"].append(minima["ratio"])
-        metrics["cegppo/ratio/mean"].append(sums["ratio"] / count)
-        metrics["cegppo/ratio/max"].append(maxima["ratio"])
+        for name, value in diagnostics_metrics(
+            sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
+        ).items():
+            metrics[name].append(value)
