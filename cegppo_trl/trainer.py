@@ -62,17 +62,21 @@ class CEGPPOTrainer(GRPOTrainer):
     correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
     TRL's objective unchanged.
 
-    Besides the surrogate, this class owns (each inside a `# --- CE-GPPO ---` fence or in its own method):
+    Besides the surrogate, this class wires pure, separately tested functions into TRL (each call inside a
+    `# --- CE-GPPO ---` fence or in an override of a few lines):
 
-    - the rollout-batch normalisers (`_aggregate`): a batch's update does not depend on its micro-batch split;
-    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
-      `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
+    - the rollout-batch normalisers (`aggregation`): a batch's update does not depend on its micro-batch split;
+    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`): `rollouts.rollout_batch_masks`, called
+      in `_generate_and_score_completions` on the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stops after
-      `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
-      (`monitoring.RewardSignalMonitor`), and the pre-flight checks before the model loads (`preflight`);
-    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table,
-      and the refusals before training (TRL drift, a distributed engine that would silently fall back to DDP).
+    - β schedules and the entropy controller (`current_gppo_betas`); run-health monitoring (`monitoring`): the
+      metrics from `cegppo_diagnostics` in one host transfer, the left-drift warning (`LeftDriftAlarm`), the stops
+      after `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
+      (`RewardSignalMonitor`); the pre-flight checks before the model loads (`preflight`) and the on-policy warning
+      after it (`config.on_policy_message`);
+    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table
+      (`modelcard`), and the refusals before training (TRL drift, `trl_compat`; a distributed engine that would
+      silently fall back to DDP, `distributed`).
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
@@ -298,13 +302,14 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output
         mode = "train" if self.model.training else "eval"
-        masks, metrics = rollout_batch_masks(
+        loss_mask = output["completion_mask"]
+        if "tool_mask" in output:
+            loss_mask = loss_mask * output["tool_mask"]
+        masks, metrics = rollout_batch_masks(  # TRL's rewards (all processes) and this process's outputs
             self._last_rewards_per_func,
             self.reward_weights,
             output["advantages"],
-            output["completion_mask"]
-            if "tool_mask" not in output
-            else output["completion_mask"] * output["tool_mask"],
+            loss_mask,
             process_index=self.accelerator.process_index,
             num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
             dynamic_sampling=args.dynamic_sampling and mode == "train",
