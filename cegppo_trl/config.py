@@ -20,6 +20,43 @@ PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
+def is_on_policy(args: Any) -> bool:
+    """Every optimizer step uses fresh rollouts: the ratio is 1 and CE-GPPO is GRPO (no token is clipped)."""
+    return args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
+
+
+def on_policy_message(args: Any, vllm_importance_sampling_correction: bool = False) -> str | None:
+    """The warning for a CE-GPPO run that is GRPO because it is on-policy (`is_on_policy`), else None.
+
+    Args:
+        args: the run's config (its batch layout and `loss_type`).
+        vllm_importance_sampling_correction: whether TRL corrects vLLM's sampling, which the message then explains
+            does not help.
+    """
+    if args.loss_type not in CEGPPO_LOSS_TYPES or not is_on_policy(args):
+        return None
+    # With vLLM importance-sampling correction TRL also computes `old_per_token_logps`, but with the training model on
+    # the same weights the loss then sees: the ratio is still 1 (up to the numerical difference between two forward
+    # passes). The correction only reweights tokens by pi_train / pi_vllm; it does not make the ratio move, so the
+    # warning applies with or without it.
+    vllm_note = (
+        " vLLM importance-sampling correction does not change this: it reweights tokens by the trainer/vLLM "
+        "probability ratio, while the clipped ratio compares the policy with old log-probs the training "
+        "model recomputes on the same weights."
+        if vllm_importance_sampling_correction
+        else ""
+    )
+    return (
+        "CE-GPPO is identical to GRPO with this configuration: every optimizer step uses fresh rollouts "
+        f"(gradient_accumulation_steps={args.gradient_accumulation_steps} is a multiple of "
+        f"steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}), so the "
+        "probability ratio is 1, no token is clipped and there is no gradient to preserve." + vllm_note + " "
+        "To train off-policy as the paper does, take several optimizer steps per rollout batch: set "
+        "`num_iterations=2` (or more), or `steps_per_generation` to a multiple of "
+        "`gradient_accumulation_steps` greater than it (the authors use 8 optimizer steps per batch)."
+    )
+
+
 def _check_finite_nonnegative(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")

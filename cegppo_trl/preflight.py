@@ -496,14 +496,9 @@ def inspect_reward_weights(report: Report, args: Any, n_rewards: int, *, cli: bo
     )
 
 
-def is_on_policy(args: Any) -> bool:
-    """Every optimizer step uses fresh rollouts: the ratio is 1 and CE-GPPO is GRPO (no token is clipped)."""
-    return args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0
-
-
 def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     """Rollout batch, groups, optimizer steps per rollout batch, on- or off-policy, the divisibility rules."""
-    from .config import CEGPPO_LOSS_TYPES
+    from .config import CEGPPO_LOSS_TYPES, is_on_policy, on_policy_message
 
     per_device, spg, ga = args.per_device_train_batch_size, args.steps_per_generation, args.gradient_accumulation_steps
     rollout = args.generation_batch_size or per_device * world_size * spg
@@ -532,14 +527,7 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
         report.info("batch", f"loss_type={args.loss_type}: TRL's objective, unchanged (a baseline)")
     elif is_on_policy(args):
         report.info("batch", "on-policy: the ratio is 1 at every step, so CE-GPPO is identical to GRPO")
-        report.warning(
-            "batch",
-            "CE-GPPO is a no-op with this layout: every optimizer step uses fresh rollouts (gradient_accumulation_steps "
-            f"{ga} is a multiple of steps_per_generation {spg} x num_iterations {args.num_iterations}). Take several "
-            "optimizer steps per rollout batch: `num_iterations=2`, or `steps_per_generation` a multiple of "
-            "`gradient_accumulation_steps` greater than it (the authors use 8 steps per batch).",
-            code="on_policy",
-        )
+        report.warning("batch", on_policy_message(args), code="on_policy")
     else:
         report.info("batch", "off-policy after the first optimizer step of each rollout batch: CE-GPPO acts")
     if getattr(args, "dynamic_sampling", False):

@@ -10,6 +10,7 @@ could score.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -57,6 +58,95 @@ def informative_groups(rewards: torch.Tensor, num_generations: int) -> torch.Ten
     low = torch.nan_to_num(grouped, nan=torch.inf).amin(dim=1)
     keep = (high - low) > 0  # False for all-equal and for groups with < 2 scorable completions
     return keep.repeat_interleave(num_generations)
+
+
+def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The total (weighted) reward per completion, as TRL sums it, and which completions no reward could score.
+
+    Args:
+        rewards_per_func: TRL's rewards ``(N, num_reward_funcs)``, NaN where a function gave None.
+        reward_weights: one weight per reward function.
+
+    Returns:
+        ``(rewards, unscorable)``: ``(N,)`` totals over the scorable functions, NaN where every function is NaN (as
+        in TRL), and the boolean mask ``(N,)`` of those completions.
+    """
+    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards[unscorable] = torch.nan  # as in TRL
+    return rewards, unscorable
+
+
+def rollout_batch_masks(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    process_index: int,
+    num_generations: int,
+    dynamic_sampling: bool,
+    sft_loss_coef: float,
+    sft_reward_threshold: float | None,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """What a rollout batch adds to TRL's output for the CE-GPPO loss: the rollout-batch counts and the
+    per-completion masks of dynamic sampling and the SFT term.
+
+    Args:
+        rewards_per_func: TRL's rewards ``(N, num_reward_funcs)`` of the whole rollout batch, all processes, group by
+            group.
+        reward_weights: one weight per reward function.
+        advantages: this process's advantages ``(B,)`` (TRL's output).
+        loss_mask: this process's completion mask ``(B, T)``, times TRL's tool mask where there is one.
+        process_index: this process's rank; its completions are rows ``[rank * B, (rank + 1) * B)`` of the batch.
+        num_generations: completions per prompt.
+        dynamic_sampling: drop the groups without reward spread (only in training).
+        sft_loss_coef: the SFT term's weight; its mask is built when > 0.
+        sft_reward_threshold: `correct_completions`' threshold.
+        gather: concatenates a tensor over the processes (`accelerator.gather`; the identity on one process).
+
+    Returns:
+        ``(outputs, metrics)``: the entries to add to TRL's output (`num_sequences_in_batch` always; with dynamic
+        sampling `keep_mask`, and `num_items_in_batch` over the kept groups; with the SFT term `sft_mask`,
+        `num_sft_sequences_in_batch`, `num_sft_items_in_batch`), and the metric values to log by name.
+    """
+    # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
+    # rescaled to one micro-batch exactly as TRL rescales `num_items_in_batch` for `dapo`.
+    outputs = {"num_sequences_in_batch": rewards_per_func.new_tensor(float(rewards_per_func.size(0)))}
+    metrics: dict[str, float] = {}
+    if not (sft_loss_coef > 0 or dynamic_sampling):
+        return outputs, metrics
+    rewards, unscorable = total_rewards(rewards_per_func, reward_weights)
+    local = loss_mask.size(0)
+    process_slice = slice(process_index * local, (process_index + 1) * local)
+
+    keep = None
+    if dynamic_sampling:
+        # Decided from the advantages TRL computed (whatever `multi_objective_aggregation` / `scale_rewards`): TRL
+        # centres every group, so a group whose scorable completions all get the same advantage has zero advantage
+        # (up to rounding) and no policy gradient. Unscorable completions (advantage forced to 0) are ignored, as in
+        # the baseline.
+        keep = informative_groups(gather(advantages).masked_fill(unscorable, torch.nan), num_generations)
+        kept_groups = int(keep.view(-1, num_generations)[:, 0].sum())
+        metrics["cegppo/dynamic_sampling/kept_groups"] = kept_groups
+        metrics["cegppo/dynamic_sampling/dropped_groups"] = keep.numel() // num_generations - kept_groups
+        outputs["keep_mask"] = keep[process_slice].float()
+        loss_mask = loss_mask * outputs["keep_mask"].unsqueeze(1)
+        # The normalisers count only the kept groups' sequences and tokens.
+        outputs["num_sequences_in_batch"] = keep.sum().float()
+        outputs["num_items_in_batch"] = gather(loss_mask.sum()).sum()
+
+    if sft_loss_coef > 0:
+        correct = correct_completions(rewards, num_generations, sft_reward_threshold)
+        if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
+            correct = correct & keep
+        metrics["cegppo/sft_frac"] = correct.float().mean().item()
+        outputs["num_sft_sequences_in_batch"] = correct.sum().float()
+        correct = correct[process_slice].float()
+        outputs["sft_mask"] = correct
+        outputs["num_sft_items_in_batch"] = gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
+    return outputs, metrics
 
 
 def resume_offset(

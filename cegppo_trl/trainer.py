@@ -35,15 +35,21 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     state_record,
     uncommit,
 )
-from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig
+from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
 from .distributed import check_distributed_engine
-from .loss import CEGPPODiagnostics, cegppo_diagnostics, cegppo_per_token_loss
+from .loss import cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
-from .monitoring import RewardSignalMonitor
+from .monitoring import (
+    LeftDriftAlarm,
+    RewardSignalMonitor,
+    combine_diagnostics,
+    diagnostics_metrics,
+    left_drift_message,
+)
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
-from .rollouts import correct_completions, informative_groups, resume_inside_rollout_batch_message
+from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks
 from .safe_load import safe_resume_loads
 from .schedules import parse_schedule
 from .trl_compat import check_trl_compatibility
@@ -60,17 +66,21 @@ class CEGPPOTrainer(GRPOTrainer):
     correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
     TRL's objective unchanged.
 
-    Besides the surrogate, this class owns (each inside a `# --- CE-GPPO ---` fence or in its own method):
+    Besides the surrogate, this class wires pure, separately tested functions into TRL (each call inside a
+    `# --- CE-GPPO ---` fence or in an override of a few lines):
 
-    - the rollout-batch normalisers (`_aggregate`): a batch's update does not depend on its micro-batch split;
-    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`), built in
-      `_generate_and_score_completions` from the rewards TRL computed, which `_calculate_rewards` hands over through
+    - the rollout-batch normalisers (`aggregation`): a batch's update does not depend on its micro-batch split;
+    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`): `rollouts.rollout_batch_masks`, called
+      in `_generate_and_score_completions` on the rewards TRL computed, which `_calculate_rewards` hands over through
       `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`), the left-drift warning, the stops after
-      `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
-      (`monitoring.RewardSignalMonitor`), and the pre-flight checks before the model loads (`preflight`);
-    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table,
-      and the refusals before training (TRL drift, a distributed engine that would silently fall back to DDP).
+    - β schedules and the entropy controller (`current_gppo_betas`); run-health monitoring (`monitoring`): the
+      metrics from `cegppo_diagnostics` in one host transfer, the left-drift warning (`LeftDriftAlarm`), the stops
+      after `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
+      (`RewardSignalMonitor`); the pre-flight checks before the model loads (`preflight`) and the on-policy warning
+      after it (`config.on_policy_message`);
+    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table
+      (`modelcard`), and the refusals before training (TRL drift, `trl_compat`; a distributed engine that would
+      silently fall back to DDP, `distributed`).
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
@@ -124,37 +134,14 @@ class CEGPPOTrainer(GRPOTrainer):
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
-        self._left_drift_window = [0.0, 0.0]  # sum of log r over left-clipped tokens, their count
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
     # ------------------------------------------------------------------------------------------------------------
     def _warn_if_on_policy(self) -> None:
-        args = self.args
-        if self.loss_type not in CEGPPO_LOSS_TYPES:
-            return
-        if args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) == 0:
-            # With vLLM importance-sampling correction TRL also computes `old_per_token_logps`, but with the training
-            # model on the same weights the loss then sees: the ratio is still 1 (up to the numerical difference
-            # between two forward passes). The correction only reweights tokens by pi_train / pi_vllm; it does not
-            # make the ratio move, so the warning applies with or without it.
-            vllm_note = (
-                " vLLM importance-sampling correction does not change this: it reweights tokens by the trainer/vLLM "
-                "probability ratio, while the clipped ratio compares the policy with old log-probs the training "
-                "model recomputes on the same weights."
-                if self.use_vllm and self.vllm_importance_sampling_correction
-                else ""
-            )
-            logger.warning(
-                "CE-GPPO is identical to GRPO with this configuration: every optimizer step uses fresh rollouts "
-                f"(gradient_accumulation_steps={args.gradient_accumulation_steps} is a multiple of "
-                f"steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}), so the "
-                "probability ratio is 1, no token is clipped and there is no gradient to preserve." + vllm_note + " "
-                "To train off-policy as the paper does, take several optimizer steps per rollout batch: set "
-                "`num_iterations=2` (or more), or `steps_per_generation` to a multiple of "
-                "`gradient_accumulation_steps` greater than it (the authors use 8 optimizer steps per batch).",
-                main_process_only=True,
-            )
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if (message := on_policy_message(self.args, vllm_correction)) is not None:
+            logger.warning(message, main_process_only=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # beta1 / beta2 for the current optimizer step
@@ -323,50 +310,25 @@ class CEGPPOTrainer(GRPOTrainer):
                 logger.warning(warning, main_process_only=True)
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output
-        rewards_per_func = self._last_rewards_per_func  # [N, num_reward_funcs], all processes, group by group
-        # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
-        # rescaled to one micro-batch in `_aggregate` exactly as TRL rescales `num_items_in_batch` for `dapo`.
-        output["num_sequences_in_batch"] = rewards_per_func.new_tensor(float(rewards_per_func.size(0)))
-        if not (args.sft_loss_coef > 0 or args.dynamic_sampling):
-            return output
         mode = "train" if self.model.training else "eval"
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards[unscorable] = torch.nan  # as in TRL
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        local = output["completion_mask"].size(0)
-        process_slice = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
         loss_mask = output["completion_mask"]
         if "tool_mask" in output:
             loss_mask = loss_mask * output["tool_mask"]
-        metrics = self._metrics[mode]
-
-        keep = None
-        if args.dynamic_sampling and mode == "train":
-            # Decided from the advantages TRL computed (whatever `multi_objective_aggregation` / `scale_rewards`):
-            # TRL centres every group, so a group whose scorable completions all get the same advantage has zero
-            # advantage (up to rounding) and no policy gradient. Unscorable completions (advantage forced to 0)
-            # are ignored, as in the baseline.
-            advantages = self.accelerator.gather(output["advantages"])
-            keep = informative_groups(advantages.masked_fill(unscorable, torch.nan), num_generations)
-            kept_groups = int(keep.view(-1, num_generations)[:, 0].sum())
-            metrics["cegppo/dynamic_sampling/kept_groups"].append(kept_groups)
-            metrics["cegppo/dynamic_sampling/dropped_groups"].append(keep.numel() // num_generations - kept_groups)
-            output["keep_mask"] = keep[process_slice].float()
-            loss_mask = loss_mask * output["keep_mask"].unsqueeze(1)
-            # The normalisers count only the kept groups' sequences and tokens.
-            output["num_sequences_in_batch"] = keep.sum().float()
-            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-
-        if args.sft_loss_coef > 0:
-            correct = correct_completions(rewards, num_generations, args.sft_reward_threshold)
-            if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
-                correct = correct & keep
-            metrics["cegppo/sft_frac"].append(correct.float().mean().item())
-            output["num_sft_sequences_in_batch"] = correct.sum().float()
-            correct = correct[process_slice].float()
-            output["sft_mask"] = correct
-            output["num_sft_items_in_batch"] = self.accelerator.gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
+        masks, metrics = rollout_batch_masks(  # TRL's rewards (all processes) and this process's outputs
+            self._last_rewards_per_func,
+            self.reward_weights,
+            output["advantages"],
+            loss_mask,
+            process_index=self.accelerator.process_index,
+            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            dynamic_sampling=args.dynamic_sampling and mode == "train",
+            sft_loss_coef=args.sft_loss_coef,
+            sft_reward_threshold=args.sft_reward_threshold,
+            gather=self.accelerator.gather,
+        )
+        output.update(masks)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
         return output
 
     # ------------------------------------------------------------------------------------------------------------
@@ -739,110 +701,20 @@ class CEGPPOTrainer(GRPOTrainer):
             metrics["cegppo/controller/target_high"].append(high)
             if self.entropy_controller.last_entropy is not None:
                 metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
-        sums, minima, maxima = self._combine_diagnostics(
-            cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights)
+        sums, minima, maxima = combine_diagnostics(
+            cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights), self.accelerator.gather
         )
-        if mode == "train":
-            self._check_left_drift(sums, coefficients)
-        count = sums["tokens"]
-        if count == 0:  # every group of this micro-batch (on every process) was dropped: nothing to measure
-            return
-        metrics["clip_ratio/low_mean"].append(sums["left"] / count)
-        metrics["clip_ratio/high_mean"].append(sums["right"] / count)
-        metrics["clip_ratio/region_mean"].append((sums["left"] + sums["right"]) / count)  # disjoint regions
-        metrics["clip_ratio/low_min"].append(minima["left_share"])
-        metrics["clip_ratio/high_max"].append(maxima["right_share"])
-        metrics["cegppo/preserved/left_frac"].append(sums["left"] / count)
-        metrics["cegppo/preserved/right_frac"].append(sums["right"] / count)
-        if sums["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift
-            # far below log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
-            metrics["cegppo/preserved/left_log_ratio"].append(sums["left_log_ratio"] / sums["left"])
-        if coefficients["delta_low"] is not None:
-            metrics["cegppo/preserved/left_guard_frac"].append(sums["guard"] / count)
-        # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
-        metrics["cegppo/preserved/grad_share"].append(sums["preserved_grad_weight"] / max(sums["grad_weight"], 1e-12))
-        metrics["cegppo/dual_clip_frac"].append(sums["dual"] / count)
-        metrics["cegppo/ratio/min"].append(minima["ratio"])
-        metrics["cegppo/ratio/mean"].append(sums["ratio"] / count)
-        metrics["cegppo/ratio/max"].append(maxima["ratio"])
-
-    def _combine_diagnostics(self, diagnostics: CEGPPODiagnostics) -> tuple[dict[str, float], ...]:
-        """`(sums, minima, maxima)` over all processes, from one gather of the named local values and one transfer to
-        the host (a device-to-host synchronisation on a GPU)."""
-        sums, minima, maxima = diagnostics
-        local = torch.stack([*sums.values(), *minima.values(), *(-x for x in maxima.values())])  # [n]
-        gathered = self.accelerator.gather(local).view(-1, local.numel())  # [processes, n]
-        n_sums = len(sums)
-        values = torch.cat([gathered[:, :n_sums].sum(0), gathered[:, n_sums:].amin(0)]).tolist()
-        combined = dict(zip([*sums, *(f"min/{k}" for k in minima), *(f"max/{k}" for k in maxima)], values))
-        return (
-            {k: combined[k] for k in sums},
-            {k: combined[f"min/{k}"] for k in minima},
-            {k: -combined[f"max/{k}"] for k in maxima},
-        )
-
-    def _check_left_drift(self, sums: dict[str, float], coefficients) -> None:
-        """Warn, once per episode, when an optimizer step's mean left-clipped log r falls below `left_drift_warning`.
-
-        `sums` are combined over all processes, so every process takes the same decision."""
-        if self.left_drift_alarm is None:
-            return
-        self._left_drift_window[0] += sums["left_log_ratio"]
-        self._left_drift_window[1] += sums["left"]
-        if not self.accelerator.sync_gradients:  # within the optimizer step's gradient accumulation
-            return
-        log_ratio_sum, left = self._left_drift_window
-        self._left_drift_window = [0.0, 0.0]
-        value = log_ratio_sum / left if left > 0 else None
-        if not self.left_drift_alarm.update(value):
-            return
-        args = self.args
-        steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
-        delta_low = coefficients["delta_low"]
-        guard = (
-            f"a larger `delta_low` (now {delta_low:g}; with the guard on, this drift is a weaker sign: most false alarms "
-            "in cegppo-trl's entropy studies came from guarded runs, so check validation first)"
-            if delta_low
-            else "the left guard `delta_low` (e.g. 0.5)"
-        )
-        logger.warning(
-            f"cegppo/preserved/left_log_ratio = {value:.2f} at step {self.state.global_step + 1} is below "
-            f"`left_drift_warning` = {self.left_drift_alarm.threshold:g}: left-clipped negative-advantage tokens are "
-            "being pushed far below the rollout policy, which preceded most collapses in cegppo-trl's entropy studies (on "
-            "a tiny model this warning at -1.5 caught 50 of 59 held-out collapses, with 16 false alarms in 101 stable "
-            "runs). "
-            f"Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate (now "
-            f"{args.learning_rate:g}), or a smaller `gppo_beta1` (now {coefficients['beta1']:g}) or {guard}. "
-            "Not repeated until the value is back above the threshold; `left_drift_warning=None` disables it.",
-            main_process_only=True,
-        )
-
-
-class LeftDriftAlarm:
-    """Once-per-episode alarm on the mean left-clipped log-ratio of each optimizer step.
-
-    Fires on the first step of an episode of drift (a value below `threshold`), stays silent while the drift lasts,
-    and re-arms once a step's value is back at or above the threshold. A step without left-clipped tokens (`None`)
-    says nothing either way and leaves the state as it is.
-    """
-
-    def __init__(self, threshold: float):
-        self.threshold = threshold
-        self.armed = True
-
-    def state_dict(self) -> dict:
-        """The alarm's state as JSON: whether the next drift fires (False within an episode of drift)."""
-        return {"armed": self.armed}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.armed = bool(state["armed"])
-
-    def update(self, value: float | None) -> bool:
-        """Record one optimizer step's value; True when the warning should be given now."""
-        if value is None:
-            return False
-        if value < self.threshold:
-            fire, self.armed = self.armed, False
-            return fire
-        self.armed = True
-        return False
+        if mode == "train" and self.left_drift_alarm is not None:  # every process sees the same sums and decides alike
+            drift = self.left_drift_alarm.observe(
+                sums["left_log_ratio"], sums["left"], self.accelerator.sync_gradients
+            )
+            if drift is not None:
+                step, threshold = self.state.global_step + 1, self.left_drift_alarm.threshold
+                message = left_drift_message(
+                    drift, step, threshold, self.args, coefficients["beta1"], coefficients["delta_low"]
+                )
+                logger.warning(message, main_process_only=True)
+        for name, value in diagnostics_metrics(
+            sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
+        ).items():
+            metrics[name].append(value)

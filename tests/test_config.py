@@ -7,6 +7,7 @@ import math
 import pytest
 
 from cegppo_trl import CEGPPOConfig
+from cegppo_trl.config import on_policy_message
 
 
 def make(tmp_path, **kw):
@@ -163,3 +164,27 @@ def test_every_cegppo_field_has_a_help_string_of_at_most_two_lines():
     too_long = {f.name: len(f.metadata["help"]) for f in added if len(f.metadata.get("help", "")) > 2 * 119}
     assert not too_long, too_long
     assert all(f.metadata.get("help") for f in added)
+
+
+def test_on_policy_message_only_for_a_cegppo_loss_with_one_optimizer_step_per_rollout_batch(tmp_path):
+    # gradient_accumulation_steps 2 is a multiple of steps_per_generation 2 x num_iterations 1: on-policy.
+    on_policy = make(tmp_path, gradient_accumulation_steps=2, steps_per_generation=2)
+    message = on_policy_message(on_policy)
+    assert message.startswith("CE-GPPO is identical to GRPO with this configuration")
+    assert "(gradient_accumulation_steps=2 is a multiple of steps_per_generation=2 x num_iterations=1)" in message
+    assert "vLLM" not in message and "vLLM importance-sampling correction" in on_policy_message(on_policy, True)
+    assert (
+        on_policy_message(make(tmp_path, gradient_accumulation_steps=2, steps_per_generation=2, num_iterations=2))
+        is None
+    )
+    assert on_policy_message(make(tmp_path, gradient_accumulation_steps=2, steps_per_generation=4)) is None
+    assert on_policy_message(make(tmp_path, loss_type="cispo", epsilon_high=5.0)) is None  # TRL's objective
+
+
+def test_preflight_gives_the_trainers_on_policy_message(tmp_path):
+    from cegppo_trl.preflight import Report, inspect_batch_layout
+
+    args = make(tmp_path, gradient_accumulation_steps=2, steps_per_generation=2)
+    report = Report()
+    inspect_batch_layout(report, args, 1)
+    assert [f.message for f in report.warnings if f.code == "on_policy"] == [on_policy_message(args)]

@@ -12,6 +12,7 @@ import torch
 from torch.testing import assert_close
 
 from cegppo_trl.loss import cegppo_diagnostics
+from cegppo_trl.monitoring import combine_diagnostics, diagnostics_metrics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
 
@@ -174,8 +175,35 @@ def test_trainer_combines_the_diagnostics_with_one_host_transfer(make_trainer, m
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    sums, minima, maxima = trainer._combine_diagnostics(diag)
+    sums, minima, maxima = combine_diagnostics(diag, trainer.accelerator.gather)
     monkeypatch.undo()
     assert transfers == ["tolist"]
     assert sums == named(diag.sums) and minima["ratio"] == diag.minima["ratio"].item()
     assert maxima["right_share"] == diag.maxima["right_share"].item()
+
+
+def test_combine_diagnostics_adds_the_sums_and_takes_the_extremes_over_processes():
+    # Process 0: one left-clipped token (log r = -1, A = -1); process 1: one right-clipped token (log r = 1, A = +1).
+    mine = cegppo_diagnostics(torch.tensor([[-1.0]]), torch.tensor([-1.0]), torch.ones(1, 1), **KWARGS)
+    other = cegppo_diagnostics(torch.tensor([[1.0]]), torch.tensor([1.0]), torch.ones(1, 1), **KWARGS)
+    other_local = torch.stack([*other.sums.values(), *other.minima.values(), *(-x for x in other.maxima.values())])
+    sums, minima, maxima = combine_diagnostics(mine, lambda local: torch.cat([other_local, local]))
+    assert sums["tokens"] == 2.0 and sums["left"] == 1.0 and sums["right"] == 1.0
+    assert minima["ratio"] == pytest.approx(math.exp(-1)) and maxima["ratio"] == pytest.approx(math.e)
+    assert minima["left_share"] == 0.0 and maxima["right_share"] == 1.0  # per-sequence shares: 1, 0 and 0, 1
+
+
+def test_diagnostics_metrics_are_shares_of_the_combined_tokens_and_nothing_for_an_empty_micro_batch():
+    # Two tokens over the processes: one left-clipped (log r = -1), one right-clipped; no dual clip.
+    left = cegppo_diagnostics(torch.tensor([[-1.0, 1.0]]), torch.tensor([-1.0]), torch.ones(1, 2), **KWARGS)
+    sums, minima, maxima = combine_diagnostics(left, lambda local: local)
+    assert sums["left"] == 1.0 and sums["right"] == 0.0  # A < 0: r = e is beyond delta 2.5, the dual clip
+    metrics = diagnostics_metrics(sums, minima, maxima, left_guard=False)
+    assert metrics["clip_ratio/low_mean"] == 0.5 and metrics["clip_ratio/region_mean"] == 0.5
+    assert metrics["cegppo/dual_clip_frac"] == 0.5 and metrics["clip_ratio/low_min"] == 0.5
+    assert metrics["cegppo/preserved/left_log_ratio"] == -1.0
+    assert metrics["cegppo/ratio/mean"] == pytest.approx((math.exp(-1) + math.e) / 2)
+    assert "cegppo/preserved/left_guard_frac" not in metrics
+    assert "cegppo/preserved/left_guard_frac" in diagnostics_metrics(sums, minima, maxima, left_guard=True)
+    empty = {name: 0.0 for name in sums}
+    assert diagnostics_metrics(empty, minima, maxima, left_guard=True) == {}

@@ -9,7 +9,7 @@ import torch
 from helpers.batches import loss_and_grads, make_offpolicy_batch
 from helpers.reference import reference_per_token_loss
 
-from cegppo_trl.rollouts import correct_completions, informative_groups
+from cegppo_trl.rollouts import correct_completions, informative_groups, rollout_batch_masks, total_rewards
 
 nan = math.nan
 
@@ -32,6 +32,64 @@ def test_informative_groups_drop_all_equal_rewards():
     rewards = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0, 0.3, nan, 0.3, nan, nan, 2.0])
     # all-equal; mixed; equal once NaN is ignored; a single scorable completion
     assert informative_groups(rewards, 3).tolist() == [False] * 3 + [True] * 3 + [False] * 3 + [False] * 3
+
+
+def test_total_rewards_sum_the_weighted_scorable_rewards_and_mark_the_unscorable():
+    # [1, None] -> 1; [None, None] -> unscorable (NaN, not nansum's 0); [2, 3] with weights (1, 0.5) -> 3.5.
+    rewards, unscorable = total_rewards(torch.tensor([[1.0, nan], [nan, nan], [2.0, 3.0]]), torch.tensor([1.0, 0.5]))
+    assert rewards[0].item() == 1.0 and math.isnan(rewards[1].item()) and rewards[2].item() == 3.5
+    assert unscorable.tolist() == [False, True, False]
+
+
+def _two_process_gather(other_process_values):
+    """`accelerator.gather` as process 1 of 2 sees it: process 0's values (given, in call order), then its own."""
+    queue = list(other_process_values)
+    return lambda local: torch.cat([queue.pop(0).reshape(-1), local.reshape(-1)])
+
+
+def _masks_of_process_1(**settings):
+    # Two groups of two, one per process. Group 0 (process 0): rewards 1, 1, zero spread; group 1 (process 1): 1, -1.
+    rewards_per_func = torch.tensor([[1.0], [1.0], [1.0], [-1.0]])
+    loss_mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # process 1's completions: 5 tokens
+    # Process 0's gathered values, in the order the function gathers: its advantages (TRL's: 0 in a flat group); its
+    # kept tokens (none: its group is dropped, or 3 when nothing is dropped); its correct completions' tokens.
+    others = settings.pop("others")
+    return rollout_batch_masks(
+        rewards_per_func, torch.tensor([1.0]), torch.tensor([1.0, -1.0]), loss_mask, process_index=1,
+        num_generations=2, gather=_two_process_gather(others), **settings,
+    )  # fmt: skip
+
+
+def test_rollout_batch_masks_drop_the_flat_group_and_count_only_the_kept_groups():
+    zero = torch.tensor(0.0)
+    outputs, metrics = _masks_of_process_1(
+        dynamic_sampling=True, sft_loss_coef=0.1, sft_reward_threshold=None, others=[torch.zeros(2), zero, zero]
+    )
+    # keep = [0, 0, 1, 1]: process 1 keeps both of its completions, 2 sequences and 0 + 5 tokens in the batch.
+    assert outputs["keep_mask"].tolist() == [1.0, 1.0]
+    assert outputs["num_sequences_in_batch"].item() == 2.0 and outputs["num_items_in_batch"].item() == 5.0
+    # Correct: the best positive reward of its group: [1, 1, 1, 0], of the kept groups only: [0, 0, 1, 0].
+    assert outputs["sft_mask"].tolist() == [1.0, 0.0]
+    assert outputs["num_sft_sequences_in_batch"].item() == 1.0 and outputs["num_sft_items_in_batch"].item() == 3.0
+    assert metrics == {
+        "cegppo/dynamic_sampling/kept_groups": 1, "cegppo/dynamic_sampling/dropped_groups": 1, "cegppo/sft_frac": 0.25
+    }  # fmt: skip
+
+
+def test_rollout_batch_masks_without_dynamic_sampling_keep_every_group():
+    outputs, metrics = _masks_of_process_1(
+        dynamic_sampling=False, sft_loss_coef=0.1, sft_reward_threshold=None, others=[torch.tensor(3.0)]
+    )
+    # No keep mask: 4 sequences; correct [1, 1, 1, 0]: process 1's first completion, 3 + 3 tokens.
+    assert "keep_mask" not in outputs and "num_items_in_batch" not in outputs
+    assert outputs["num_sequences_in_batch"].item() == 4.0 and outputs["sft_mask"].tolist() == [1.0, 0.0]
+    assert outputs["num_sft_sequences_in_batch"].item() == 3.0 and outputs["num_sft_items_in_batch"].item() == 6.0
+    assert metrics == {"cegppo/sft_frac": 0.75}
+    outputs, metrics = _masks_of_process_1(
+        dynamic_sampling=False, sft_loss_coef=0.0, sft_reward_threshold=None, others=[]
+    )
+    assert list(outputs) == ["num_sequences_in_batch"] and outputs["num_sequences_in_batch"].item() == 4.0
+    assert metrics == {}
 
 
 def test_group_size_mismatch_raises():
