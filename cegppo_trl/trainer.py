@@ -230,7 +230,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
-    # (`_sft_nll_window`, `_left_drift_window`) are empty at every checkpoint (it is saved after the step ends).
+    # (`_sft_nll_window`, the drift alarm's step window) are empty at every checkpoint (it is saved after the step ends).
     _RUN_STATE_COMPONENTS = ("left_drift_alarm", "reward_monitor")
 
     def cegppo_run_state(self) -> dict:
