@@ -365,7 +365,7 @@ def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(make
 
     def resumed_losses(step: int) -> tuple[list[float], list[str]]:
         caplog.clear()
-        trainer = make_trainer(**kwargs)
+        trainer = make_trainer(**kwargs, later_checkpoints="move_aside")  # the full run's later checkpoints
         with caplog.at_level(logging.WARNING):
             trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{step}"))
         warnings = [r.getMessage() for r in caplog.records if "into a rollout batch" in r.getMessage()]
