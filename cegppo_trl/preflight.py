@@ -879,8 +879,10 @@ def main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors, else 0."""
     import shutil
 
+    from .quiet import quiet_unused_deepspeed
     from .scripts import parse_args
 
+    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         script_args, training_args, model_args = parse_args(argv, prog="cegppo check")

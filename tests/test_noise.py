@@ -100,3 +100,16 @@ def test_a_bug_keeps_its_traceback():
 
     refusal = raise_from(lambda: check_distributed_engine(object(), {"ACCELERATE_USE_FSDP": "1"}, "MULTI_GPU", "cuda"))
     assert isinstance(refusal, RuntimeError) and _is_user_error(refusal)  # the package's own refusal
+
+
+def test_cegppo_check_on_a_good_command_prints_the_report_and_exits_0(model_dir, data_file, tmp_path):
+    # From the installed entry point, as a user runs it; a check trains nothing, so DeepSpeed's device notice is noise.
+    result = subprocess.run(
+        [sys.executable, "-m", "cegppo_trl.cli", "check", "--config", "cpu_smoke", "--model_name_or_path", model_dir,
+         "--dataset_name", data_file, "--output_dir", str(tmp_path / "out")],
+        check=False, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Batch layout" in result.stdout and "0 error(s)" in result.stdout
+    assert "Setting accelerator to CPU" not in output
