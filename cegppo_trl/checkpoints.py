@@ -18,6 +18,7 @@ decided once (`plan_resume`) on the main process (`start_run`), which also holds
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -534,8 +535,14 @@ def move_aside(output_dir: str, folders: list[str]) -> str | None:
     """Move `folders` into `output_dir/superseded-<UTC time>/` (nothing is deleted); returns that folder."""
     if not folders:
         return None
-    target = os.path.join(output_dir, time.strftime("superseded-%Y%m%d-%H%M%S", time.gmtime()))
-    os.makedirs(target, exist_ok=True)
+    base = os.path.join(output_dir, time.strftime("superseded-%Y%m%d-%H%M%S", time.gmtime()))
+    target = base
+    for attempt in itertools.count(1):  # a folder of its own: two moves within one second must not collide
+        try:
+            os.makedirs(target)
+            break
+        except FileExistsError:
+            target = f"{base}-{attempt}"
     for folder in folders:
         uncommit(folder)  # `last` must never pick a copy of it up, whatever happens to `target` later
         os.rename(folder, os.path.join(target, os.path.basename(folder)))

@@ -338,3 +338,18 @@ def test_chaos_kill_and_resume_last_ends_bit_identical(launch, tmp_path):
     results = campaign([launch], 1, tmp_path, seed=1)[launch]
     assert all("error" not in r for r in results), results
     assert all(r["max_abs_diff"] == 0.0 for r in results)
+
+
+def test_two_moves_aside_within_one_second_keep_both_copies(tmp_path, monkeypatch):
+    from cegppo_trl import checkpoints
+
+    frozen = time.gmtime(0)
+    monkeypatch.setattr(checkpoints.time, "gmtime", lambda *args: frozen)  # both moves in the same second
+    targets = []
+    for run in ("first", "second"):
+        folder = tmp_path / "checkpoint-3"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(run)
+        targets.append(checkpoints.move_aside(str(tmp_path), [str(folder)]))
+    assert targets[0] != targets[1]
+    assert [(Path(t) / "checkpoint-3" / "trainer_state.json").read_text() for t in targets] == ["first", "second"]
