@@ -134,6 +134,9 @@ def changed_settings(checkpoint: str, args: Any) -> list[str] | None:
 # Checkpoints whose fresh controller start was already announced in this process (`main` warns before the model
 # loads; the trainer, which also serves the Python API, then does not warn a second time).
 FRESH_CONTROLLER_ANNOUNCED: set[str] = set()
+# Checkpoints without a commit record whose note was already given in this process (`cegppo train` plans the resume
+# before the model loads, and `CEGPPOTrainer.train` plans it again for the Python API).
+LEGACY_NOTE_ANNOUNCED: set[str] = set()
 
 
 def fresh_controller_note(checkpoint: str, args: Any) -> str | None:
@@ -500,9 +503,11 @@ def plan_resume(
         checkpoint = requested
     elif requested not in (None, False):
         return requested, warnings, []  # not a folder: transformers says it cannot find it
-    if checkpoint is not None:
+    if checkpoint is not None and os.path.realpath(checkpoint) not in LEGACY_NOTE_ANNOUNCED:
         note = legacy_note(checkpoint)
-        warnings += [note] if note else []
+        if note:
+            warnings.append(note)
+            LEGACY_NOTE_ANNOUNCED.add(os.path.realpath(checkpoint))
     step = -1 if checkpoint is None else _step_or_none(checkpoint)
     later = [] if step is None else [f for f in checkpoint_folders(output_dir) if checkpoint_step(f) > step]
     if checkpoint is not None:  # a later half-written folder is this run's to rewrite: `last` never resumes it

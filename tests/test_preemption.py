@@ -263,6 +263,7 @@ def test_a_checkpoint_without_a_commit_record_from_another_trainer_keeps_the_old
         "because its trainer_state.json is readable; in a multi-process save that does not prove the other processes "
         "had finished writing their files."
     ]
+    assert plan_resume(str(tmp_path), "last")[1] == []  # once per process: `cegppo train` and `train()` both plan
 
 
 # ----------------------------------------------------------------------------------------------------------------
