@@ -69,13 +69,34 @@ def state_record(args: Any, controller_state: dict | None, run_state: dict | Non
     return record
 
 
+def _write_json(path: str, record: dict[str, Any], *, durable: bool = False) -> None:
+    """Write `record` to `path` atomically (a kill mid-write leaves the old file or none); `durable` also syncs it
+    and its folder to disk. The temporary file is this process's own, so two processes never share one."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        _fsync_dir(os.path.dirname(path))
+
+
+def _read_json_object(path: str) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def write_state(folder: str, record: dict[str, Any]) -> None:
     """Write `record` to `folder/cegppo_state.json` atomically: a kill mid-write leaves the old file or none."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, CEGPPO_STATE_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)
+    _write_json(os.path.join(folder, CEGPPO_STATE_FILE), record)
 
 
 def read_state(checkpoint: str) -> dict[str, Any] | None:
@@ -99,12 +120,7 @@ def read_state(checkpoint: str) -> dict[str, Any] | None:
 
 def trainer_state(checkpoint: str) -> dict[str, Any] | None:
     """The checkpoint's `trainer_state.json` (JSON written by transformers), or None if missing or unreadable."""
-    try:
-        with open(os.path.join(checkpoint, TRAINER_STATE_FILE)) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
+    return _read_json_object(os.path.join(checkpoint, TRAINER_STATE_FILE))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -249,6 +265,12 @@ def per_rank_files(world_size: int, save_only_model: bool) -> list[str]:
     return [] if save_only_model or world_size <= 1 else ["rng_state_{rank}.pth"]
 
 
+def _missing_rank_files(rank_files: list[str], world_size: int, files: dict[str, int]) -> list[str]:
+    """The per-process files (`rank_files` patterns, every rank of `world_size`) that `files` does not name."""
+    names = [pattern.format(rank=rank) for pattern in rank_files for rank in range(world_size)]
+    return [name for name in names if name not in files]
+
+
 def uncommit(folder: str) -> None:
     """Remove `folder`'s commit record, if any: called by every process before it writes into the folder, so a
     checkpoint rewritten in place (or deleted) never looks complete while it is half-written."""
@@ -280,17 +302,11 @@ def write_commit(folder: str, world_size: int, rank_files: list[str]) -> dict[st
             relative = os.path.relpath(path, folder)
             if relative != COMMIT_FILE and not name.endswith(".tmp"):
                 files[relative] = os.path.getsize(path)
-    missing = [f.format(rank=k) for f in rank_files for k in range(world_size) if f.format(rank=k) not in files]
+    missing = _missing_rank_files(rank_files, world_size, files)
     if missing:  # after the barrier every process has written its files: a gap here is a bug, not a kill
         raise RuntimeError(f"{folder}: {', '.join(missing)} missing after every process saved; not committing it.")
     record = {"format": COMMIT_FORMAT, "world_size": world_size, "rank_files": rank_files, "files": files}
-    path = os.path.join(folder, COMMIT_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
-    _fsync_dir(folder)
+    _write_json(os.path.join(folder, COMMIT_FILE), record, durable=True)
     return record
 
 
@@ -319,10 +335,9 @@ def commit_problem(folder: str) -> str | None:
         if os.path.getsize(path) != size:
             return f"{relative} has {os.path.getsize(path)} bytes, {COMMIT_FILE} says {size}"
     world_size = record.get("world_size", 1)
-    for pattern in record.get("rank_files", []):
-        for rank in range(world_size):
-            if pattern.format(rank=rank) not in files:
-                return f"{pattern.format(rank=rank)} is not in {COMMIT_FILE} (world size {world_size})"
+    missing = _missing_rank_files(record.get("rank_files", []), world_size, files)
+    if missing:
+        return f"{missing[0]} is not in {COMMIT_FILE} (world size {world_size})"
     return None
 
 
@@ -582,12 +597,7 @@ def _owner_alive(owner: dict[str, Any]) -> bool:
 
 def read_lock(output_dir: str) -> dict[str, Any] | None:
     """The owner recorded in `output_dir`'s lock file, or None (no lock, or an unreadable one)."""
-    try:
-        with open(os.path.join(output_dir, LOCK_FILE)) as f:
-            owner = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return owner if isinstance(owner, dict) else None
+    return _read_json_object(os.path.join(output_dir, LOCK_FILE))
 
 
 def acquire_lock(output_dir: str) -> list[str]:
@@ -624,10 +634,7 @@ def acquire_lock(output_dir: str) -> list[str]:
         "process_start": _process_start(pid),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = os.path.join(output_dir, LOCK_FILE)
-    with open(path + f".{pid}.tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + f".{pid}.tmp", path)
+    _write_json(os.path.join(output_dir, LOCK_FILE), record)
     return warnings
 
 
