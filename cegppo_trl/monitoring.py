@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .loss import CEGPPODiagnostics
-from .rollouts import informative_groups, total_rewards
+from .rollouts import informative_groups
 
 ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed")
 _ADVICE = {
@@ -113,14 +113,6 @@ class RewardSignalMonitor:
             reward_range=total_reward_range(ranges, trainer.reward_weights.tolist()),
             reward_names=trainer.reward_func_names,
         )
-
-    def observe_trainer_batch(self, trainer, output: dict) -> str | None:
-        """`observe_signal` on a training rollout batch of `trainer`, from the rewards it computed
-        (`_last_rewards_per_func`, all processes) and the advantages of `output` gathered from all processes: the
-        same inputs as dynamic sampling, so a zero-signal batch is exactly one where dynamic sampling keeps nothing."""
-        rewards, unscorable = total_rewards(trainer._last_rewards_per_func, trainer.reward_weights)
-        advantages = trainer.accelerator.gather(output["advantages"]).masked_fill(unscorable, torch.nan)
-        return self.observe_signal(rewards, advantages, trainer.num_generations)
 
     # ------------------------------------------------------------------------------------------------------------
     def observe_rewards(self, rewards_per_func: torch.Tensor) -> str | None:

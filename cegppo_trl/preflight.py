@@ -85,6 +85,7 @@ class Report:
 
     lines: dict[str, list[str]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    engine: str | None = None  # the distributed engine the launch will use (`check_distributed_engine`), once checked
 
     def info(self, section: str, line: str) -> None:
         self.lines.setdefault(section, []).append(line)
@@ -542,6 +543,7 @@ def inspect_engine(report: Report, args: Any) -> None:
     except RuntimeError as error:
         report.error("engine", str(error), RuntimeError)
         return
+    report.engine = engine
     world_size = args.world_size
     device = args.device.type
     if engine is None and world_size == 1:
@@ -597,10 +599,9 @@ def inspect_output_dir(report: Report, args: Any) -> None:
     if not os.path.isdir(path):
         report.info("output_dir", f"{path}: fresh (will be created)")
         return
-    checkpoints = sorted(
-        (d for d in os.listdir(path) if d.startswith("checkpoint-") and os.path.isdir(os.path.join(path, d))),
-        key=lambda d: int(d.rsplit("-", 1)[1]) if d.rsplit("-", 1)[1].isdigit() else -1,
-    )
+    from .checkpoints import checkpoint_folders
+
+    checkpoints = [os.path.basename(folder) for folder in checkpoint_folders(path)]
     if checkpoints:
         report.info(
             "output_dir",

@@ -78,9 +78,8 @@ def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) 
 
 
 def rollout_batch_masks(
-    rewards_per_func: torch.Tensor,
-    reward_weights: torch.Tensor,
-    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor | None,
     loss_mask: torch.Tensor,
     *,
     process_index: int,
@@ -94,10 +93,10 @@ def rollout_batch_masks(
     per-completion masks of dynamic sampling and the SFT term.
 
     Args:
-        rewards_per_func: TRL's rewards ``(N, num_reward_funcs)`` of the whole rollout batch, all processes, group by
-            group.
-        reward_weights: one weight per reward function.
-        advantages: this process's advantages ``(B,)`` (TRL's output).
+        rewards: the total reward ``(N,)`` of each completion of the whole rollout batch, all processes, group by
+            group, NaN where no reward scored it (`total_rewards`).
+        advantages: TRL's advantages ``(N,)`` of the same completions (all processes), NaN where unscorable: what
+            dynamic sampling decides from (only read with `dynamic_sampling`).
         loss_mask: this process's completion mask ``(B, T)``, times TRL's tool mask where there is one.
         process_index: this process's rank; its completions are rows ``[rank * B, (rank + 1) * B)`` of the batch.
         num_generations: completions per prompt.
@@ -113,11 +112,10 @@ def rollout_batch_masks(
     """
     # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
     # rescaled to one micro-batch exactly as TRL rescales `num_items_in_batch` for `dapo`.
-    outputs = {"num_sequences_in_batch": rewards_per_func.new_tensor(float(rewards_per_func.size(0)))}
+    outputs = {"num_sequences_in_batch": rewards.new_tensor(float(rewards.size(0)))}
     metrics: dict[str, float] = {}
     if not (sft_loss_coef > 0 or dynamic_sampling):
         return outputs, metrics
-    rewards, unscorable = total_rewards(rewards_per_func, reward_weights)
     local = loss_mask.size(0)
     process_slice = slice(process_index * local, (process_index + 1) * local)
 
@@ -127,7 +125,7 @@ def rollout_batch_masks(
         # centres every group, so a group whose scorable completions all get the same advantage has zero advantage
         # (up to rounding) and no policy gradient. Unscorable completions (advantage forced to 0) are ignored, as in
         # the baseline.
-        keep = informative_groups(gather(advantages).masked_fill(unscorable, torch.nan), num_generations)
+        keep = informative_groups(advantages, num_generations)
         kept_groups = int(keep.view(-1, num_generations)[:, 0].sum())
         metrics["cegppo/dynamic_sampling/kept_groups"] = kept_groups
         metrics["cegppo/dynamic_sampling/dropped_groups"] = keep.numel() // num_generations - kept_groups

@@ -37,7 +37,6 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
-from .distributed import check_distributed_engine
 from .loss import cegppo_diagnostics, cegppo_per_token_loss
 from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
@@ -49,7 +48,7 @@ from .monitoring import (
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
-from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks
+from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
 from .safe_load import safe_resume_loads
 from .schedules import parse_schedule
 from .trl_compat import check_trl_compatibility
@@ -113,8 +112,8 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
-        if check_distributed_engine(args) != "deepspeed":
+        report = trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
+        if report.engine != "deepspeed":
             quiet_unused_deepspeed()
         check_trl_compatibility(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
@@ -304,20 +303,24 @@ class CEGPPOTrainer(GRPOTrainer):
         with trl_deprecated_model_calls():
             output = super()._generate_and_score_completions(inputs)
         args = self.args
-        if self.model.training:  # zero reward spread in every group: warn, and stop after `max_zero_signal_batches`
-            warning = self.reward_monitor.observe_trainer_batch(self, output)
-            if warning is not None:
+        mode = "train" if self.model.training else "eval"
+        rewards, unscorable = total_rewards(self._last_rewards_per_func, self.reward_weights)  # all processes
+        advantages = None
+        if mode == "train":
+            # All processes' advantages, gathered once: the zero-signal monitor and dynamic sampling decide from them
+            # alike (a zero-signal batch is exactly one where dynamic sampling keeps no group).
+            advantages = self.accelerator.gather(output["advantages"]).masked_fill(unscorable, torch.nan)
+            warning = self.reward_monitor.observe_signal(rewards, advantages, self.num_generations)
+            if warning is not None:  # zero reward spread in every group; stops after `max_zero_signal_batches`
                 logger.warning(warning, main_process_only=True)
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             return output
-        mode = "train" if self.model.training else "eval"
         loss_mask = output["completion_mask"]
         if "tool_mask" in output:
             loss_mask = loss_mask * output["tool_mask"]
-        masks, metrics = rollout_batch_masks(  # TRL's rewards (all processes) and this process's outputs
-            self._last_rewards_per_func,
-            self.reward_weights,
-            output["advantages"],
+        masks, metrics = rollout_batch_masks(  # the rollout batch (all processes) and this process's outputs
+            rewards,
+            advantages,
             loss_mask,
             process_index=self.accelerator.process_index,
             num_generations=self.num_generations if mode == "train" else self.num_generations_eval,

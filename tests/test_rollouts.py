@@ -51,19 +51,21 @@ def _masks_of_process_1(**settings):
     # Two groups of two, one per process. Group 0 (process 0): rewards 1, 1, zero spread; group 1 (process 1): 1, -1.
     rewards_per_func = torch.tensor([[1.0], [1.0], [1.0], [-1.0]])
     loss_mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # process 1's completions: 5 tokens
-    # Process 0's gathered values, in the order the function gathers: its advantages (TRL's: 0 in a flat group); its
-    # kept tokens (none: its group is dropped, or 3 when nothing is dropped); its correct completions' tokens.
+    rewards, _ = total_rewards(rewards_per_func, torch.tensor([1.0]))
+    advantages = torch.tensor([0.0, 0.0, 1.0, -1.0])  # all processes' (TRL's: 0 in the flat group of process 0)
+    # Process 0's gathered values, in the order the function gathers: its kept tokens (none: its group is dropped, or
+    # 3 when nothing is dropped); its correct completions' tokens.
     others = settings.pop("others")
     return rollout_batch_masks(
-        rewards_per_func, torch.tensor([1.0]), torch.tensor([1.0, -1.0]), loss_mask, process_index=1,
-        num_generations=2, gather=_two_process_gather(others), **settings,
+        rewards, advantages, loss_mask, process_index=1, num_generations=2, gather=_two_process_gather(others),
+        **settings,
     )  # fmt: skip
 
 
 def test_rollout_batch_masks_drop_the_flat_group_and_count_only_the_kept_groups():
     zero = torch.tensor(0.0)
     outputs, metrics = _masks_of_process_1(
-        dynamic_sampling=True, sft_loss_coef=0.1, sft_reward_threshold=None, others=[torch.zeros(2), zero, zero]
+        dynamic_sampling=True, sft_loss_coef=0.1, sft_reward_threshold=None, others=[zero, zero]
     )
     # keep = [0, 0, 1, 1]: process 1 keeps both of its completions, 2 sequences and 0 + 5 tokens in the batch.
     assert outputs["keep_mask"].tolist() == [1.0, 1.0]
