@@ -262,13 +262,15 @@ class CEGPPOTrainer(GRPOTrainer):
             inside := resume_inside_rollout_batch_message(self.state.global_step, self.args, num_prompts)
         ):
             logger.warning(inside, main_process_only=True)
-        if checkpoint is not None:
-            self.load_cegppo_run_state((read_state(checkpoint) or {}).get("run_state", {}))
-        if self.entropy_controller is None or checkpoint is None:
+        if checkpoint is None:
+            return
+        state = read_state(checkpoint) or {}  # read once: the run state and the controller's
+        self.load_cegppo_run_state(state.get("run_state", {}))
+        if self.entropy_controller is None:
             return
         note = fresh_controller_note(checkpoint, self.args)
         if note is None:
-            self.entropy_controller.load_state_dict(read_state(checkpoint)["controller"])
+            self.entropy_controller.load_state_dict(state["controller"])
         elif os.path.realpath(checkpoint) not in FRESH_CONTROLLER_ANNOUNCED:  # `cegppo train` said so before loading
             FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
             logger.warning(note, main_process_only=True)
