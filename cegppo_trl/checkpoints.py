@@ -485,6 +485,14 @@ def check_complete(checkpoint: str) -> None:
     )
 
 
+def check_later_checkpoints(value: str) -> None:
+    """Refuse a `later_checkpoints` value that is not one of `LATER_CHECKPOINTS_CHOICES`."""
+    if value not in LATER_CHECKPOINTS_CHOICES:
+        raise ValueError(
+            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got {value!r}."
+        )
+
+
 def plan_resume(
     output_dir: str, requested: object, later_checkpoints: str = "refuse", overwrite_output_dir: bool = False
 ) -> tuple[str | None, list[str], list[str]]:
@@ -503,11 +511,7 @@ def plan_resume(
     Raises:
         ValueError: an unknown `later_checkpoints`, an incomplete checkpoint, or later checkpoints to refuse.
     """
-    if later_checkpoints not in LATER_CHECKPOINTS_CHOICES:
-        raise ValueError(
-            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got "
-            f"{later_checkpoints!r}."
-        )
+    check_later_checkpoints(later_checkpoints)
     warnings: list[str] = []
     checkpoint = None
     if requested is True or (isinstance(requested, str) and requested.strip().lower() in ("true", "last")):

@@ -9,6 +9,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
+from .checkpoints import check_later_checkpoints
 from .controller import parse_controller
 from .loss import check_left_guard
 from .schedules import parse_schedule
@@ -308,6 +309,7 @@ class CEGPPOConfig(GRPOConfig):
             raise ValueError(
                 f"`max_zero_signal_batches` must be >= 0 (0 never stops), got {self.max_zero_signal_batches}."
             )
+        check_later_checkpoints(self.later_checkpoints)  # at construction, not at `train()` after the model loaded
 
     def _validate_left_guard(self) -> None:
         """`delta_low`, `delta_low_mode` and `left_drift_warning` (after `_validate_cegppo` has checked epsilon)."""
