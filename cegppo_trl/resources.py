@@ -39,16 +39,18 @@ def accelerate_configs_dir() -> Path:
     return _shipped_dir("accelerate_configs", "accelerate_configs")
 
 
+def _yaml_names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
 def recipe_names() -> list[str]:
     """Names of the shipped recipes (file names without `.yaml`), sorted."""
-    folder = recipes_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return _yaml_names(recipes_dir())
 
 
 def accelerate_config_names() -> list[str]:
     """Names of the shipped accelerate configs (file names without `.yaml`), sorted."""
-    folder = accelerate_configs_dir()
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return _yaml_names(accelerate_configs_dir())
 
 
 def resolve_accelerate_config(value: str) -> str:
