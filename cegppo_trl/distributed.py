@@ -59,18 +59,13 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in _TRUE
 
 
-def _deepspeed_env_asked(env: Mapping[str, str]) -> bool:
-    """Whether `TrainingArguments` builds a `DeepSpeedPlugin` from `ACCELERATE_USE_DEEPSPEED` (read with
-    transformers' `strtobool`, which also raises on a value that is neither true nor false); the `Accelerator` it is
-    handed to then runs DeepSpeed unless accelerate is in CPU mode."""
-    return env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE
-
-
 def _asked(env: Mapping[str, str], args: Any) -> tuple[str | None, str]:
     """The engine the launch asked for (`"deepspeed"`, `"fsdp"` or None) and where it was asked."""
     if getattr(args, "deepspeed", None):
         return "deepspeed", f"`deepspeed={args.deepspeed!r}` in the training arguments"
-    if _deepspeed_env_asked(env):
+    # `TrainingArguments` reads the variable with transformers' `strtobool` (the words of `_TRUE`; it raises on any
+    # other non-false value) and builds a `DeepSpeedPlugin`, which the `Accelerator` runs unless in CPU mode.
+    if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
         value = env["ACCELERATE_USE_DEEPSPEED"]
         return "deepspeed", f"ACCELERATE_USE_DEEPSPEED={value}, from `accelerate launch` with a DeepSpeed config"
     if getattr(args, "fsdp", None) and (getattr(args, "fsdp_config", None) or {}).get("xla"):
