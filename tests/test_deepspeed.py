@@ -70,6 +70,19 @@ def _steps(logs: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------------
 # Parity with DDP (real multi-process jobs)
 # ----------------------------------------------------------------------------------------------------------------
+def _assert_crafted_resume_is_refused(config, checkpoint, tmp_path, member: str) -> None:
+    """Resuming a copy of `checkpoint` whose `member` is a pickle that creates a file: refused, naming the file and
+    the pickled call, and the file is not created."""
+    marker = tmp_path / "PWNED"
+    crafted = crafted_copy(checkpoint, tmp_path / "crafted" / "checkpoint-2", member, marker)
+    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
+    proc.wait(timeout=600)
+    output = proc.log_path.read_text()
+    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
+    for needle in ("Refusing to resume from", member.rsplit("/", 1)[-1], "io.open", TRUST_ENV):
+        assert needle in output, output[-3000:]
+
+
 @pytest.mark.slow
 def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, ddp_two_process_run):
     config = cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)
@@ -92,16 +105,7 @@ def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, d
     assert unsafe == set(DEEPSPEED_CHECKPOINT_GLOBALS) - {"deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"}
 
     # The model states replaced by a pickle that runs code: refused, naming the file, and nothing runs.
-    marker = tmp_path / "PWNED"
-    crafted = crafted_copy(
-        checkpoint, tmp_path / "c" / "checkpoint-2", "global_step2/mp_rank_00_model_states.pt", marker
-    )
-    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
-    proc.wait(timeout=600)
-    output = proc.log_path.read_text()
-    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
-    for needle in ("Refusing to resume from", "mp_rank_00_model_states.pt", "io.open", TRUST_ENV):
-        assert needle in output, output[-3000:]
+    _assert_crafted_resume_is_refused(config, checkpoint, tmp_path, "global_step2/mp_rank_00_model_states.pt")
 
     # The genuine checkpoint resumes through the weights-only loads exactly as the uninterrupted run went on.
     resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
@@ -144,14 +148,9 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
 
     # The same checkpoint with rank 0's model states replaced by a pickle that runs code: refused, nothing runs
     # (cegppo_trl.safe_load; the other engines are in tests/test_safe_load.py).
-    marker, model_states = tmp_path / "PWNED", "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
-    crafted = crafted_copy(checkpoint, tmp_path / "crafted" / "checkpoint-2", model_states, marker)
-    proc = start(_accelerate_launch(config), tmp_path / "crafted_run", {**DAPO, "resume": str(crafted)})
-    proc.wait(timeout=600)
-    output = proc.log_path.read_text()
-    assert proc.returncode != 0 and not marker.exists(), output[-3000:]
-    for needle in ("Refusing to resume from", "zero_pp_rank_0_mp_rank_00_model_states.pt", "io.open", TRUST_ENV):
-        assert needle in output, output[-3000:]
+    _assert_crafted_resume_is_refused(
+        config, checkpoint, tmp_path, "global_step2/zero_pp_rank_0_mp_rank_00_model_states.pt"
+    )
 
 
 @pytest.mark.slow
