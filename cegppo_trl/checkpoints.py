@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .config import LATER_CHECKPOINTS_CHOICES, check_later_checkpoints  # noqa: F401 (re-exported)
+
 CEGPPO_STATE_FILE = "cegppo_state.json"
 COMMIT_FILE = "cegppo_commit.json"
 COMMIT_FORMAT = 1
 LOCK_FILE = "cegppo_run.lock"
-LATER_CHECKPOINTS_CHOICES = ("refuse", "move_aside")
 TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
 CEGPPO_STATE_FORMAT = 1
 # CE-GPPO settings compared with the checkpoint's when resuming (a change is allowed, and named in a warning).
@@ -483,14 +484,6 @@ def check_complete(checkpoint: str) -> None:
         f"`resume_from_checkpoint={checkpoint}` is not a complete checkpoint ({reason}): a run stopped while "
         f"writing it, or it is not a `checkpoint-*` folder. {fix}"
     )
-
-
-def check_later_checkpoints(value: str) -> None:
-    """Refuse a `later_checkpoints` value that is not one of `LATER_CHECKPOINTS_CHOICES`."""
-    if value not in LATER_CHECKPOINTS_CHOICES:
-        raise ValueError(
-            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got {value!r}."
-        )
 
 
 def plan_resume(

@@ -48,10 +48,10 @@ from .monitoring import (
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
+from .rewards import resolve_reward_names
 from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
 from .safe_load import safe_resume_loads
 from .schedules import parse_schedule
-from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
 
@@ -98,7 +98,7 @@ class CEGPPOTrainer(GRPOTrainer):
                 author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
                 booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
                 year         = 2026,
-                eprint       = {arXiv:2509.20712},
+                eprint       = {2509.20712},
             }"""),
     }
 
@@ -112,10 +112,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        report = trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
+        reward_funcs = resolve_reward_names(reward_funcs)
+        # Before GRPOTrainer loads the model; `cegppo train` checked the same once and hands its report over.
+        report = kwargs.pop("preflight_report", None) or trainer_checks(model, reward_funcs, args, *pargs, **kwargs)
         if report.engine != "deepspeed":
             quiet_unused_deepspeed()
-        check_trl_compatibility(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.

@@ -41,6 +41,9 @@ class RecordingHubApi:
 def hub(monkeypatch):
     api = RecordingHubApi()
     monkeypatch.setattr(transformers.trainer, "hf_api", lambda: api)
+    # The recorded Hub is "online" with a token for the pre-flight's `push_to_hub` check too.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_recorded")
     return api
 
 
