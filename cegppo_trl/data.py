@@ -381,7 +381,12 @@ def type_name(value: Any) -> str:
 def is_prompt(value: Any) -> bool:
     if isinstance(value, str):
         return True
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
+    # TRL's `is_conversational` reads the `role` key (a tool-calling assistant turn may carry no `content`)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and ("role" in m or "content" in m) for m in value)
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -256,6 +256,7 @@ def inspect_dataset(
         columns = list(rows[0])
     if columns is not None and "prompt" not in columns:
         if not prompt_required:
+            report.info("dataset", f"{name}: no `prompt` column; each environment's `reset()` gives the prompt")
             return rows
         likely = next((c for c in ("question", "problem", "query", "input", "text") if c in columns), None)
         rename = f"`{name} = {name}.rename_column({(likely or '<column>')!r}, 'prompt')` (TRL reads prompts from the "
@@ -296,7 +297,7 @@ def prompt_problem(prompt: Any) -> str | None:
         if not isinstance(message, dict):
             return f"message {j} is {type_name(message)}, not a {{'role': ..., 'content': ...}} record"
         keys = {k for k, v in message.items() if v is not None}  # a datasets row holds every field of the schema
-        if "role" not in keys or "content" not in keys:
+        if "role" not in keys:  # TRL's `is_conversational` reads `role`; `content` may be absent (a tool call)
             other = sorted(keys - {"role", "content"})
             return f"message {j} has the keys {sorted(keys)}, not `role` and `content`" + (
                 f" (a misspelling: {', '.join(map(repr, other))}?)" if other else ""
@@ -304,7 +305,7 @@ def prompt_problem(prompt: Any) -> str | None:
         if not isinstance(message["role"], str):
             return f"message {j} has the role {short_repr(message['role'])}, not a string"
     if not any(isinstance(m.get("content"), str) and m["content"].strip() or isinstance(m.get("content"), list)
-               for m in prompt):  # fmt: skip
+               or m.get("tool_calls") for m in prompt):  # fmt: skip
         return "holds only empty messages"
     return None
 
@@ -365,6 +366,8 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     lengths = []
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
+        if prompt is None:  # an environment's `reset()` gives it (`inspect_dataset` refused it otherwise)
+            continue
         try:
             if isinstance(prompt, list):
                 text = processing_class.apply_chat_template(
