@@ -28,15 +28,18 @@ class CounterEnv:
         return str(self.total)
 
 
-def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path):
-    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`."""
+def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path, model_dir):
+    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`.
+
+    (A real model path: a missing one is refused by the same checks.)
+    """
     args = CEGPPOConfig(**base_config_kwargs(tmp_path, gppo_beta1=0.0, gppo_beta2=0.0))
     dataset = Dataset.from_dict({"environment": ["counter"] * 8})
     report = trainer_checks(
-        "unused", count_ones_reward, args, train_dataset=dataset, environment_factory={"counter": CounterEnv}
+        model_dir, count_ones_reward, args, train_dataset=dataset, environment_factory={"counter": CounterEnv}
     )
     assert report.errors == []
-    report = trainer_checks("unused", count_ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
+    report = trainer_checks(model_dir, count_ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
     assert report.errors == []
     with pytest.raises(ValueError, match=r"`train_dataset` has no `prompt` column \(its columns: environment\)"):
-        trainer_checks("unused", count_ones_reward, args, train_dataset=dataset)
+        trainer_checks(model_dir, count_ones_reward, args, train_dataset=dataset)
