@@ -434,3 +434,38 @@ def test_check_and_the_trainer_give_the_same_warning(
             model_dir, reward_funcs=func, args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4})
         )
     assert re.search(message.split("] ", 1)[1], " ".join(caplog.text.split())), caplog.text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The Python API gets the command line's messages: a missing model path, a reward named by a string
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_api_refuses_a_missing_local_model_path_with_the_cli_message(tmp_path, monkeypatch, no_model_load):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^`model`: no model at .*tiny-modle \('tiny-modle' is not a local "
+                       r"directory, and not a Hub id of the form `owner/name`\)"):  # fmt: skip
+        api("tiny-modle", Dataset.from_dict({"prompt": ["1+1="]}))
+
+
+def test_a_reward_named_by_a_string_in_the_api_is_the_built_in(model_dir, tmp_path):
+    from cegppo_trl.rewards import REWARD_FUNCS
+
+    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=8)  # fmt: skip
+    data = Dataset.from_dict({"prompt": ["1+1="] * 4, "solution": ["2"] * 4})
+    trainer = CEGPPOTrainer(model_dir, reward_funcs="math_verify", args=args, train_dataset=data)
+    assert trainer.reward_funcs == [REWARD_FUNCS["math_verify"]]
+    with pytest.raises(ValueError, match=r"`reward_funcs`: 'math_verfy' is no reward function's name.*did you mean "
+                       r"'math_verify'.*get_reward_func\('math_verify'\)"):  # fmt: skip
+        CEGPPOTrainer(model_dir, reward_funcs=["format", "math_verfy"], args=args, train_dataset=data)
+
+
+def test_a_missing_reward_column_gets_a_did_you_mean(model_dir, no_model_load):
+    def needs_difficulty(completions, difficulty, **kwargs):
+        return [0.0 for _ in completions]
+
+    args = CEGPPOConfig(output_dir="unused-out", use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=8)  # fmt: skip
+    with pytest.raises(ValueError, match=r"needs the dataset column\(s\) \['difficulty'\].*\(did you mean "
+                       r"`dificulty` for `difficulty`\?\)"):  # fmt: skip
+        CEGPPOTrainer(model_dir, reward_funcs=needs_difficulty, args=args,
+                      train_dataset=Dataset.from_dict({"prompt": ["a"], "dificulty": [1]}))  # fmt: skip
