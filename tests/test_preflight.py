@@ -469,3 +469,21 @@ def test_a_missing_reward_column_gets_a_did_you_mean(model_dir, no_model_load):
                        r"`dificulty` for `difficulty`\?\)"):  # fmt: skip
         CEGPPOTrainer(model_dir, reward_funcs=needs_difficulty, args=args,
                       train_dataset=Dataset.from_dict({"prompt": ["a"], "dificulty": [1]}))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 5: the docs claim only what the checks do; the model card cites the paper as the README does
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_usage_doc_does_not_claim_check_flags_gsm8k_answers_for_math_verify():
+    from cegppo_trl.rewards import REWARD_FUNCS
+
+    text = " ".join((ROOT / "docs" / "usage.md").read_text().split())
+    assert "GSM8K answers given to `math_verify`" not in text
+    # ... and rightly: math_verify scores a GSM8K worked answer ("#### 4") as correct, so no such error exists.
+    assert REWARD_FUNCS["math_verify"](completions=["so \\boxed{4}"], solution=["2 + 2 = 4\n#### 4"]) == [1.0]
+
+
+def test_the_model_card_eprint_is_the_readmes():
+    eprint = re.compile(r"eprint\s*=\s*\{([^}]*)\}")
+    readme = eprint.findall((ROOT / "README.md").read_text())
+    assert readme and eprint.findall(CEGPPOTrainer._paper["citation"]) == readme[:1]
