@@ -4,8 +4,8 @@ A layer below both callers, over what the trainer will be given (datasets, rewar
 world size): `run_checks` returns a `Report` of findings, each with its fix as data (`Fix`: the setting and the value
 that works), and the caller words the fixes once:
 
-- `cegppo check` and `cegppo train` (`check_command`, called by `cegppo_trl.scripts`): the command's data loaded
-  and mapped (`cegppo_trl.data`), then `run_checks`; fixes read as flags (`--solution_column answer`). `cegppo
+- `cegppo check` and `cegppo train` (`cegppo_trl.scripts.check_command`): the command's data loaded and mapped
+  (`cegppo_trl.data`), then `run_checks`; fixes read as flags (`--solution_column answer`). `cegppo
   train` hands the report to the trainer, which then does not check again;
 - the Python API: `CEGPPOTrainer.__init__` runs `trainer_checks` on its arguments before `GRPOTrainer` loads the
   model; fixes read as arguments (`solution_column='answer'`, a dataset change).
@@ -29,19 +29,14 @@ from typing import TYPE_CHECKING, Any
 from .data import (
     NONE_STRINGS,
     check_model_path,
-    check_streaming_length,
     is_prompt,
-    load_dataset_dict,
-    prepare_dataset,
     sample_rows,
     short_repr,
     type_name,
 )
-from .distributed import CPU_DDP_LAUNCH_LINE
 from .rewards import (
     REFERENCE_COLUMN,
     TRAINER_KWARGS,
-    get_reward_func,
     likely_reference_column,
     reference_completion,
     reward_needs_chat,
@@ -51,10 +46,7 @@ from .rewards import (
 )
 
 if TYPE_CHECKING:
-    from trl import ModelConfig
-
     from .config import CEGPPOConfig
-    from .data import CEGPPOScriptArguments
 
 logger = logging.getLogger(__name__)
 
@@ -1016,146 +1008,3 @@ def log_warnings(report: Report, flags: bool = False) -> None:
     for finding in report.warnings:
         if finding.code != "on_policy":
             logger.warning(finding.text(flags))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Callers 2 and 3: a `cegppo train` / `cegppo check` command, from its parsed arguments
-# ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class Prepared:
-    """What `check_command` loaded for the trainer."""
-
-    train_dataset: Any = None
-    eval_dataset: Any = None
-    reward_funcs: list = field(default_factory=list)
-    peft_config: Any = None
-
-
-def check_quantization(model_args: ModelConfig) -> None:
-    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
-    import torch
-
-    if model_args.load_in_4bit and not torch.cuda.is_available():
-        raise ValueError(
-            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
-            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
-            "full-precision model (`--use_peft true`)."
-        )
-
-
-def check_launch(training_args: CEGPPOConfig) -> None:
-    """Fail fast when a launcher started several processes but accelerate set up a single-process run in each.
-
-    Each copy would train on its own and write to the same `output_dir`. Two launches do this without GPUs:
-    `accelerate launch --multi_gpu --num_processes N` (WORLD_SIZE=N, yet accelerate finds no GPU and falls back to one
-    process) and `accelerate launch --cpu --num_processes N` (starts one process only).
-    """
-    _ = training_args.device  # sets up accelerate's distributed state
-    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world_size > 1 and training_args.world_size == 1:
-        raise RuntimeError(
-            f"The launcher started {world_size} processes (WORLD_SIZE={world_size}, "
-            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}) but accelerate set up a single-process run in each: they "
-            "would train independently and overwrite each other's `output_dir`. On a machine without GPUs, launch "
-            f"several CPU processes with:\n    {CPU_DDP_LAUNCH_LINE}"
-        )
-    cpu_flag = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    if cpu_flag and "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ and training_args.world_size == 1:
-        # `accelerate launch --cpu --num_processes N` (N > 1) sets MASTER_ADDR but starts one plain process.
-        raise RuntimeError(
-            "`accelerate launch --cpu --num_processes N` starts only one process (MASTER_ADDR is set, WORLD_SIZE is "
-            "not). For one CPU process drop `--num_processes`; for several use:\n    " + CPU_DDP_LAUNCH_LINE
-        )
-
-
-def check_command(
-    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
-) -> tuple[Report, Prepared]:
-    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared."""
-    from trl import get_peft_config
-
-    report = Report()
-    prepared = Prepared()
-    model_name = model_args.model_name_or_path
-    report.collect("engine", check_launch, training_args)
-    inspect_trl(report, training_args)
-    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
-    if model_name is None:
-        report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
-    else:
-        report.collect("model", check_model_path, model_name)
-    report.collect("extras", check_quantization, model_args)
-    for name in script_args.reward_funcs:
-        func = report.collect("rewards", get_reward_func, name)
-        if func is not None:
-            prepared.reward_funcs.append(func)
-    rewards_ok = len(prepared.reward_funcs) == len(script_args.reward_funcs)
-    dataset = report.collect("dataset", load_dataset_dict, script_args)
-    if dataset is not None and rewards_ok:
-        split = script_args.dataset_train_split
-        if split not in dataset:
-            report.error(
-                "dataset",
-                f"The dataset has no split {split!r} (splits: {list(dataset)}): name it with {{fix}}.",
-                fixes=[Fix("dataset_train_split", list(dataset)[0] if len(dataset) else None)],
-            )
-        else:
-            prepared.train_dataset = report.collect(
-                "dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs
-            )
-        if training_args.eval_strategy != "no":
-            if script_args.dataset_test_split not in dataset:
-                strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
-                report.error(
-                    "dataset",
-                    f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
-                    f"(splits: {list(dataset)}). Name the split with {{fix}}, or {{fix1}}.",
-                    fixes=[Fix("dataset_test_split"), Fix("eval_strategy", "no")],
-                )
-            else:
-                prepared.eval_dataset = report.collect(
-                    "dataset",
-                    prepare_dataset,
-                    dataset[script_args.dataset_test_split],
-                    script_args,
-                    prepared.reward_funcs,
-                )
-    if prepared.train_dataset is not None:
-        report.collect("dataset", check_streaming_length, prepared.train_dataset, training_args)
-    model_ok = model_name is not None and not any(f.section == "model" for f in report.errors)
-    processing_class = None
-    if model_ok:
-        processing_class = report.collect("model", _load_processing_class, model_args, training_args)
-        model_ok = processing_class is not None
-    prepared.peft_config = report.collect("model", get_peft_config, model_args)
-    run_checks(
-        prepared.train_dataset,
-        prepared.reward_funcs,
-        training_args,
-        eval_dataset=prepared.eval_dataset,
-        reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
-        model=model_name if model_ok and prepared.peft_config is not None else None,
-        peft_config=prepared.peft_config,
-        processing_class=processing_class,
-        quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
-        engine=False,
-        report=report,
-    )
-    return report, prepared
-
-
-def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig) -> Any:
-    """The tokenizer/processor as TRL's trainer loads it (not the weights)."""
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            trust_remote_code=training_args.trust_remote_code,
-        )
-    except Exception as error:
-        raise OSError(
-            f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
-            f"{type(error).__name__}: {error}"
-        ) from error

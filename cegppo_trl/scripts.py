@@ -12,7 +12,8 @@ import logging
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, TrlParser
 
@@ -38,9 +39,10 @@ from .data import (  # noqa: F401 (the data helpers lived here: re-exported for 
     load_dataset_dict,
     prepare_dataset,
 )
-from .distributed import CPU_DDP_LAUNCH_LINE
-from .preflight import check_launch, check_quantization  # noqa: F401 (re-exported)
+from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
+from .preflight import Fix, Report, inspect_engine, inspect_trl, run_checks
 from .resources import resolve_config_args
+from .rewards import get_reward_func
 
 if TYPE_CHECKING:
     from .trainer import CEGPPOTrainer
@@ -113,6 +115,125 @@ def parse_args(
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The pre-flight of a command (`cegppo train` runs it once and hands the report to the trainer; `cegppo check`
+# prints it)
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """What `check_command` loaded for the trainer."""
+
+    train_dataset: Any = None
+    eval_dataset: Any = None
+    reward_funcs: list = field(default_factory=list)
+    peft_config: Any = None
+
+
+def check_quantization(model_args: ModelConfig) -> None:
+    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
+    import torch
+
+    if model_args.load_in_4bit and not torch.cuda.is_available():
+        raise ValueError(
+            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
+            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
+            "full-precision model (`--use_peft true`)."
+        )
+
+
+def check_command(
+    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
+) -> tuple[Report, Prepared]:
+    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared."""
+    from trl import get_peft_config
+
+    report = Report()
+    prepared = Prepared()
+    model_name = model_args.model_name_or_path
+    report.collect("engine", check_launch, training_args)
+    inspect_trl(report, training_args)
+    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
+    if model_name is None:
+        report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
+    else:
+        report.collect("model", check_model_path, model_name)
+    report.collect("extras", check_quantization, model_args)
+    for name in script_args.reward_funcs:
+        func = report.collect("rewards", get_reward_func, name)
+        if func is not None:
+            prepared.reward_funcs.append(func)
+    rewards_ok = len(prepared.reward_funcs) == len(script_args.reward_funcs)
+    dataset = report.collect("dataset", load_dataset_dict, script_args)
+    if dataset is not None and rewards_ok:
+        split = script_args.dataset_train_split
+        if split not in dataset:
+            report.error(
+                "dataset",
+                f"The dataset has no split {split!r} (splits: {list(dataset)}): name it with {{fix}}.",
+                fixes=[Fix("dataset_train_split", list(dataset)[0] if len(dataset) else None)],
+            )
+        else:
+            prepared.train_dataset = report.collect(
+                "dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs
+            )
+        if training_args.eval_strategy != "no":
+            if script_args.dataset_test_split not in dataset:
+                strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+                report.error(
+                    "dataset",
+                    f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
+                    f"(splits: {list(dataset)}). Name the split with {{fix}}, or {{fix1}}.",
+                    fixes=[Fix("dataset_test_split"), Fix("eval_strategy", "no")],
+                )
+            else:
+                prepared.eval_dataset = report.collect(
+                    "dataset",
+                    prepare_dataset,
+                    dataset[script_args.dataset_test_split],
+                    script_args,
+                    prepared.reward_funcs,
+                )
+    if prepared.train_dataset is not None:
+        report.collect("dataset", check_streaming_length, prepared.train_dataset, training_args)
+    model_ok = model_name is not None and not any(f.section == "model" for f in report.errors)
+    processing_class = None
+    if model_ok:
+        processing_class = report.collect("model", _load_processing_class, model_args, training_args)
+        model_ok = processing_class is not None
+    prepared.peft_config = report.collect("model", get_peft_config, model_args)
+    run_checks(
+        prepared.train_dataset,
+        prepared.reward_funcs,
+        training_args,
+        eval_dataset=prepared.eval_dataset,
+        reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
+        model=model_name if model_ok and prepared.peft_config is not None else None,
+        peft_config=prepared.peft_config,
+        processing_class=processing_class,
+        quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
+        engine=False,
+        report=report,
+    )
+    return report, prepared
+
+
+def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig) -> Any:
+    """The tokenizer/processor as TRL's trainer loads it (not the weights)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+        )
+    except Exception as error:
+        raise OSError(
+            f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------------------
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
@@ -127,7 +248,7 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     from packaging.version import Version
     from trl import get_quantization_config
 
-    from .preflight import check_command, log_warnings
+    from .preflight import log_warnings
     from .quiet import log_above_progress_bars
 
     log_above_progress_bars()
@@ -316,7 +437,6 @@ def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors, else 0."""
     import shutil
 
-    from .preflight import check_command
     from .quiet import quiet_unused_deepspeed
 
     quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine

@@ -487,3 +487,29 @@ def test_the_model_card_eprint_is_the_readmes():
     eprint = re.compile(r"eprint\s*=\s*\{([^}]*)\}")
     readme = eprint.findall((ROOT / "README.md").read_text())
     assert readme and eprint.findall(CEGPPOTrainer._paper["citation"]) == readme[:1]
+
+
+def test_cegppo_train_runs_the_checks_once_and_hands_the_report_to_the_trainer(model_dir, data_file, tmp_path,
+                                                                               monkeypatch):  # fmt: skip
+    from cegppo_trl import scripts
+
+    calls, handed = [], []
+    original = preflight_module.run_checks
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    class Stop(Exception):
+        pass
+
+    def stop(self, *args, **kwargs):
+        handed.append(self)
+        raise Stop
+
+    monkeypatch.setattr(preflight_module, "run_checks", counted)  # what `trainer_checks` calls
+    monkeypatch.setattr(scripts, "run_checks", counted)  # what `cegppo train` calls
+    monkeypatch.setattr(CEGPPOTrainer, "train", stop)  # the model has loaded: enough
+    with pytest.raises(Stop):
+        train(*parse_args(cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format")))
+    assert len(calls) == 1 and len(handed) == 1
