@@ -353,7 +353,8 @@ class CEGPPOTrainer(GRPOTrainer):
             num_sequences_in_batch=num_sequences_in_batch,
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
             max_completion_length=self.max_completion_length,
             train=mode == "train",
         )
