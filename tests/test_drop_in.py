@@ -114,7 +114,12 @@ def run_script(
         args = config_cls(**base_config_kwargs(tmp_path / trainer_cls.__name__, **kwargs))
         trainer = trainer_cls(
             model=net,
-            reward_funcs=ones_reward if reward_funcs is None else reward_funcs,
+            # a copy: TRL appends an environment's `get_reward` to the list it is given
+            reward_funcs=ones_reward
+            if reward_funcs is None
+            else list(reward_funcs)
+            if isinstance(reward_funcs, list)
+            else reward_funcs,
             args=args,
             train_dataset=prompts() if isinstance(train_dataset, str) else train_dataset,
             processing_class=tokenizer,
@@ -215,6 +220,13 @@ class DoubleEnv(CounterEnv):
         self.total += 2 * n
         TOOL_CALLS.append(2 * n)
         return str(self.total)
+
+
+class ScoredCounterEnv(CounterEnv):
+    """An environment that owns its reward (`get_reward`): no `reward_funcs` needed."""
+
+    def get_reward(self) -> float:
+        return float(self.total)
 
 
 def env_reward(completions, environments=None, **kwargs):
@@ -360,6 +372,11 @@ TOOL_CASES = {
         reward_funcs=env_reward,
         model=scripted_model(("add", "double")),
     ),
+    "environment_owns_the_reward": dict(
+        trainer_kwargs=dict(environment_factory=ScoredCounterEnv),
+        train_dataset=prompts(chat=True),
+        reward_funcs=[],
+    ),
     "environment_factory_no_dataset": dict(
         trainer_kwargs=dict(environment_factory=CounterEnv),
         train_dataset=None,
@@ -369,8 +386,9 @@ TOOL_CASES = {
 
 
 @pytest.mark.parametrize("case", list(TOOL_CASES))
-def test_tools_and_environments(tmp_path, case):
+def test_tools_and_environments(tmp_path, monkeypatch, case):
     """Tool rollouts for real: the tool was called, in both runs alike, and the outcomes are the same."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's note that environments are experimental
     kwargs = {"model": scripted_model(), **TOOL_SETTINGS, **TOOL_CASES[case]}
     calls = []
     for trainer_cls, config_cls in PAIR:
@@ -596,3 +614,32 @@ def test_documented_cegppo_metrics():
             documented.add(name)
             previous = name
     assert CEGPPO_METRICS - documented == set()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Deliberate differences (docs/drop-in.md): each checked against what GRPOTrainer does
+# ----------------------------------------------------------------------------------------------------------------
+def test_grpo_config_is_refused_with_the_conversion(tmp_path):
+    outcome = run_script(CEGPPOTrainer, GRPOConfig, tmp_path)
+    assert outcome.error is TypeError
+    assert "CEGPPOConfig.from_grpo_config(your_grpo_config" in outcome.message
+
+
+def test_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
+    """An already-tokenized dataset (no `prompt` column, no environment): GRPOTrainer builds and fails at the first
+    batch; CEGPPOTrainer refuses at construction and names the fix."""
+    tokenized = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 8})
+    grpo, cegppo = differential(tmp_path, train_dataset=tokenized)
+    assert grpo.trainer is not None and grpo.error is KeyError
+    assert cegppo.trainer is None and cegppo.error is ValueError
+    assert "`train_dataset` has no `prompt` column (its columns: input_ids)" in cegppo.message
+
+
+def test_fresh_train_into_checkpoints_of_another_run_is_refused(tmp_path):
+    """GRPOTrainer starts afresh beside the old checkpoints; CEGPPOTrainer refuses, naming the ways out."""
+    for trainer_cls, config_cls in PAIR:
+        run_script(trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=1)
+    grpo, cegppo = differential(tmp_path)
+    assert grpo.error is None, grpo.message
+    assert cegppo.error is ValueError
+    assert 'later_checkpoints="move_aside"' in cegppo.message and "resume_from_checkpoint=True" in cegppo.message
