@@ -617,6 +617,65 @@ def test_documented_cegppo_metrics():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Where TRL raises, CE-GPPO raises the same exception type
+# ----------------------------------------------------------------------------------------------------------------
+class NoResetEnv:
+    def add(self, n: int) -> str:
+        """Add.
+
+        Args:
+            n: the number.
+        """
+        return str(n)
+
+
+def _lora_on_lm_head():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, target_modules=["q_proj", "lm_head"], task_type="CAUSAL_LM")
+
+
+RAISING_CASES = {  # name: (the script's settings, what TRL's message says)
+    "batch_not_divisible_by_num_generations": (dict(per_device_train_batch_size=3), "must be divisible by"),
+    "reward_weights_wrong_length": (dict(reward_weights=[1.0, 2.0]), "Number of reward weights (2)"),
+    "no_train_dataset": (dict(train_dataset=None), "`train_dataset` is required"),
+    "dict_environment_without_dataset": (
+        dict(train_dataset=None, trainer_kwargs=dict(environment_factory={"counter": CounterEnv})),
+        "requires a `train_dataset` with an `environment` column",
+    ),
+    "environment_without_reset": (dict(trainer_kwargs=dict(environment_factory=NoResetEnv)), "define a callable"),
+    "unknown_environment_name": (
+        dict(
+            train_dataset=Dataset.from_dict({"environment": ["nowhere"] * 8}),
+            trainer_kwargs=dict(environment_factory={"counter": CounterEnv}),
+        ),
+        "environment='nowhere'",
+    ),
+    "tools_without_a_tool_template": (
+        dict(trainer_kwargs=dict(tools=[add]), processing_class="plain"),
+        "does not support tool calling",
+    ),
+    "lora_on_lm_head": (dict(trainer_kwargs=dict(peft_config="LORA_LM_HEAD")), "PEFT adapter to `lm_head`"),
+}
+
+
+@pytest.mark.parametrize("case", list(RAISING_CASES))
+def test_same_exception(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    settings, says = RAISING_CASES[case]
+    outcomes = []
+    for trainer_cls, config_cls in PAIR:
+        kwargs = dict(settings)
+        kwargs["processing_class"] = build_char_tokenizer(tool_calling=kwargs.get("processing_class") != "plain")
+        if kwargs.get("trainer_kwargs", {}).get("peft_config") == "LORA_LM_HEAD":
+            kwargs["trainer_kwargs"] = dict(peft_config=_lora_on_lm_head())
+        outcomes.append(run_script(trainer_cls, config_cls, tmp_path, **kwargs))
+    grpo, cegppo = outcomes
+    assert grpo.error is not None and says in grpo.message, grpo.message
+    assert cegppo.error is grpo.error, (grpo.message, cegppo.message)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Deliberate differences (docs/drop-in.md): each checked against what GRPOTrainer does
 # ----------------------------------------------------------------------------------------------------------------
 def test_grpo_config_is_refused_with_the_conversion(tmp_path):
