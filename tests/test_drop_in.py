@@ -656,6 +656,10 @@ RAISING_CASES = {  # name: (the script's settings, what TRL's message says)
         "does not support tool calling",
     ),
     "lora_on_lm_head": (dict(trainer_kwargs=dict(peft_config="LORA_LM_HEAD")), "PEFT adapter to `lm_head`"),
+    "chat_prompts_without_a_chat_template": (
+        dict(train_dataset=prompts(chat=True), processing_class="no_template"),
+        "chat_template is not set",
+    ),
 }
 
 
@@ -666,7 +670,9 @@ def test_same_exception(tmp_path, monkeypatch, case):
     outcomes = []
     for trainer_cls, config_cls in PAIR:
         kwargs = dict(settings)
-        kwargs["processing_class"] = build_char_tokenizer(tool_calling=kwargs.get("processing_class") != "plain")
+        kwargs["processing_class"] = build_char_tokenizer(tool_calling=kwargs.get("processing_class") is None)
+        if settings.get("processing_class") == "no_template":  # a base model's tokenizer
+            kwargs["processing_class"].chat_template = None
         if kwargs.get("trainer_kwargs", {}).get("peft_config") == "LORA_LM_HEAD":
             kwargs["trainer_kwargs"] = dict(peft_config=_lora_on_lm_head())
         outcomes.append(run_script(trainer_cls, config_cls, tmp_path, **kwargs))
