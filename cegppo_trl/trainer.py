@@ -56,7 +56,7 @@ from .rollouts import (
     rollout_batch_masks,
     total_rewards,
 )
-from .safe_load import safe_resume_loads
+from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 from .trl_compat import check_trl_compatibility
 
@@ -262,10 +262,32 @@ class CEGPPOTrainer(GRPOTrainer):
             if getattr(self, name) is not None and name in state:
                 getattr(self, name).load_state_dict(state[name])
 
+    # Every read of a checkpoint folder is data only (`safe_load`), for as long as the trainer lives: the resume
+    # (`_prepare_for_training` holds the DeepSpeed, FSDP and optimizer loads; `_load_from_checkpoint` the weights of
+    # one process and DDP), the RNG state (read inside the training loop) and the best model at the end.
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        # Where transformers loads a checkpoint's DeepSpeed / FSDP / optimizer files: as data only (`safe_load`).
         with safe_resume_loads(resume_from_checkpoint):
             return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        with safe_resume_loads(resume_from_checkpoint):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_rng_state(self, checkpoint):
+        with safe_resume_loads(checkpoint):
+            return super()._load_rng_state(checkpoint)
+
+    def _load_best_model(self):
+        # `best_model_checkpoint` may come from a resumed checkpoint's `trainer_state.json`, i.e. name any folder.
+        # A refusal comes after training: the model keeps the weights it has, and the run is not lost.
+        try:
+            with safe_resume_loads(self.state.best_model_checkpoint):
+                return super()._load_best_model()
+        except UnsafeCheckpointError as error:
+            logger.warning(
+                f"`load_best_model_at_end`: the best model was not loaded, and the model keeps the weights it has "
+                f"(the last step's, unless the refused file was read after the model's weights). {error}"
+            )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that

@@ -218,3 +218,33 @@ def test_a_reward_with_spread_never_warns(make_trainer, caplog):
     with caplog.at_level(logging.WARNING):
         make_trainer(reward_funcs=spread, max_steps=2).train()
     assert "No learning signal" not in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("reward", "limit", "status", "needle"),
+    [
+        ("helpers.stops.solved", "--max_zero_signal_batches", 3, "every completion got the top reward (1)"),
+        ("helpers.stops.cannot_score", "--max_unscorable_batches", 4, "returned None or NaN for all"),
+    ],
+)
+def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_reasons_status(
+    model_dir, data_file, tmp_path, capsys, reward, limit, status, needle
+):
+    # Issue 36 item 3: a solved task and an unscorable reward each end with the final model and model card saved,
+    # one message naming why, and an exit status that tells them apart (3: nothing left to learn; 4: cannot score).
+    from cegppo_trl.cli import _build_parser
+    from cegppo_trl.cli import main as cli
+    from cegppo_trl.monitoring import STOP_EXIT_STATUS
+
+    assert STOP_EXIT_STATUS == {"zero_signal": 3, "unscorable": 4}
+    epilog = _build_parser().epilog
+    assert "3  stopped: nothing left to learn" in epilog and "4  stopped: the reward cannot score this data" in epilog
+    out = tmp_path / "run"
+    code = cli(["train", "--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data_file,
+                "--output_dir", str(out), "--reward_funcs", reward, limit, "2", "--max_steps", "6",
+                "--disable_tqdm", "true"])  # fmt: skip
+    assert code == status
+    stderr = capsys.readouterr().err
+    assert "cegppo train: stopped at step 3: " in stderr and needle in stderr  # 2 steps per rollout batch
+    assert (out / "model.safetensors").exists() and "CE-GPPO" in (out / "README.md").read_text()
