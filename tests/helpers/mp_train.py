@@ -14,7 +14,8 @@ save checkpoints), `save_total_limit`, `resume` (a checkpoint folder, or `last`)
 writes `OUT_DIR/pid_<rank>` first), `slow_save` (`{"rank": k, "step": s}`: process k stalls before writing its RNG
 state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow or dying process would),
 `load_best_model_at_end` (bool), `claim_best_step` (k: the trainer state names `checkpoint-k` as the best model from
-the first step on, so every checkpoint's `trainer_state.json` says so), `on_save_writes` (a callback appends a line to
+the first step on, so every checkpoint's `trainer_state.json` says so), `dataset_repeats` (the 4 prompts this many times, default 4), `steps_per_generation` (default
+`gradient_accumulation_steps`, 1), `on_save_writes` (a callback appends a line to
 each checkpoint's `notes.txt` in `on_save`, as an EMA or a README callback does). Used by tests/test_multiprocess.py,
 tests/test_deepspeed.py and tests/helpers/chaos.py.
 """
@@ -88,7 +89,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
             1.0 if p.startswith("0") else float(sum(ch.isdigit() for ch in c)) for p, c in zip(prompts, completions)
         ]
 
-    dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * 4})
+    dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * spec.get("dataset_repeats", 4)})
     save_steps = spec.get("save_steps")
     load_best = spec.get("load_best_model_at_end", False)
     args = CEGPPOConfig(
@@ -106,6 +107,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_LEN,
         num_iterations=spec.get("num_iterations", 2),
+        steps_per_generation=spec.get("steps_per_generation"),
         max_steps=spec.get("max_steps", MAX_STEPS),
         learning_rate=5e-2,
         logging_steps=1,
