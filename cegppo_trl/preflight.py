@@ -219,11 +219,12 @@ def _installed(module: str) -> bool:
 # The shared checks
 # ----------------------------------------------------------------------------------------------------------------
 def inspect_dataset(
-    report: Report, dataset: Any, *, name: str = "train_dataset", prompt_required: bool = True
+    report: Report, dataset: Any, *, name: str = "train_dataset", environments: bool = False
 ) -> list[dict]:
     """Rows, columns and types; the errors the trainer would hit late. Returns a few rows.
 
-    `prompt_required` is False where TRL reads no `prompt` column (an `environment_factory` that owns the prompts).
+    With `environments` (an `environment_factory` is given) the `prompt` column is optional, as in TRL: each
+    rollout's `reset()` supplies the prompt.
     """
     from datasets import IterableDataset
 
@@ -247,7 +248,7 @@ def inspect_dataset(
     if columns is None and rows:
         columns = list(rows[0])
     if columns is not None and "prompt" not in columns:
-        if not prompt_required:
+        if environments:
             report.info("dataset", f"{name}: no `prompt` column; each environment's `reset()` gives the prompt")
             return rows
         likely = next((c for c in ("question", "problem", "query", "input", "text") if c in columns), None)
@@ -395,7 +396,8 @@ def _reward_name(func: Any) -> str:
 
 
 def inspect_rewards(
-    report: Report, reward_funcs: Sequence[Any], names: Sequence[str], rows: list[dict], columns: Sequence[str]
+    report: Report, reward_funcs: Sequence[Any], names: Sequence[str], rows: list[dict], columns: Sequence[str],
+    dry_call: bool = True,
 ) -> None:  # fmt: skip
     """What each reward receives for the sample rows, and its score for the reference answer."""
     columns = list(columns)
@@ -442,7 +444,7 @@ def inspect_rewards(
                 fixes=[Fix("chat_prompts", True, api="chat-message prompts")],
             )
             continue
-        if not _dry_call(report, name, func, rows):
+        if dry_call and not _dry_call(report, name, func, rows):
             continue
         if reference_completion(func, "0") is None:
             if reads is not False:
@@ -773,7 +775,7 @@ def inspect_extras(report: Report, args: Any, *, quantized: bool = False) -> Non
 
 def _inspect_hub(report: Report, args: Any) -> None:
     """`push_to_hub`: the trainer creates the Hub repo when it is built, so offline or without a token it fails
-    there, after the model loads."""
+    there, after the model loads (a warning)."""
     from .data import _hub_offline
 
     if _hub_offline():
@@ -786,10 +788,10 @@ def _inspect_hub(report: Report, args: Any) -> None:
             report.info("extras", f"push_to_hub: to {args.hub_model_id or os.path.basename(args.output_dir)}")
             return
         why = "no Hugging Face token is set (`hf auth login`, or HF_TOKEN)"
-    report.error(
+    report.warning(  # not an error: a Hub client of your own (a mirror, a test double) may still take the push
         "extras",
-        f"`push_to_hub=True` but {why}: the trainer creates the Hub repository when it starts and would fail there, "
-        "after the model loads. Log in (or unset HF_HUB_OFFLINE), or train without it: {fix}.",
+        f"`push_to_hub=True` but {why}: the trainer creates the Hub repository when it starts, which fails without "
+        "the Hub, after the model loads. Log in (or unset HF_HUB_OFFLINE), or train without it: {fix}.",
         fixes=[Fix("push_to_hub", False)],
     )
 
@@ -914,7 +916,7 @@ def run_checks(
     peft_config: Any = None,
     processing_class: Any = None,
     quantized: bool = False,
-    prompt_required: bool = True,
+    environments: bool = False,
     engine: bool = True,
     report: Report | None = None,
 ) -> Report:
@@ -931,7 +933,8 @@ def run_checks(
         peft_config: the LoRA config, if any.
         processing_class: a tokenizer/processor to render the sample prompts with; None skips the rendering.
         quantized: 4-/8-bit loading (needs bitsandbytes).
-        prompt_required: whether TRL reads a `prompt` column (not with an `environment_factory` that owns them).
+        environments: an `environment_factory` is given: no `prompt` column needed, and the rewards, which may
+            read the environments, are not dry-called.
         engine: check the distributed engine (the command line checks it first, before loading the data).
         report: a report to add to (the command line's own checks come first).
 
@@ -954,14 +957,14 @@ def run_checks(
         if dataset is None or isinstance(dataset, dict):  # a dict of eval datasets: TRL checks each itself
             continue
         errors_before = len(report.errors)
-        rows = inspect_dataset(report, dataset, name=split, prompt_required=prompt_required)
+        rows = inspect_dataset(report, dataset, name=split, environments=environments)
         if len(report.errors) > errors_before or not rows:
             continue
         if split == "train_dataset" and processing_class is not None and "prompt" in rows[0]:
             render_prompts(report, rows, processing_class, args)
         columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
         if split == "train_dataset":
-            inspect_rewards(report, funcs, names, rows, columns)
+            inspect_rewards(report, funcs, names, rows, columns, dry_call=not environments)
         else:  # the rewards score the evaluation rollouts too: the columns they need must be there
             sub = Report()
             inspect_rewards(sub, funcs, names, rows, columns)
@@ -996,7 +999,7 @@ def trainer_checks(model: Any, reward_funcs: Any, args: CEGPPOConfig, *pargs: An
         peft_config=bound.get("peft_config"),
         processing_class=bound.get("processing_class"),
         quantized=quantized,
-        prompt_required=bound.get("environment_factory") is None,
+        environments=bound.get("environment_factory") is not None,
     )
     log_warnings(report)
     report.raise_errors(flags=False)

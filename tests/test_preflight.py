@@ -14,6 +14,7 @@ from datasets import Dataset
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl import preflight as preflight_module
 from cegppo_trl.cli import main as cegppo
+from cegppo_trl.preflight import trainer_checks
 from cegppo_trl.rewards import get_reward_func
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
@@ -340,8 +341,6 @@ REFUSALS = {
     "wandb_missing": (["--report_to", "wandb"], None,
                       r"`report_to` includes wandb, which needs `wandb`, not installed.*`pip install wandb`.*"
                       r"`--report_to none`"),
-    "push_offline": (["--push_to_hub", "true"], None,
-                     r"`push_to_hub=True` but HF_HUB_OFFLINE=1 is set.*`--push_to_hub false`"),
     # Item 2: each was a traceback (exit 1)
     "output_dir_a_file": (["--output_dir", "FILE"], None, r"`output_dir` .*afile is a file, not a directory"),
     "model_folder_typo": (["--model_name_or_path", "tiny-modle"], None,
@@ -411,6 +410,9 @@ WARNED = {
                             r"2000, after the run's last step \(`max_steps=4`\): gppo_beta1 stays 0 for the whole run"),
     "absurd_beta2": (["--gppo_beta2", "1e6"], {"gppo_beta2": 1e6}, "format",
                      r"WARNING \[schedules\] `gppo_beta2` reaches 1e\+06: the paper's betas are at most 1"),
+    "push_offline": (["--push_to_hub", "true"], {"push_to_hub": True}, "format",
+                     r"WARNING \[extras\] `push_to_hub=True` but HF_HUB_OFFLINE=1 is set: the trainer creates the Hub "
+                     r"repository when it starts.*`(--push_to_hub false|push_to_hub=False)`"),
     "reward_none_everywhere": ([], {}, "test_preflight.none_reward",
                                r"WARNING \[rewards\] Reward `(test_preflight\.)?none_reward` returned no score \(None or "
                                r"NaN\) for every completion"),
@@ -429,10 +431,9 @@ def test_check_and_the_trainer_give_the_same_warning(
     func = none_reward if reward.endswith("none_reward") else get_reward_func(reward)
     args = CEGPPOConfig(output_dir=str(tmp_path / "api"), use_cpu=True, report_to="none", max_steps=4,
                         per_device_train_batch_size=4, num_generations=4, max_completion_length=8, **config)  # fmt: skip
-    with caplog.at_level("WARNING"):
-        CEGPPOTrainer(
-            model_dir, reward_funcs=func, args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4})
-        )
+    with caplog.at_level("WARNING"):  # the API's checks, as `CEGPPOTrainer.__init__` runs them before the model loads
+        report = trainer_checks(model_dir, func, args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4}))
+    assert not report.errors
     assert re.search(message.split("] ", 1)[1], " ".join(caplog.text.split())), caplog.text
 
 
