@@ -13,7 +13,6 @@ train on a mismatch, naming the method (tests/test_trl_drift.py pins the same ha
 from __future__ import annotations
 
 import os
-import textwrap
 
 import torch
 from accelerate.logging import get_logger
@@ -36,7 +35,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
 from .loss import cegppo_diagnostics, cegppo_per_token_loss
-from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
+from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
@@ -100,20 +99,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "cegppo"]
     _name = "CE-GPPO"
-    _paper = {
-        "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
-        "Reinforcement Learning",
-        "id": "2509.20712",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{su2026cegppo,
-                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
-                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
-                booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
-                year         = 2026,
-                eprint       = {2509.20712},
-            }"""),
-    }
+    _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if args is not None and not isinstance(args, CEGPPOConfig):
