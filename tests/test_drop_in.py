@@ -535,12 +535,14 @@ class RecordingCallback(TrainerCallback):
 
 
 def test_callbacks_and_checkpoints(tmp_path):
-    """A callback sees the same events, and the file it writes into each checkpoint in `on_save` is there."""
+    """A callback sees the same events, and the file it writes into each checkpoint in `on_save` is there. The saves
+    fall at rollout-batch ends (2 optimizer steps per batch): CE-GPPO moves a save inside a batch to its end
+    (docs/drop-in.md; tests/test_rollout_batch_saves.py), so aligned saves are where the two must agree."""
     outcomes = []
     for trainer_cls, config_cls in PAIR:
         callback = RecordingCallback()
         outcome = run_script(
-            trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=1,
+            trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=2, max_steps=4,
             trainer_kwargs=dict(callbacks=[callback]),
         )  # fmt: skip
         folder = tmp_path / trainer_cls.__name__
@@ -549,8 +551,8 @@ def test_callbacks_and_checkpoints(tmp_path):
     (grpo, grpo_events, grpo_notes), (cegppo, cegppo_events, cegppo_notes) = outcomes
     assert grpo.error is None, grpo.message
     assert_same(grpo, cegppo)
-    assert grpo_events == cegppo_events and ("save", 2) in grpo_events
-    assert grpo_notes == cegppo_notes == ["checkpoint-1", "checkpoint-2"]
+    assert grpo_events == cegppo_events and ("save", 4) in grpo_events
+    assert grpo_notes == cegppo_notes == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_push_to_hub_offline(tmp_path, monkeypatch):
@@ -590,7 +592,7 @@ def test_push_to_hub_offline(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Owned elsewhere: strict xfails until that work lands (then they turn red and the mark goes)
+# A second train(), and the stop after unscorable batches
 # ----------------------------------------------------------------------------------------------------------------
 def test_train_twice(tmp_path):
     """A second `train()` on the same trainer object trains again, as in TRL (nothing saved in between)."""
@@ -600,16 +602,14 @@ def test_train_twice(tmp_path):
     assert grpo.trainer.state.global_step == cegppo.trainer.state.global_step == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 item 3: fixed by the checkpoint rework (h36)")
 def test_train_twice_with_checkpoints(tmp_path):
     """A second `train()` on the same trainer object after the first saved checkpoints: TRL trains again (a fresh
-    run, no resume); CE-GPPO refuses the checkpoints the first run left (it must let its own trainer go on)."""
+    run, no resume); so does CE-GPPO: the checkpoints are its own trainer's, not another run's."""
     grpo, cegppo = differential(tmp_path, script=("train", "train"), save_strategy="steps", save_steps=1)
     assert grpo.error is None, grpo.message
     assert_same(grpo, cegppo)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 item 4: the unscorable stop becomes a clean stop (h36s)")
 def test_unscorable_stop_is_a_clean_stop(tmp_path):
     """TRL warns and goes on when no completion is scorable; CE-GPPO stops (deliberately) after
     `max_unscorable_batches` such batches, and the stop must end `train()` cleanly, not raise."""
@@ -618,6 +618,7 @@ def test_unscorable_stop_is_a_clean_stop(tmp_path):
     )
     assert outcome.error is None, outcome.message
     assert outcome.trainer.state.global_step < 4
+    assert outcome.trainer.stop_reason == "unscorable"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -361,8 +361,11 @@ def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(make
     # schedule, which the trainer says.
     import logging
 
+    from cegppo_trl.trainer import SaveAtRolloutBatchEnd
+
     kwargs = dict(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=1)
     full = make_trainer(**kwargs)
+    full.remove_callback(SaveAtRolloutBatchEnd)  # saves inside rollout batches too, as GRPOTrainer or 0.3 did
     full.train()
 
     def resumed_losses(step: int) -> tuple[list[float], list[str]]:
