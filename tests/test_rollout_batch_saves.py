@@ -1,5 +1,5 @@
-"""Every checkpoint resumes exactly off-policy: `save_strategy="steps"` saves only at rollout-batch ends (issue 36
-item 8). TRL keeps the rollout batch in memory only, so a checkpoint inside one resumes another run."""
+"""Every checkpoint resumes exactly off-policy: `save_strategy="steps"` saves only at rollout-batch ends. TRL keeps
+the rollout batch in memory only, so a checkpoint inside one would resume another run."""
 
 from __future__ import annotations
 
