@@ -9,7 +9,6 @@ from typing import Any
 from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
-from .checkpoints import check_later_checkpoints
 from .controller import parse_controller
 from .loss import check_left_guard
 from .schedules import parse_schedule
@@ -19,6 +18,15 @@ CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+LATER_CHECKPOINTS_CHOICES = ("refuse", "move_aside")
+
+
+def check_later_checkpoints(value: str) -> None:
+    """Refuse a `later_checkpoints` value that is not one of `LATER_CHECKPOINTS_CHOICES`."""
+    if value not in LATER_CHECKPOINTS_CHOICES:
+        raise ValueError(
+            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got {value!r}."
+        )
 
 
 def is_on_policy(args: Any) -> bool:
@@ -225,7 +233,8 @@ class CEGPPOConfig(GRPOConfig):
         default="refuse",
         metadata={
             "help": "Checkpoints of `output_dir` later than the one resumed (all, for a new run) are another run's, "
-            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/superseded-<time>/`.",
+            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/_superseded-<time>/` "
+            "(still resumable there by path).",
             "choices": ["refuse", "move_aside"],
         },
     )

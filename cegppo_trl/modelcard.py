@@ -67,6 +67,13 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
         learning_rate=args.learning_rate,
         kl_beta=args.beta,
     )
+    history = getattr(trainer, "settings_history", None)
+    if history:  # a resume changed settings: the table shows the last segment's, this says where it began
+        settings["settings_changed"] = "; ".join(
+            f"at step {entry['step']}: "
+            + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in entry["changes"].items())
+            for entry in history
+        )
     return settings
 
 

@@ -17,18 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .checkpoints import (  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
-    CEGPPO_STATE_FILE,
-    FRESH_CONTROLLER_ANNOUNCED,
-    RESUME_COMPARED_FIELDS,
-    acquire_lock,
-    changed_settings,
-    check_resume_length,
-    fresh_controller_note,
-    plan_resume,
-    release_lock,
-    remove_checkpoints,
-)
+from .checkpoints import RESUME_COMPARED_FIELDS, start_run  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
 from .config import CEGPPOConfig
 from .distributed import CPU_DDP_LAUNCH_LINE
 from .resources import resolve_config_args
@@ -402,44 +391,33 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     dtype), the quantization config (`--load_in_4bit` / `--load_in_8bit`) and the LoRA config (`--use_peft`).
     Model placement is TRL's: `device_map=None` under DDP/DeepSpeed, `"auto"` on one GPU.
     """
+    from .preflight import cli_checks
+    from .quiet import log_above_progress_bars
+
+    log_above_progress_bars()
+    # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
+    # nothing, after it.
+    report, prepared = cli_checks(script_args, training_args, model_args)
+    report.raise_errors()
+    # The launch's one resume plan, before the model loads (a refusal costs nothing then); it holds the `output_dir`
+    # lock until the run ends, and the trainer follows it without planning again.
+    plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
+                     overwrite=script_args.overwrite_output_dir)  # fmt: skip
+    training_args.resume_from_checkpoint = plan.checkpoint
+    try:
+        return _train(script_args, training_args, model_args, prepared, plan)
+    finally:
+        plan.release()
+
+
+def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrainer:
     import torch
     import transformers
     from packaging.version import Version
     from trl import get_quantization_config
 
-    from .preflight import cli_checks
-    from .quiet import log_above_progress_bars
-
-    log_above_progress_bars()
     from .trainer import CEGPPOTrainer
 
-    # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
-    # nothing, after it.
-    report, prepared = cli_checks(script_args, training_args, model_args)
-    report.raise_errors()
-    if training_args.process_index == 0 and training_args.should_save:
-        # Before anything in `output_dir` is read or deleted: a second live run into it stops here.
-        for warning in acquire_lock(training_args.output_dir):
-            logger.warning(warning)
-    try:
-        training_args.resume_from_checkpoint = resolve_checkpoint(training_args, script_args.overwrite_output_dir)
-    except ValueError:
-        release_lock(training_args.output_dir)
-        raise
-    checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is not None:
-        check_resume_length(checkpoint, training_args.max_steps, training_args.num_train_epochs)
-        warn_on_changed_settings(checkpoint, training_args)
-    elif script_args.overwrite_output_dir and training_args.should_save:
-        # Starting over: an earlier run's later checkpoints would otherwise survive for `last` to resume.
-        removed = remove_checkpoints(training_args.output_dir)
-        if removed:
-            logger.warning(
-                "`overwrite_output_dir`: removed the earlier run's checkpoints from %s (%s), so that "
-                "`--resume_from_checkpoint last` can only pick up this run's.",
-                training_args.output_dir,
-                ", ".join(os.path.basename(folder) for folder in removed),
-            )
     reward_funcs, train_dataset, eval_dataset = prepared.reward_funcs, prepared.train_dataset, prepared.eval_dataset
 
     model_init_kwargs = dict(
@@ -461,8 +439,9 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
         quantization_config=get_quantization_config(model_args),
         peft_config=prepared.peft_config,
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
+    trainer.train(resume_from_checkpoint=plan)
+    if not plan.finished:  # else `train()` wrote it from the checkpoint, if it was missing
+        trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
@@ -592,54 +571,3 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
         name,
         CPU_LAUNCH_LINE,
     )
-
-
-def resolve_checkpoint(training_args: CEGPPOConfig, overwrite_output_dir: bool = False) -> str | None:
-    """The checkpoint to resume from: `true`/`last` is the newest complete one in `output_dir`, `false`/`none` none.
-
-    `checkpoints.plan_resume` decides, as it does for the Python API: a checkpoint folder without its commit record
-    (a run killed while writing it, see `checkpoints.incomplete_reason`) is never resumed, `last` passes over it
-    naming it in a warning and a path to one is refused; a new run into an `output_dir` that already holds
-    checkpoints, or a resume with later checkpoints beside it, is refused (they would come back with `last`) unless
-    `overwrite_output_dir` (a new run: `main` deletes them) or `later_checkpoints="move_aside"` (the trainer moves
-    them aside once it holds the `output_dir` lock).
-    """
-    value = training_args.resume_from_checkpoint
-    if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS + ("false",):
-        value = None
-    checkpoint, warnings, _ = plan_resume(
-        training_args.output_dir, value, training_args.later_checkpoints, overwrite_output_dir
-    )
-    for warning in warnings:
-        logger.warning(warning)
-    return checkpoint
-
-
-def warn_on_changed_settings(checkpoint: str, training_args: CEGPPOConfig) -> list[str]:
-    """Warn when the resumed run's β schedule/controller settings differ from the checkpoint's; returns the fields.
-
-    The checkpoint's settings come from its `cegppo_state.json` (plain JSON). `training_args.bin` is never read: it
-    is a pickle, and unpickling a checkpoint someone else wrote would run any code it holds. One warning covers
-    everything, including a controller that starts fresh because the checkpoint has no controller state.
-    """
-    differing = changed_settings(checkpoint, training_args)
-    if differing is None:
-        message = (
-            f"Resuming from {checkpoint}, which has no CE-GPPO settings in {CEGPPO_STATE_FILE} (written by another "
-            "trainer or an older cegppo-trl): nothing to compare them with. The resumed run follows the current "
-            "settings."
-        )
-    elif differing:
-        message = (
-            f"Resuming from {checkpoint} with CE-GPPO settings that differ from the checkpoint's "
-            f"({CEGPPO_STATE_FILE}): {'; '.join(differing)}. The resumed run follows the new settings."
-        )
-    else:
-        message = f"Resuming from {checkpoint}."
-    controller_note = fresh_controller_note(checkpoint, training_args)
-    if controller_note is not None:
-        message += " " + controller_note
-        FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
-    if differing != [] or controller_note is not None:
-        logger.warning(message)
-    return differing or []

@@ -17,24 +17,21 @@ import textwrap
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerCallback
-from transformers.trainer_utils import SaveStrategy, has_length
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length
 from trl import GRPOTrainer
 
 from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
-    FRESH_CONTROLLER_ANNOUNCED,
+    ResumePlan,
     begin_checkpoint,
     commit_after_save,
-    finished_resume_message,
-    fresh_controller_note,
     held_until_commit,
     read_state,
-    release_lock,
+    settings_history,
     start_run,
     state_record,
-    uncommit,
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
@@ -61,6 +58,15 @@ from .schedules import parse_schedule
 from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
+
+
+def _holds_model(folder: str) -> bool:
+    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
+    stems = ("model", "pytorch_model", "adapter_model")
+    names = [
+        f"{s}{ext}" for s in stems for ext in (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+    ]
+    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -142,6 +148,9 @@ class CEGPPOTrainer(GRPOTrainer):
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
+        self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
+        self._committed: set[str] = set()  # checkpoints this trainer committed (a second `train()` moves them aside)
+        self._begun: set[str] = set()  # checkpoints this trainer began and has not committed
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -215,33 +224,43 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """`Trainer.train`, resuming what `checkpoints.start_run` decides on the main process for every process:
-        `resume_from_checkpoint=True` is the newest *committed* checkpoint (transformers' picks the highest-numbered
-        folder, even one a killed run left half-written), later checkpoints of another run are refused or moved
-        aside (`later_checkpoints`), and `output_dir` is locked against a second live run until training ends."""
-        resume_from_checkpoint = start_run(self.args, resume_from_checkpoint, logger.warning)
+        """`Trainer.train`, resuming what the launch's plan (`checkpoints.start_run`, main process, broadcast) says:
+        `True`/`"last"` is the newest *committed* checkpoint (transformers' picks the highest-numbered folder, even a
+        half-written one), another run's later checkpoints are refused or moved aside (`later_checkpoints`), and
+        `output_dir` stays locked until training ends. `cegppo train` passes the `ResumePlan` it made before the
+        model loaded. A checkpoint at the run's end trains nothing: the final model is written from it if missing."""
+        plan = resume_from_checkpoint
+        if not isinstance(plan, ResumePlan):
+            plan = start_run(self.args, resume_from_checkpoint, logger.warning, own=self._committed)
         try:
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            if not plan.finished:
+                return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            # transformers would train a step past the end; a requeue of a finished run only writes the final model
+            with safe_resume_loads(plan.checkpoint):
+                self._load_from_checkpoint(plan.checkpoint)
+            self.state.global_step = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json").global_step
+            if not _holds_model(self.args.output_dir):
+                self.save_model(self.args.output_dir)
+            return TrainOutput(self.state.global_step, 0.0, {})
         finally:
-            release_lock(self.args.output_dir)
+            if plan is not resume_from_checkpoint:
+                plan.release()
 
     def _save_checkpoint(self, model, trial):
-        # `cegppo_state.json` (the CE-GPPO settings a resumed run is compared with, and the controller state) is
-        # written before `super()`, and the folder's old commit record is removed before anything else is written
-        # (every process does, before its own files). Rotation and the Hub push wait for the commit record, which
-        # the main process writes once every process has saved (`checkpoints.commit_after_save`).
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
+        # `cegppo_state.json` first (its old commit record removed before anything is written); rotation and the Hub
+        # push wait for the commit record, built from what every process reports it wrote (`commit_after_save`).
         run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            begin_checkpoint(folder, state_record(self.args, controller, self.cegppo_run_state()))
-        else:
-            uncommit(folder)
+            begin_checkpoint(
+                folder, state_record(self.args, controller, self.cegppo_run_state(), self.settings_history)
+            )
+            self._begun.add(folder)
         with held_until_commit(self.args) as held:
             super()._save_checkpoint(model, trial)
-        commit_after_save(self, folder, run_dir, held)
+        commit_after_save(self, folder, run_dir, held, self._begun)
+        self._committed.add(folder)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
@@ -290,10 +309,6 @@ class CEGPPOTrainer(GRPOTrainer):
             )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that
-        # would train 0 steps (and let `save_model` write the checkpoint's weights as the final model) stops here.
-        if checkpoint is not None and self.state.global_step >= self.state.max_steps:
-            raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
         num_prompts = len(self.train_dataset) if has_length(self.train_dataset) else None
         if checkpoint and (
@@ -302,16 +317,12 @@ class CEGPPOTrainer(GRPOTrainer):
             logger.warning(inside, main_process_only=True)
         if checkpoint is None:
             return
-        state = read_state(checkpoint) or {}  # read once: the run state and the controller's
-        self.load_cegppo_run_state(state.get("run_state", {}))
-        if self.entropy_controller is None:
-            return
-        note = fresh_controller_note(checkpoint, self.args)
-        if note is None:
+        # The plan has told the user what differs; here the state is restored (JSON, read on every process).
+        state = read_state(checkpoint)
+        self.settings_history = settings_history(state, self.args, self.state.global_step)
+        self.load_cegppo_run_state((state or {}).get("run_state", {}))
+        if self.entropy_controller is not None and "controller" in (state or {}):
             self.entropy_controller.load_state_dict(state["controller"])
-        elif os.path.realpath(checkpoint) not in FRESH_CONTROLLER_ANNOUNCED:  # `cegppo train` said so before loading
-            FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
-            logger.warning(note, main_process_only=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)
@@ -394,7 +405,8 @@ class CEGPPOTrainer(GRPOTrainer):
             num_sequences_in_batch=num_sequences_in_batch,
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
             max_completion_length=self.max_completion_length,
             train=mode == "train",
         )

@@ -167,7 +167,11 @@ def test_cpu_smoke_recipe_trains_and_saves(model_dir, data_file, tmp_path):
 def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_overwrite(
     model_dir, data_file, tmp_path, caplog
 ):
-    from cegppo_trl.scripts import resolve_checkpoint
+    from cegppo_trl.checkpoints import plan_resume
+
+    def resolve_checkpoint(args, overwrite_output_dir=False):
+        mode = "delete" if overwrite_output_dir else args.later_checkpoints
+        return plan_resume(args.output_dir, args.resume_from_checkpoint, args, mode)[0].checkpoint
 
     save = ["--save_strategy", "steps", "--save_steps", "1"]
     train(*smoke_args(model_dir, data_file, tmp_path, *save))
