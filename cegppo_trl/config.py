@@ -209,16 +209,16 @@ class CEGPPOConfig(GRPOConfig):
     max_unscorable_batches: int = field(
         default=10,
         metadata={
-            "help": "Stop cleanly (`should_training_stop`; `cegppo train` saves the model, exits 4) after this many "
-            "training rollout batches in a row in which no completion got a reward. Fewer only warn, as TRL. 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 4) after this many "
+            "consecutive rollout batches without any reward (all None/NaN). Fewer only warn, as TRL does. 0: never."
         },
     )
 
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
-            "help": "Stop cleanly (`should_training_stop`; `cegppo train` saves the model, exits 3) after this many "
-            "training rollout batches in a row with no policy gradient (no reward spread, or all masked). 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 3) after this many "
+            "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
         },
     )
     save_steps: float = field(

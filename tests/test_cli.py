@@ -175,7 +175,7 @@ def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_ove
 
     save = ["--save_strategy", "steps", "--save_steps", "1"]
     train(*smoke_args(model_dir, data_file, tmp_path, *save))
-    # Two optimizer steps per rollout batch: `save_steps=1` saves at the batch's end only.
+    # cpu_smoke takes 2 steps per rollout batch: step 1's save is taken at the batch's end, step 2.
     assert not (tmp_path / "checkpoint-1").exists() and (tmp_path / "checkpoint-2").is_dir()
 
     # A new run into the same folder is refused, naming the flags; told to overwrite, it starts fresh.
