@@ -88,18 +88,12 @@ def state_record(
 
 
 def read_state(checkpoint: str) -> dict[str, Any] | None:
-    """The checkpoint's `cegppo_state.json`, or None when it has none (written by another trainer).
-
-    Raises:
-        ValueError: the file exists but is not a JSON object.
-    """
+    """The checkpoint's `cegppo_state.json`, or None when it has none; a ValueError when it is not a JSON object."""
     path = os.path.join(checkpoint, CEGPPO_STATE_FILE)
-    if not os.path.exists(path):
-        return None
-    state = _read_json(path)
+    state = _read_json(path) if os.path.exists(path) else {}
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a JSON object: the checkpoint is damaged.")
-    return state
+    return state or None
 
 
 def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list] | None:
@@ -229,7 +223,7 @@ def checkpoint_step(folder: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def is_committed(folder: str) -> bool:  # noqa: D103
+def is_committed(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, COMMIT_FILE))
 
 
@@ -268,8 +262,7 @@ def inspect(folder: str) -> tuple[str | None, list[str]]:
     return None, changed
 
 
-def incomplete_reason(folder: str) -> str | None:
-    """Why `folder` cannot be resumed, or None."""
+def incomplete_reason(folder: str) -> str | None:  # why `folder` cannot be resumed, or None
     return inspect(folder)[0]
 
 
@@ -302,14 +295,8 @@ def rotate(run_dir: str, save_total_limit: int | None, best_checkpoint: str | No
 
 # One run per output_dir: a kernel lock
 def acquire_lock(output_dir: str) -> tuple[int, bool]:
-    """Lock `output_dir` for this process: `flock` on `_cegppo_run.lock`, held until `release_lock` or death.
-
-    Returns:
-        The lock's file descriptor, and whether the file was there before (a run began in this folder earlier).
-
-    Raises:
-        RuntimeError: another live process holds it.
-    """
+    """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; returns the descriptor and whether the
+    file was there before (a run began here). Raises RuntimeError when another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
     existed = os.path.exists(path)
@@ -325,8 +312,7 @@ def acquire_lock(output_dir: str) -> tuple[int, bool]:
     return fd, existed
 
 
-def release_lock(fd: int | None) -> None:
-    """Release the lock `acquire_lock` returned (the file stays: it marks that a run began here)."""
+def release_lock(fd: int | None) -> None:  # the file stays: it marks that a run began here
     if fd is not None:
         os.close(fd)
 
