@@ -111,9 +111,19 @@ class CEGPPOConfig(GRPOConfig):
             `"cutoff"` or `"decay"`, see `delta_low`.
         max_zero_signal_batches (`int`, *optional*, defaults to `100`):
             Stop after this many consecutive training rollout batches in which every group has zero reward spread
-            (zero advantages, no policy gradient; the batches dynamic sampling would empty). The first batch of such a
-            streak warns with its kind: every completion at the top reward, at the lowest, or all equal in between.
-            `0` never stops. See docs/configuration.md for the default.
+            (zero advantages, no policy gradient; the batches dynamic sampling would empty) or no completion token is
+            in the loss. The first batch of such a streak warns with its kind: every completion at the top reward, at
+            the lowest, all equal in between, an infinite reward, or every completion masked. The stop is
+            transformers' `control.should_training_stop` at the end of that optimizer step: `train()` returns,
+            `trainer.stop_reason` is `"zero_signal"` (`"unscorable"` for `max_unscorable_batches`), and
+            `cegppo train` saves the model and exits 3 (4). `0` never stops. See docs/configuration.md for the
+            default.
+        save_steps (`int` or `float`, *optional*, defaults to `500`):
+            transformers' field, with one CE-GPPO rule: a checkpoint is only taken at the end of a rollout batch,
+            where a resume continues exactly the interrupted run (TRL does not save the rollout batch, so a resume
+            inside one generates another). A save that falls inside a rollout batch (`steps_per_generation *
+            num_iterations` micro-batches) is taken at the batch's last optimizer step; the save at `max_steps` is
+            kept.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
             Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
             falls below it, once per episode of drift. `None` disables the warning.
@@ -199,7 +209,8 @@ class CEGPPOConfig(GRPOConfig):
     max_unscorable_batches: int = field(
         default=10,
         metadata={
-            "help": "Stop with an error after this many consecutive training rollout batches in which no completion "
+            "help": "Stop training (at the end of that optimizer step, as `should_training_stop` does; `cegppo train` "
+            "saves the model and exits 4) after this many consecutive training rollout batches in which no completion "
             "got a reward (every reward None or NaN; zero loss and gradient). Fewer only warn, as TRL does. 0: never."
         },
     )
@@ -207,8 +218,17 @@ class CEGPPOConfig(GRPOConfig):
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
-            "help": "Stop after this many consecutive training rollout batches with zero reward spread in every group "
-            "(no policy gradient; the first warns). 0: never."
+            "help": "Stop training (at the end of that optimizer step; `cegppo train` saves the model and exits 3) "
+            "after this many consecutive training rollout batches with zero reward spread in every group, or no "
+            "completion token in the loss (no policy gradient; the first warns). 0: never."
+        },
+    )
+    save_steps: float = field(
+        default=500,
+        metadata={
+            "help": "Save checkpoint every X updates steps (an integer, or a float in `[0,1)`: a ratio of the total "
+            "training steps). CE-GPPO: a save that falls inside a rollout batch is taken at the batch's end, where a "
+            "resume is exact (TRL does not save the rollout batch); the save at `max_steps` is kept."
         },
     )
     later_checkpoints: str = field(

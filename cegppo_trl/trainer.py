@@ -17,8 +17,8 @@ import textwrap
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerState
-from transformers.trainer_utils import TrainOutput, has_length
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length
 from trl import GRPOTrainer
 
 from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
@@ -40,14 +40,20 @@ from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
+    StopWhenNothingToLearn,
     combine_diagnostics,
     diagnostics_metrics,
     left_drift_message,
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
-from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
-from .safe_load import safe_resume_loads
+from .rollouts import (
+    at_rollout_batch_boundary,
+    resume_inside_rollout_batch_message,
+    rollout_batch_masks,
+    total_rewards,
+)
+from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 from .trl_compat import check_trl_compatibility
 
@@ -136,6 +142,8 @@ class CEGPPOTrainer(GRPOTrainer):
         )
         self._schedules_checked_for = None
         self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
+        self.add_callback(StopWhenNothingToLearn(self.reward_monitor))
+        self.add_callback(SaveAtRolloutBatchEnd(len(self.train_dataset) if has_length(self.train_dataset) else None))
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
@@ -151,6 +159,13 @@ class CEGPPOTrainer(GRPOTrainer):
         vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
         if (message := on_policy_message(self.args, vllm_correction)) is not None:
             logger.warning(message, main_process_only=True)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the last `train()` ended before `max_steps`: `"zero_signal"` (`max_zero_signal_batches` rollout batches
+        in a row without reward spread, e.g. a solved task) or `"unscorable"` (`max_unscorable_batches` without any
+        reward); None when it was not stopped by either. The message is `reward_monitor.stop_message`."""
+        return self.reward_monitor.stop_reason
 
     # ------------------------------------------------------------------------------------------------------------
     # beta1 / beta2 for the current optimizer step
@@ -266,10 +281,32 @@ class CEGPPOTrainer(GRPOTrainer):
             if getattr(self, name) is not None and name in state:
                 getattr(self, name).load_state_dict(state[name])
 
+    # Every read of a checkpoint folder is data only (`safe_load`), for as long as the trainer lives: the resume
+    # (`_prepare_for_training` holds the DeepSpeed, FSDP and optimizer loads; `_load_from_checkpoint` the weights of
+    # one process and DDP), the RNG state (read inside the training loop) and the best model at the end.
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        # Where transformers loads a checkpoint's DeepSpeed / FSDP / optimizer files: as data only (`safe_load`).
         with safe_resume_loads(resume_from_checkpoint):
             return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        with safe_resume_loads(resume_from_checkpoint):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_rng_state(self, checkpoint):
+        with safe_resume_loads(checkpoint):
+            return super()._load_rng_state(checkpoint)
+
+    def _load_best_model(self):
+        # `best_model_checkpoint` may come from a resumed checkpoint's `trainer_state.json`, i.e. name any folder.
+        # A refusal comes after training: the model keeps the weights it has, and the run is not lost.
+        try:
+            with safe_resume_loads(self.state.best_model_checkpoint):
+                return super()._load_best_model()
+        except UnsafeCheckpointError as error:
+            logger.warning(
+                f"`load_best_model_at_end`: the best model was not loaded, and the model keeps the weights it has "
+                f"(the last step's, unless the refused file was read after the model's weights). {error}"
+            )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -299,8 +336,8 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop after `max_unscorable_batches` consecutive training rollout batches in which no completion got a
-        reward.
+        """Stop (at the end of this optimizer step: `StopWhenNothingToLearn`) after `max_unscorable_batches`
+        consecutive training rollout batches in which no completion got a reward.
 
         TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
         a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
@@ -319,19 +356,22 @@ class CEGPPOTrainer(GRPOTrainer):
         args = self.args
         mode = "train" if self.model.training else "eval"
         rewards, unscorable = total_rewards(self._last_rewards_per_func, self.reward_weights)  # all processes
-        advantages = None
-        if mode == "train":
-            # All processes' advantages, gathered once: the zero-signal monitor and dynamic sampling decide from them
-            # alike (a zero-signal batch is exactly one where dynamic sampling keeps no group).
-            advantages = self.accelerator.gather(output["advantages"]).masked_fill(unscorable, torch.nan)
-            warning = self.reward_monitor.observe_signal(rewards, advantages, self.num_generations)
-            if warning is not None:  # zero reward spread in every group; stops after `max_zero_signal_batches`
-                logger.warning(warning, main_process_only=True)
-        if self.loss_type not in CEGPPO_LOSS_TYPES:
-            return output
         loss_mask = output["completion_mask"]
         if "tool_mask" in output:
             loss_mask = loss_mask * output["tool_mask"]
+        advantages = None
+        if mode == "train":
+            # All processes' advantages and which completions have a token in the loss, gathered once: the
+            # zero-signal monitor and dynamic sampling decide from them alike (a zero-signal batch is one where
+            # dynamic sampling keeps no group, or where no completion is trained).
+            trained = (loss_mask.sum(1) > 0).to(output["advantages"].dtype)
+            gathered = self.accelerator.gather(torch.stack([output["advantages"], trained], 1))
+            advantages = gathered[:, 0].masked_fill(unscorable, torch.nan)
+            warning = self.reward_monitor.observe_signal(rewards, advantages, self.num_generations, gathered[:, 1] > 0)
+            if warning is not None:  # stops after `max_zero_signal_batches` in a row (`StopWhenNothingToLearn`)
+                logger.warning(warning, main_process_only=True)
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return output
         masks, metrics = rollout_batch_masks(  # the rollout batch (all processes) and this process's outputs
             rewards,
             advantages,
@@ -365,7 +405,8 @@ class CEGPPOTrainer(GRPOTrainer):
             num_sequences_in_batch=num_sequences_in_batch,
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
             max_completion_length=self.max_completion_length,
             train=mode == "train",
         )
@@ -735,3 +776,26 @@ class CEGPPOTrainer(GRPOTrainer):
             sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
         ).items():
             metrics[name].append(value)
+
+
+class SaveAtRolloutBatchEnd(TrainerCallback):
+    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
+    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
+    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
+    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
+
+    def __init__(self, num_prompts: int | None):
+        self.num_prompts = num_prompts
+        self.deferred = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.deferred = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
+            return
+        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
+            self.deferred = self.deferred or control.should_save
+            control.should_save = False
+        elif self.deferred:
+            control.should_save, self.deferred = True, False
