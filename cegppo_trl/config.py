@@ -209,18 +209,16 @@ class CEGPPOConfig(GRPOConfig):
     max_unscorable_batches: int = field(
         default=10,
         metadata={
-            "help": "Stop training (at the end of that optimizer step, as `should_training_stop` does; `cegppo train` "
-            "saves the model and exits 4) after this many consecutive training rollout batches in which no completion "
-            "got a reward (every reward None or NaN; zero loss and gradient). Fewer only warn, as TRL does. 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 4) after this many "
+            "consecutive rollout batches without any reward (all None/NaN). Fewer only warn, as TRL does. 0: never."
         },
     )
 
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
-            "help": "Stop training (at the end of that optimizer step; `cegppo train` saves the model and exits 3) "
-            "after this many consecutive training rollout batches with zero reward spread in every group, or no "
-            "completion token in the loss (no policy gradient; the first warns). 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 3) after this many "
+            "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
         },
     )
     save_steps: float = field(

@@ -237,7 +237,11 @@ class CEGPPOTrainer(GRPOTrainer):
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
             # transformers would train a step past the end; a requeue of a finished run only writes the final model
             self._load_from_checkpoint(plan.checkpoint)  # guarded (`safe_load`), as every checkpoint read
-            self.state.global_step = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json").global_step
+            state = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json")
+            self.state.global_step = state.global_step
+            if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
+                self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
+                self._load_best_model()
             if not _holds_model(self.args.output_dir):
                 self.save_model(self.args.output_dir)
             return TrainOutput(self.state.global_step, 0.0, {})

@@ -120,7 +120,7 @@ def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, d
 
 @pytest.mark.slow
 def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run_ends(tmp_path):
-    # Issue 36 item 1, the reviewer's scenario: a genuine checkpoint-2 whose trainer_state.json names checkpoint-1 as
+    # The reviewer's scenario: a genuine checkpoint-2 whose trainer_state.json names checkpoint-1 as
     # the best model, beside a decoy checkpoint-1 (a DeepSpeed `latest` file and a pickled model-states file that
     # creates a marker). `last` resumes checkpoint-2; with `load_best_model_at_end` transformers then hands
     # checkpoint-1 to DeepSpeed's engine at the end of training, after the resume.

@@ -1,5 +1,5 @@
-"""Every checkpoint resumes exactly off-policy: `save_strategy="steps"` saves only at rollout-batch ends (issue 36
-item 8). TRL keeps the rollout batch in memory only, so a checkpoint inside one resumes another run."""
+"""Every checkpoint resumes exactly off-policy: `save_strategy="steps"` saves only at rollout-batch ends. TRL keeps
+the rollout batch in memory only, so a checkpoint inside one would resume another run."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def _trainer(output_dir, tokenizer, prompt_dataset, **kw) -> CEGPPOTrainer:
     return CEGPPOTrainer(
         model=build_tiny_llama(tokenizer, seed=0), reward_funcs=count_ones_reward, args=args,
         train_dataset=prompt_dataset, processing_class=tokenizer,
+        eval_dataset=prompt_dataset.select(range(8)) if args.eval_strategy != "no" else None,
     )  # fmt: skip
 
 
@@ -58,3 +59,34 @@ def test_a_save_inside_a_rollout_batch_is_taken_at_its_end_and_max_steps_is_kept
     )  # fmt: skip
     trainer.train()
     assert sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*")) == [4, 8, 9]
+
+
+def test_a_requeue_after_the_last_checkpoint_writes_the_best_model_with_load_best_model_at_end(
+    tmp_path, tokenizer, prompt_dataset
+):
+    # Killed after its last checkpoint, a run with `load_best_model_at_end` is requeued with `last`: nothing is left
+    # to train, and the final model it writes is the one the uninterrupted run ended with, the best checkpoint's.
+    from transformers import TrainerCallback
+
+    class BestIsCheckpoint2(TrainerCallback):  # as a metric that peaked at step 2 would say
+        def on_step_end(self, args, state, control, **kwargs):
+            state.best_model_checkpoint, state.best_global_step, state.best_metric = (
+                str(tmp_path / "checkpoint-2"),
+                2,
+                -1e9,
+            )
+
+    best = dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=1, max_steps=4)
+    full = _trainer(tmp_path, tokenizer, prompt_dataset, **best)
+    full.add_callback(BestIsCheckpoint2())
+    full.train()
+    final = _params(full)
+    (tmp_path / "model.safetensors").unlink(missing_ok=True)  # killed before the final model was written
+    requeued = _trainer(tmp_path, tokenizer, prompt_dataset, **best)
+    requeued.train(resume_from_checkpoint=True)
+    assert requeued.state.global_step == 4
+    for name, value in _params(requeued).items():
+        assert torch.equal(value, final[name]), name
+    last = _trainer(tmp_path / "other", tokenizer, prompt_dataset)
+    last._load_from_checkpoint(str(tmp_path / "checkpoint-4"))
+    assert any(not torch.equal(p, final[n]) for n, p in last.model.named_parameters())  # best != last

@@ -174,7 +174,7 @@ def test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_
     if trainer_class == "GRPOTrainer":
         with contextlib.suppress(RuntimeError):  # torch fails on the file after the pickle ran
             trainer._load_best_model()
-        assert marker.exists()  # the hole (issue 36 item 1): TRL and transformers load it as a pickle
+        assert marker.exists()  # the hole: TRL and transformers load it as a pickle
         return
     with caplog.at_level(logging.WARNING):
         trainer._load_best_model()

@@ -20,7 +20,7 @@ def nan_reward(completions, **kwargs):
 def test_all_none_and_nan_rewards_stop_cleanly_with_a_message_naming_the_reward_functions(make_trainer, caplog):
     trainer = make_trainer(reward_funcs=[no_reward, nan_reward], max_steps=2, max_unscorable_batches=1)
     with caplog.at_level(logging.WARNING):
-        output = trainer.train()  # returns: a stop, not an exception (issue 35 item 4)
+        output = trainer.train()  # returns: a stop, not an exception
     assert output.global_step == 1 and trainer.stop_reason == "unscorable"  # the step finished, then the stop
     message = trainer.reward_monitor.stop_message
     assert "every reward function (no_reward, nan_reward) returned None or NaN for all 8 completions" in message

@@ -49,7 +49,7 @@ def test_each_kind_of_zero_signal_batch_warns_once_per_streak_naming_it(make_tra
 
 def test_a_streak_of_zero_signal_batches_stops_cleanly_at_max_zero_signal_batches(make_trainer, caplog):
     # A solved task: every completion gets the top reward. The stop is transformers' `should_training_stop`: the
-    # step finishes, `train()` returns and `on_train_end` runs (no exception, as in issue 36 item 3).
+    # step finishes, `train()` returns and `on_train_end` runs (no exception).
     trainer = make_trainer(reward_funcs=_constant(1.0), max_steps=5, max_zero_signal_batches=2)
     ended = []
     trainer.add_callback(type("Ended", (TrainerCallback,), {"on_train_end": lambda self, *a, **k: ended.append(1)}))
@@ -231,7 +231,7 @@ def test_a_reward_with_spread_never_warns(make_trainer, caplog):
 def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_reasons_status(
     model_dir, data_file, tmp_path, capsys, reward, limit, status, needle
 ):
-    # Issue 36 item 3: a solved task and an unscorable reward each end with the final model and model card saved,
+    # A solved task and an unscorable reward each end with the final model and model card saved,
     # one message naming why, and an exit status that tells them apart (3: nothing left to learn; 4: cannot score).
     from cegppo_trl.cli import _build_parser
     from cegppo_trl.cli import main as cli
