@@ -361,7 +361,7 @@ EVAL_DATASETS = {
 
 @pytest.mark.parametrize("kind", list(EVAL_DATASETS))
 def test_evaluate_before_train(tmp_path, kind):
-    """An evaluation-only script (issue 35 item 1: CE-GPPO read a training-loop attribute in evaluation)."""
+    """An evaluation-only script (CE-GPPO read a training-loop attribute in evaluation)."""
     grpo, cegppo = differential(
         tmp_path, script=("evaluate",), trainer_kwargs=dict(eval_dataset=EVAL_DATASETS[kind]())
     )
