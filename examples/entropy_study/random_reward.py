@@ -32,6 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .stats import paired_verdict
+
 ARMS: dict[str, dict] = {
     "grpo": {"gppo_beta1": 0.0, "gppo_beta2": 0.0},
     "cegppo": {"gppo_beta1": 0.5, "gppo_beta2": 1.0},
@@ -222,9 +224,10 @@ def entropy_change(run: dict, steps: int | None = None) -> float:
 def summarize(runs: list[dict]) -> dict:
     """Per arm: the final entropy change per seed, its mean and range, and the mean clip shares and ratio spread.
 
-    Only seeds every arm finished count, so the arms are compared over the same seeds.
+    Only seeds every arm present finished count, so the arms are compared over the same seeds.
     """
-    seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["arm"] == a} for a in ARMS))) if runs else []
+    present = {r["arm"] for r in runs}
+    seeds = sorted(set.intersection(*({r["seed"] for r in runs if r["arm"] == a} for a in present))) if runs else []
     table = {"seeds": seeds, "arms": {}}
     for arm in ARMS:
         chosen = sorted((r for r in runs if r["arm"] == arm and r["seed"] in seeds), key=lambda r: r["seed"])
@@ -251,6 +254,57 @@ def summarize(runs: list[dict]) -> dict:
         for row in table["arms"].values():
             row["minus_grpo"] = [a - b for a, b in zip(row["entropy_change"], base, strict=True)]
     return table
+
+
+CLAIMS = (  # (name, statement, left arm, relation, right arm or None for 0)
+    ("a", "GRPO's symmetric clip lowers entropy", "grpo", "<", None),
+    ("b", "β2 > 0 raises it against that: β2 only above GRPO", "beta2_only", ">", "grpo"),
+    ("c", "β1 > 0 lowers it further: β1 only below GRPO", "beta1_only", "<", "grpo"),
+    ("d1", "CE-GPPO (0.5, 1) above β1 only", "cegppo", ">", "beta1_only"),
+    ("d2", "CE-GPPO (0.5, 1) below β2 only", "cegppo", "<", "beta2_only"),
+)
+
+
+def check_claims(table: dict) -> list[dict]:
+    """The claims stated before the run, each as a paired per-seed comparison of entropy changes (`paired_verdict`:
+    with 3 seeds the exact sign-flip p cannot go below 1/8, so "direction only" is the most 3 seeds can say)."""
+    arms = table["arms"]
+    rows = []
+    for name, statement, left, relation, right in CLAIMS:
+        if left not in arms or (right is not None and right not in arms):
+            continue
+        lhs = arms[left]["entropy_change"]
+        rhs = arms[right]["entropy_change"] if right else [0.0] * len(lhs)
+        rows.append({"claim": name, "statement": statement, **paired_verdict(lhs, rhs, relation)})
+    return rows
+
+
+def markdown(table: dict) -> str:
+    """The docs' table of entropy changes per arm and the claims' verdicts, from `summary.json`."""
+    lines = [
+        "| arm (β1, β2) | entropy change, mean [min, max] over seeds | minus GRPO, per seed | clipped left / right "
+        "(mean share) | ratio min / max (mean of steps) |",
+        "|---|---|---|---|---|",
+    ]
+    for row in table["arms"].values():
+        minus = ", ".join(f"{d:+.3f}" for d in row.get("minus_grpo", []))
+        lo, hi = row["entropy_change_range"]
+        lines.append(
+            f"| {row['label']} | {row['entropy_change_mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {minus} | "
+            f"{row['left_frac_mean']:.1%} / {row['right_frac_mean']:.1%} | {row['ratio_min_mean']:.2f} / "
+            f"{row['ratio_max_mean']:.2f} |"
+        )
+    lines += [
+        "",
+        "| claim | mean difference | seeds on the claimed side | sign-flip p | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for c in table.get("claims", []):
+        lines.append(
+            f"| ({c['claim']}) {c['statement']} | {c['mean_diff']:+.3f} | {c['seeds_held']}/{c['n']} | "
+            f"{c['p']:.3f} | {c['verdict']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict], output_dir: Path) -> Path:
@@ -302,6 +356,7 @@ def write_report(output_dir: Path) -> dict:
     table = summarize(runs)
     table["total_compute_seconds"] = round(sum(r["wall_seconds"] for r in runs), 1)
     table["runs"] = len(runs)
+    table["claims"] = check_claims(table)
     (output_dir / "summary.json").write_text(json.dumps(table, indent=1))
     with open(output_dir / "steps.csv", "w") as f:
         f.write(",".join(["arm", "seed", "step", "seconds", *SERIES]) + "\n")
@@ -311,6 +366,7 @@ def write_report(output_dir: Path) -> dict:
                                                    *(s.get(k, "") for k in SERIES)]) + "\n")  # fmt: skip
     if table["arms"]:
         table["figure"] = str(plot(runs, output_dir))
+        (output_dir / "table.md").write_text(markdown(table))
     return table
 
 
