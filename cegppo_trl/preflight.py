@@ -177,7 +177,12 @@ def _type_name(value: Any) -> str:
 def _is_prompt(value: Any) -> bool:
     if isinstance(value, str):
         return True
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "content" in m for m in value)
+    # TRL's `is_conversational` reads the `role` key (a tool-calling assistant turn may carry no `content`)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and ("role" in m or "content" in m) for m in value)
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -271,8 +276,14 @@ def source_column_problems(
 # ----------------------------------------------------------------------------------------------------------------
 # The shared checks
 # ----------------------------------------------------------------------------------------------------------------
-def inspect_dataset(report: Report, dataset: Any, *, cli: bool, name: str = "train_dataset") -> list[dict]:
-    """Rows, columns and types; the errors the trainer would hit late. Returns a few rows."""
+def inspect_dataset(
+    report: Report, dataset: Any, *, cli: bool, name: str = "train_dataset", environments: bool = False
+) -> list[dict]:
+    """Rows, columns and types; the errors the trainer would hit late. Returns a few rows.
+
+    With `environments` (an `environment_factory` is given) the `prompt` column is optional, as in TRL: each
+    rollout's `reset()` supplies the prompt (a dataset may hold only the `environment` routing column).
+    """
     from datasets import IterableDataset
 
     columns = dataset.column_names
@@ -296,6 +307,9 @@ def inspect_dataset(report: Report, dataset: Any, *, cli: bool, name: str = "tra
     if columns is None and rows:
         columns = list(rows[0])
     if columns is not None and "prompt" not in columns:
+        if environments:
+            report.info("dataset", f"{name}: no `prompt` column; each environment's `reset()` gives the prompt")
+            return rows
         likely = next((c for c in ("question", "problem", "query", "input", "text") if c in columns), None)
         fix = (
             f"`--prompt_column {likely or '<column>'}`"
@@ -355,6 +369,8 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     lengths = []
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
+        if prompt is None:  # an environment's `reset()` gives it (`inspect_dataset` refused it otherwise)
+            continue
         try:
             if isinstance(prompt, list):
                 text = processing_class.apply_chat_template(
@@ -688,6 +704,7 @@ def run_checks(
     quantized: bool = False,
     cli: bool = False,
     engine: bool = True,
+    environments: bool = False,
     report: Report | None = None,
 ) -> Report:
     """The checks shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`, on what the trainer is given.
@@ -705,6 +722,7 @@ def run_checks(
         quantized: 4-/8-bit loading (needs bitsandbytes).
         cli: word the fixes as `cegppo train` flags (else as dataset / config changes for the Python API).
         engine: check the distributed engine (the CLI checks it first, before loading the data).
+        environments: an `environment_factory` is given (the datasets need no `prompt` column).
         report: a report to add to (the CLI's own checks come first).
 
     Returns:
@@ -720,7 +738,7 @@ def run_checks(
         if dataset is None or isinstance(dataset, dict):  # a dict of eval datasets: TRL checks each itself
             continue
         errors_before = len(report.errors)
-        rows = inspect_dataset(report, dataset, cli=cli, name=split)
+        rows = inspect_dataset(report, dataset, cli=cli, name=split, environments=environments)
         if len(report.errors) > errors_before or not rows:
             continue
         if split == "train_dataset" and processing_class is not None:
@@ -762,6 +780,7 @@ def trainer_checks(model: Any, reward_funcs: Any, args: CEGPPOConfig, *pargs: An
         peft_config=bound.get("peft_config"),
         processing_class=bound.get("processing_class"),
         quantized=quantized,
+        environments=bound.get("environment_factory") is not None,
     )
     for finding in report.warnings:
         if finding.code != "on_policy":
