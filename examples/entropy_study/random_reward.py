@@ -311,45 +311,72 @@ def markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _blocks(values: list[float], size: int) -> list[float]:
+    return [_mean(values[i : i + size]) for i in range(0, len(values), size)]
+
+
 def plot(runs: list[dict], output_dir: Path) -> Path:
+    """Entropy per step and per rollout batch (mean line, min-max band over seeds), each arm's entropy change with its
+    seed range, and the clip shares and ratio spread per step."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
     table = summarize(runs)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    for arm in table["arms"]:
+    k = runs[0]["settings"]["steps_per_batch"]
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
+    panels = {
+        (0, 0): ("entropy", "token entropy per optimizer step (nats)", 1),
+        (0, 1): ("entropy", f"token entropy per rollout batch (mean of its {k} steps)", k),
+        (1, 0): ("left_frac", "tokens clipped left (A<0, r<1-ε), share per step", 1),
+        (1, 1): ("right_frac", "tokens clipped right (A>0, r>1+ε), share per step", 1),
+        (1, 2): ("ratio_max", "largest ratio per step (dotted: smallest), log scale", 1),
+    }
+    for i, arm in enumerate(table["arms"]):
         chosen = [r for r in runs if r["arm"] == arm and r["seed"] in table["seeds"]]
         steps = min(len(r["steps"]) for r in chosen)
-        x = [s["step"] for s in chosen[0]["steps"][:steps]]
-        for ax, key in zip(axes, ("entropy", "left_frac", "right_frac")):
+        color = f"C{i}"
+        for (row, col), (key, _, block) in panels.items():
             ys = [[s.get(key, float("nan")) for s in r["steps"][:steps]] for r in chosen]
+            if block > 1:
+                ys = [_blocks(y, block) for y in ys]
+            x = [block * (j + 1) for j in range(len(ys[0]))]
             cols = list(zip(*ys))
-            mean = [_mean(c) for c in cols]
-            (line,) = ax.plot(x, mean, label=LABELS[arm], lw=1.5)
-            ax.fill_between(x, [min(c) for c in cols], [max(c) for c in cols], color=line.get_color(), alpha=0.15)
-    titles = (
-        "token entropy (nats): mean line, min-max band over seeds",
-        "tokens clipped left (A<0, r<1-ε)",
-        "tokens clipped right (A>0, r>1+ε)",
-    )
-    for ax, title in zip(axes, titles):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("optimizer step")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+            ax = axes[row, col]
+            ax.plot(x, [_mean(c) for c in cols], color=color, lw=1.5, marker="o" if block > 1 else None,
+                    label=LABELS[arm])  # fmt: skip
+            ax.fill_between(x, [min(c) for c in cols], [max(c) for c in cols], color=color, alpha=0.15)
+            if key == "ratio_max":
+                low = list(zip(*[[s.get("ratio_min", float("nan")) for s in r["steps"][:steps]] for r in chosen]))
+                ax.plot(x, [_mean(c) for c in low], color=color, lw=1.2, ls=":")
+        row = table["arms"][arm]
+        lo, hi = row["entropy_change_range"]
+        axes[0, 2].errorbar([i], [row["entropy_change_mean"]], yerr=[[row["entropy_change_mean"] - lo],
+                            [hi - row["entropy_change_mean"]]], fmt="o", color=color, capsize=5)  # fmt: skip
+        axes[0, 2].scatter([i] * len(row["entropy_change"]), row["entropy_change"], color=color, s=12, alpha=0.6)
+    axes[0, 2].axhline(0, color="grey", lw=0.8)
+    axes[0, 2].set_xticks(range(len(table["arms"])), [LABELS[a] for a in table["arms"]], rotation=20, fontsize=8)
+    axes[0, 2].set_title("entropy change, last minus first rollout batch: mean, seed range, seeds", fontsize=10)
+    for (row, col), (_, title, _) in panels.items():
+        axes[row, col].set_title(title, fontsize=10)
+        axes[row, col].set_xlabel("optimizer step")
+        axes[row, col].grid(alpha=0.3)
+    axes[0, 2].grid(alpha=0.3)
+    axes[1, 2].set_yscale("log")
+    axes[0, 0].legend(fontsize=8)
     any_run = runs[0]
     s = any_run["settings"]
+    model = "SmolLM2-135M-Instruct" if s["model"] == "smollm2" else "tiny Llama"
     fig.suptitle(
-        f"{any_run['model'].split('/')[-1] if s['model'] == 'tiny' else 'SmolLM2-135M-Instruct'}, random reward, "
-        f"seeds {table['seeds']}, {s['prompts']}x{s['generations']} completions per rollout batch, "
-        f"{s['steps_per_batch']} steps per batch, lr {s['learning_rate']}, {any_run['date']}",
+        f"{model}, random Bernoulli(0.5) reward, seeds {table['seeds']}, {s['prompts']}x{s['generations']} "
+        f"completions per rollout batch, {k} optimizer steps per batch, lr {s['learning_rate']}, "
+        f"{any_run['date']}; bands: min-max over seeds",
         fontsize=9,
     )
     fig.tight_layout()
     path = output_dir / "entropy_by_arm.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
