@@ -308,6 +308,9 @@ def markdown(table: dict) -> str:
             f"| ({c['claim']}) {c['statement']} | {c['mean_diff']:+.3f} | {c['seeds_held']}/{c['n']} | "
             f"{c['p']:.3f} | {c['verdict']} |"
         )
+    if "total_compute_seconds" in table:
+        lines += ["", f"{table['runs']} runs, training time {table['total_compute_seconds'] / 60:.1f} min in all "
+                  "(per run: from the trainer's construction to the end of training; model loads not counted)."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
