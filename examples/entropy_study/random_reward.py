@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -252,6 +253,9 @@ def summarize(runs: list[dict]) -> dict:
             },
             "wall_seconds": [r["wall_seconds"] for r in chosen],
         }
+        row = table["arms"][arm]
+        for key in [k for k, v in row.items() if isinstance(v, float) and math.isnan(v)]:  # e.g. no guard: no share
+            del row[key]
     # Paired per seed against GRPO (the same first batch, prompts and rewards): the claims' differences.
     if "grpo" in table["arms"]:
         base = table["arms"]["grpo"]["entropy_change"]
