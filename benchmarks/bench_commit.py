@@ -12,7 +12,10 @@ In one process the barrier is a no-op; under DDP it adds one collective per save
 commit record makes the filesystem write back what it holds of the checkpoint first (ext4 `data=ordered`), so the
 figure grows with the checkpoint's size on a slow disk.
 
-Run: ``python benchmarks/bench_commit.py`` (``--reps 20 --hidden 256 --layers 4``).
+`--measure checksum` pairs the shipped save with the same save whose commit record carries sizes only (the CRC-32
+of each file, `checkpoints._crc32`, replaced by a constant): the cost of the checksum alone.
+
+Run: ``python benchmarks/bench_commit.py`` (``--reps 20 --hidden 256 --layers 4 --measure commit``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 import torch
 from datasets import Dataset
 
+import cegppo_trl.checkpoints as checkpoints_module
 import cegppo_trl.trainer as trainer_module
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
@@ -48,6 +52,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--measure", choices=("commit", "checksum"), default="commit")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = tempfile.mkdtemp(prefix="cegppo-bench-commit-")
@@ -66,6 +71,7 @@ def main() -> None:
     )  # fmt: skip
     trainer.train()
     shipped = (trainer_module.held_until_commit, trainer_module.commit_after_save)
+    crc32 = checkpoints_module._crc32
     times: dict[str, list[float]] = {"with commit": [], "without commit": []}
     step = 1000
 
@@ -73,7 +79,12 @@ def main() -> None:
         nonlocal step
         step += 1
         trainer.state.global_step = step
-        trainer_module.held_until_commit, trainer_module.commit_after_save = shipped if with_commit else _no_commit()
+        if args.measure == "commit":
+            trainer_module.held_until_commit, trainer_module.commit_after_save = (
+                shipped if with_commit else _no_commit()
+            )
+        else:
+            checkpoints_module._crc32 = crc32 if with_commit else (lambda path: 0)
         began = time.perf_counter()
         trainer._save_checkpoint(trainer.model, None)
         elapsed = time.perf_counter() - began
@@ -89,6 +100,7 @@ def main() -> None:
         for with_commit in order:
             times["with commit" if with_commit else "without commit"].append(save(with_commit))
     trainer_module.held_until_commit, trainer_module.commit_after_save = shipped
+    checkpoints_module._crc32 = crc32
     shutil.rmtree(out, ignore_errors=True)
     diffs = [a - b for a, b in zip(times["with commit"], times["without commit"])]
 
@@ -102,6 +114,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "checkpoint_bytes": save.size,
         "reps": args.reps,
+        "measure": args.measure,
         "with_commit": ms(times["with commit"]),
         "without_commit": ms(times["without commit"]),
         "difference": ms(diffs),

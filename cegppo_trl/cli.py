@@ -38,6 +38,13 @@ examples:
       {accelerate_configs_dir()}.
   ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ...
       two CPU processes. Any CPU run: add --use_cpu true --bf16 false (the cpu_smoke recipe sets both).
+
+exit status of `cegppo train` (the final model and its card are saved in each case but 2):
+  0  trained to the end
+  2  a refused setting, before training (one line says what to change)
+  3  stopped: nothing left to learn: `max_zero_signal_batches` rollout batches in a row gave every completion of a
+     prompt the same reward (e.g. a solved task: every reward at the top; the message names the kind)
+  4  stopped: the reward cannot score this data: `max_unscorable_batches` rollout batches in a row got no reward
 """,
     )
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
@@ -133,9 +140,10 @@ def _is_user_error(error: BaseException) -> bool:
     """Whether `cegppo train` reports `error` as one line (exit status 2) instead of a traceback.
 
     A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
-    that cannot be read), or a `RuntimeError` raised by this package's own checks before training (a launch that
-    would run the wrong engine, a changed TRL). Anything raised inside the training loop, and any other
-    `RuntimeError`, keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
+    that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
+    training (a launch that would run the wrong engine, a changed TRL, an `output_dir` that is a file, a missing
+    extra: the pre-flight report raises them). Anything raised inside the training loop, and any other such error,
+    keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
     """
     import os
 
@@ -168,20 +176,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
+        from .monitoring import STOP_EXIT_STATUS
         from .scripts import main as train
         from .scripts import parse_args
 
         try:
-            train(*parse_args(argv[1:], prog="cegppo train"))
-        except (ValueError, RuntimeError) as error:
+            trainer = train(*parse_args(argv[1:], prog="cegppo train"))
+        except (ValueError, RuntimeError, OSError, ImportError) as error:
             if not _is_user_error(error):
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
+        if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
+            print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
+                  file=sys.stderr)  # fmt: skip
+            return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
-        from .preflight import main as check
+        from .scripts import check_main
 
-        return check(argv[1:])
+        return check_main(argv[1:])
     elif args.command == "recipes":
         _list_recipes()
     elif args.command == "rewards":

@@ -9,7 +9,6 @@ from typing import Any
 from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
-from .checkpoints import check_later_checkpoints
 from .controller import parse_controller
 from .loss import check_left_guard
 from .schedules import parse_schedule
@@ -19,6 +18,15 @@ CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+LATER_CHECKPOINTS_CHOICES = ("refuse", "move_aside")
+
+
+def check_later_checkpoints(value: str) -> None:
+    """Refuse a `later_checkpoints` value that is not one of `LATER_CHECKPOINTS_CHOICES`."""
+    if value not in LATER_CHECKPOINTS_CHOICES:
+        raise ValueError(
+            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got {value!r}."
+        )
 
 
 def is_on_policy(args: Any) -> bool:
@@ -103,9 +111,19 @@ class CEGPPOConfig(GRPOConfig):
             `"cutoff"` or `"decay"`, see `delta_low`.
         max_zero_signal_batches (`int`, *optional*, defaults to `100`):
             Stop after this many consecutive training rollout batches in which every group has zero reward spread
-            (zero advantages, no policy gradient; the batches dynamic sampling would empty). The first batch of such a
-            streak warns with its kind: every completion at the top reward, at the lowest, or all equal in between.
-            `0` never stops. See docs/configuration.md for the default.
+            (zero advantages, no policy gradient; the batches dynamic sampling would empty) or no completion token is
+            in the loss. The first batch of such a streak warns with its kind: every completion at the top reward, at
+            the lowest, all equal in between, an infinite reward, or every completion masked. The stop is
+            transformers' `control.should_training_stop` at the end of that optimizer step: `train()` returns,
+            `trainer.stop_reason` is `"zero_signal"` (`"unscorable"` for `max_unscorable_batches`), and
+            `cegppo train` saves the model and exits 3 (4). `0` never stops. See docs/configuration.md for the
+            default.
+        save_steps (`int` or `float`, *optional*, defaults to `500`):
+            transformers' field, with one CE-GPPO rule: a checkpoint is only taken at the end of a rollout batch,
+            where a resume continues exactly the interrupted run (TRL does not save the rollout batch, so a resume
+            inside one generates another). A save that falls inside a rollout batch (`steps_per_generation *
+            num_iterations` micro-batches) is taken at the batch's last optimizer step; the save at `max_steps` is
+            kept.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
             Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
             falls below it, once per episode of drift. `None` disables the warning.
@@ -191,23 +209,32 @@ class CEGPPOConfig(GRPOConfig):
     max_unscorable_batches: int = field(
         default=10,
         metadata={
-            "help": "Stop with an error after this many consecutive training rollout batches in which no completion "
-            "got a reward (every reward None or NaN; zero loss and gradient). Fewer only warn, as TRL does. 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 4) after this many "
+            "consecutive rollout batches without any reward (all None/NaN). Fewer only warn, as TRL does. 0: never."
         },
     )
 
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
-            "help": "Stop after this many consecutive training rollout batches with zero reward spread in every group "
-            "(no policy gradient; the first warns). 0: never."
+            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 3) after this many "
+            "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
+        },
+    )
+    save_steps: float = field(
+        default=500,
+        metadata={
+            "help": "Save checkpoint every X updates steps (an integer, or a float in `[0,1)`: a ratio of the total "
+            "training steps). CE-GPPO: a save that falls inside a rollout batch is taken at the batch's end, where a "
+            "resume is exact (TRL does not save the rollout batch); the save at `max_steps` is kept."
         },
     )
     later_checkpoints: str = field(
         default="refuse",
         metadata={
             "help": "Checkpoints of `output_dir` later than the one resumed (all, for a new run) are another run's, "
-            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/superseded-<time>/`.",
+            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/_superseded-<time>/` "
+            "(still resumable there by path).",
             "choices": ["refuse", "move_aside"],
         },
     )

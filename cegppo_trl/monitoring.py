@@ -10,22 +10,28 @@ rollout batches and
 - counts *unscorable* batches (no completion got a reward: every reward None/NaN) and stops after
   `max_unscorable_batches` in a row;
 - counts *zero-signal* batches (every group's scorable rewards are equal: exactly the batches in which dynamic
-  sampling, `rollouts.informative_groups`, would keep no group) and stops after `max_zero_signal_batches` in a row,
-  warning at the first batch of each such streak with its kind:
+  sampling, `rollouts.informative_groups`, would keep no group; or no completion is left in the loss) and stops
+  after `max_zero_signal_batches` in a row, warning at the first batch of each such streak with its kind:
 
   - `"top"`: every completion got the top reward (the task is solved or too easy);
   - `"lowest"`: every completion got the lowest reward (too hard, or the reward cannot score this data);
   - `"equal"`: every completion got one value in between (the reward is constant);
-  - `"mixed"`: each group is unanimous, some at the top and some at the lowest (each prompt is all or nothing).
+  - `"mixed"`: each group is unanimous, some at the top and some at the lowest (each prompt is all or nothing);
+  - `"nonfinite"`: a reward is infinite, so TRL's advantages are NaN;
+  - `"masked"`: every completion is masked out of the loss (e.g. `mask_truncated_completions` and every completion
+    truncated).
 
 "Top" and "lowest" are the weighted sum of the rewards' declared ranges (`rewards.reward_value_range`: this package's
 rewards and TRL's by name declare them) when every reward declares one; otherwise the highest and lowest total reward
 the run has seen so far in training, this batch included (a batch whose every value equals both is `"equal"`: a run
 that has only ever seen one value cannot tell).
 
-Pure Python and tensors: the trainer hands each batch's gathered rewards (every process sees the same tensors, so
-every process decides the same), logs the returned warning and lets the `RuntimeError` of a stop propagate. The
-counts are the monitor's whole state: `state_dict()` is JSON-able for checkpoints.
+A stop is not an exception: the monitor records `stop_reason` (`"zero_signal"` or `"unscorable"`) and its message,
+and `StopWhenNothingToLearn`, a transformers callback, sets `control.should_training_stop` at the end of that optimizer
+step, so transformers finishes the step, saves per the save strategy and runs `on_train_end`, `train()` returns, and
+`cegppo train` saves the final model and exits with `STOP_EXIT_STATUS[stop_reason]`. The trainer hands each batch's
+gathered rewards (every process sees the same tensors, so every process decides the same) and logs the returned
+warning. The counts are the monitor's state: `state_dict()` is JSON-able for checkpoints.
 
 Is the policy drifting? `LeftDriftAlarm` watches each optimizer step's mean log-ratio of the left-clipped tokens
 (`cegppo/preserved/left_log_ratio`, summed over the step's micro-batches by `combine_diagnostics`) and fires once per
@@ -40,11 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
 from .loss import CEGPPODiagnostics
 from .rollouts import informative_groups
 
-ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed")
+ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed", "nonfinite", "masked")
+# `cegppo train`'s exit status after each stop (0: training ran to its end; 2: a refused setting).
+STOP_EXIT_STATUS = {"zero_signal": 3, "unscorable": 4}
 _ADVICE = {
     "top": "every completion got the top reward ({value}): the task is solved or too easy for the model. Stop here, "
     "or train on harder prompts.",
@@ -57,6 +66,11 @@ _ADVICE = {
     "mixed": "every prompt's completions got one reward each, the top for some prompts and the lowest for others "
     "({value}): each prompt is all or nothing for the model. Mix in prompts of intermediate difficulty, or raise "
     "`num_generations`.",
+    "nonfinite": "a reward is infinite ({value}), so the group's advantages are NaN. Make the reward functions "
+    "return finite numbers (or None for a completion they cannot score).",
+    "masked": "every completion is masked out of the loss (no completion token is trained), e.g. "
+    "`mask_truncated_completions=True` with every completion cut at `max_completion_length`: raise "
+    "`max_completion_length`, or turn `mask_truncated_completions` off.",
 }
 
 
@@ -97,8 +111,11 @@ class RewardSignalMonitor:
         self.unscorable_batches = 0  # consecutive training rollout batches without any reward
         self.zero_signal_batches = 0  # consecutive training rollout batches without reward spread in any group
         self.zero_signal_kind: str | None = None  # kind of the last zero-signal batch
-        self.observed_min: float | None = None  # extremes of the total reward seen in training (scorable ones)
+        self.observed_min: float | None = None  # extremes of the total reward seen in training (finite ones)
         self.observed_max: float | None = None
+        # Set when a limit is reached (`STOP_EXIT_STATUS`' keys); not saved: a resumed streak reaches it again.
+        self.stop_reason: str | None = None
+        self.stop_message: str | None = None
 
     @classmethod
     def for_trainer(cls, trainer) -> RewardSignalMonitor:
@@ -119,10 +136,8 @@ class RewardSignalMonitor:
         """Count one training batch's per-function rewards `[N, num_funcs]` (NaN: unscorable).
 
         Returns:
-            A warning to log when the batch has no reward at all, else None.
-
-        Raises:
-            RuntimeError: the `max_unscorable_batches`-th unscorable batch in a row.
+            A warning to log when the batch has no reward at all (the stop's message at the
+            `max_unscorable_batches`-th in a row, which also sets `stop_reason = "unscorable"`), else None.
         """
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
         self.unscorable_batches = self.unscorable_batches + 1 if unscorable else 0
@@ -130,12 +145,14 @@ class RewardSignalMonitor:
             return None
         names = ", ".join(self.reward_names)
         if self.unscorable_batches >= self.max_unscorable_batches:
-            raise RuntimeError(
+            return self._stop(
+                "unscorable",
                 f"No completion of the last {self.unscorable_batches} rollout batch(es) got a reward: every reward "
                 f"function ({names}) returned None or NaN for all {rewards_per_func.size(0)} completions, so the "
-                "loss and gradient are zero. Check that the reward functions can score this task (their dataset "
-                "columns, e.g. `solution`, and the completion format), or raise `max_unscorable_batches` (0 never "
-                "stops)."
+                "loss and gradient are zero. Training stops after this step (`max_unscorable_batches="
+                f"{self.max_unscorable_batches}`, 0 never stops). Check that the reward functions can score this task "
+                "(their dataset columns, e.g. `solution`, and the completion format): `cegppo check` with the same "
+                "arguments shows what each reward receives.",
             )
         return (
             f"No completion of this rollout batch got a reward (zero loss and gradient): {self.unscorable_batches} "
@@ -143,7 +160,13 @@ class RewardSignalMonitor:
             "(`max_unscorable_batches`)."
         )
 
-    def observe_signal(self, rewards: torch.Tensor, advantages: torch.Tensor, num_generations: int) -> str | None:
+    def observe_signal(
+        self,
+        rewards: torch.Tensor,
+        advantages: torch.Tensor,
+        num_generations: int,
+        trained: torch.Tensor | None = None,
+    ) -> str | None:
         """Count one training batch's learning signal.
 
         Args:
@@ -151,33 +174,36 @@ class RewardSignalMonitor:
             advantages: TRL's advantages `(N,)` of the same completions (all processes), the input dynamic sampling
                 decides from; NaN where unscorable.
             num_generations: completions per group.
+            trained: which completions have at least one token in the loss `(N,)`; None: all of them.
 
         Returns:
-            A warning to log at the first zero-signal batch of a streak, else None.
-
-        Raises:
-            RuntimeError: the `max_zero_signal_batches`-th zero-signal batch in a row.
+            A warning to log at the first zero-signal batch of a streak (the stop's message at the
+            `max_zero_signal_batches`-th in a row, which also sets `stop_reason = "zero_signal"`), else None.
         """
         scorable = rewards[~torch.isnan(rewards)]
         if scorable.numel() == 0:  # an unscorable batch: `observe_rewards` counts it; neither counts nor resets
             return None
-        low, high = float(scorable.min()), float(scorable.max())
-        self.observed_min = low if self.observed_min is None else min(self.observed_min, low)
-        self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
-        if bool(informative_groups(advantages, num_generations).any()):
+        finite = scorable[torch.isfinite(scorable)]
+        if finite.numel():
+            low, high = float(finite.min()), float(finite.max())
+            self.observed_min = low if self.observed_min is None else min(self.observed_min, low)
+            self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
+        masked = trained is not None and not bool(trained.any())
+        if not masked and bool(informative_groups(advantages, num_generations).any()):
             self.zero_signal_batches, self.zero_signal_kind = 0, None
             return None
         self.zero_signal_batches += 1
-        kind, values = self.classify(rewards, num_generations)
+        kind, values = ("masked", []) if masked else self.classify(rewards, num_generations)
         first = self.zero_signal_batches == 1 or kind != self.zero_signal_kind
         self.zero_signal_kind = kind
         limit = self.max_zero_signal_batches
         if limit and self.zero_signal_batches >= limit:
-            raise RuntimeError(
+            return self._stop(
+                "zero_signal",
                 f"No learning signal in the last {self.zero_signal_batches} rollout batch(es): in every group all "
-                f"completions got the same reward, so every advantage, the policy loss and its gradient are zero. "
-                f"In the last one {self._advice(kind, values)} Training stops at `max_zero_signal_batches={limit}` "
-                "(0 never stops)."
+                f"completions got the same reward, or none is trained, so the policy loss and its gradient are zero. "
+                f"In the last one {self._advice(kind, values)} Training stops after this step "
+                f"(`max_zero_signal_batches={limit}`, 0 never stops).",
             )
         if not first:
             return None
@@ -187,13 +213,19 @@ class RewardSignalMonitor:
             else "`max_zero_signal_batches=0`: training does not stop"
         )
         return (
-            f"No learning signal in this rollout batch: in every group all completions got the same reward (zero "
-            f"advantages, zero policy gradient); {self._advice(kind, values)} ({stop}.)"
+            f"No learning signal in this rollout batch: in every group all completions got the same reward, or none "
+            f"is trained (zero policy gradient); {self._advice(kind, values)} ({stop}.)"
         )
+
+    def _stop(self, reason: str, message: str) -> str:
+        self.stop_reason, self.stop_message = reason, message
+        return message
 
     def classify(self, rewards: torch.Tensor, num_generations: int) -> tuple[str, list[float]]:
         """The kind of a zero-signal batch (`ZERO_SIGNAL_KINDS`) and its distinct group values."""
         grouped = rewards.view(-1, num_generations)
+        if bool(torch.isinf(rewards).any()):
+            return "nonfinite", sorted({float(v) for v in rewards[torch.isinf(rewards)]})
         values = sorted({float(v) for v in torch.nan_to_num(grouped, nan=-math.inf).amax(dim=1) if v != -math.inf})
         if self.reward_range is not None:
             low, high = self.reward_range
@@ -239,6 +271,24 @@ class RewardSignalMonitor:
         for key in ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "observed_min", "observed_max"):
             if key in state:
                 setattr(self, key, state[key])
+
+
+class StopWhenNothingToLearn(TrainerCallback):
+    """Ends training at the end of the optimizer step in which `monitor` reached a stop (`monitor.stop_reason`).
+
+    `control.should_training_stop` is transformers' own early stop: the step finishes, the save strategy saves as it
+    would, `on_train_end` runs and `train()` returns normally.
+    """
+
+    def __init__(self, monitor: RewardSignalMonitor):
+        self.monitor = monitor
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.monitor.stop_reason = self.monitor.stop_message = None  # a second `train()` starts without a stop
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.monitor.stop_reason is not None:
+            control.should_training_stop = True
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -185,6 +185,28 @@ def resume_offset(
     return position % generate_every
 
 
+def at_rollout_batch_boundary(global_step: int, args, num_prompts: int | None) -> bool:
+    """Whether a checkpoint at `global_step` resumes exactly: the step ends a rollout batch (`resume_offset` 0).
+
+    Args:
+        global_step: the optimizer step the checkpoint would hold.
+        args: the run's `GRPOConfig` (its batch layout).
+        num_prompts: prompts in the training set, None for a dataset without a length.
+    """
+    return (
+        resume_offset(
+            global_step,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            steps_per_generation=args.steps_per_generation,
+            num_iterations=args.num_iterations,
+            num_prompts=num_prompts,
+            generation_batch_size=args.generation_batch_size,
+            num_generations=args.num_generations,
+        )
+        == 0
+    )
+
+
 def resume_inside_rollout_batch_message(global_step: int, args, num_prompts: int | None) -> str | None:
     """The warning for a resume that lands inside a rollout batch (`resume_offset` > 0), else None.
 
@@ -215,5 +237,5 @@ def resume_inside_rollout_batch_message(global_step: int, args, num_prompts: int
         "the rollout batch, so TRL generates a new one here and every later rollout batch starts "
         f"{generate_every - offset} micro-batches later than in the interrupted run: training continues, but it is "
         f"not the run that was interrupted. To resume exactly, resume from a checkpoint at a multiple of {every} "
-        f"steps (e.g. `save_steps` a multiple of {every})."
+        f"steps (this version saves only there; an older one saved at every `save_steps`)."
     )

@@ -1,9 +1,12 @@
-"""Resuming reads a checkpoint as data: DeepSpeed's pickles through `torch.load(weights_only=True)` and an allowlist.
+"""The trainer reads checkpoints as data: DeepSpeed's pickles through `torch.load(weights_only=True)` and an allowlist.
 
-transformers hands a DeepSpeed resume to `deepspeed_load_checkpoint`, and DeepSpeed 0.19 reads every file of its
-checkpoint (`mp_rank_*_model_states.pt`, `*_optim_states.pt`) with `torch.load(path, weights_only=False)`: unpickling
-such a file runs whatever code it names. `safe_resume_loads` is entered by `CEGPPOTrainer` for the part of `train()`
-that loads the checkpoint (transformers' `_prepare_for_training`), and only when resuming. For that window:
+transformers hands a DeepSpeed resume, and the best-model load of `load_best_model_at_end`, to
+`deepspeed_load_checkpoint`, and DeepSpeed 0.19 reads every file of its checkpoint (`mp_rank_*_model_states.pt`,
+`*_optim_states.pt`) with `torch.load(path, weights_only=False)`: unpickling such a file runs whatever code it names.
+`CEGPPOTrainer` enters `safe_resume_loads(folder)` around each of transformers' methods that reads a checkpoint
+folder (`_prepare_for_training` and `_load_from_checkpoint`: the resume; `_load_rng_state`, called inside the training
+loop; `_load_best_model`, at the end of training, whose folder a resumed `trainer_state.json` names), and nowhere
+else: a reward function's or callback's own `torch.load` is left as it is. For each such window:
 
 - DeepSpeed's checkpoint engine (`TorchCheckpointEngine.load`, the engine of every shipped config) reads through
   `load_checkpoint_file`: `torch.load(..., weights_only=True)` that accepts tensors, plain containers and exactly the
@@ -74,7 +77,7 @@ def refusal_message(path: object, error: BaseException) -> str:
         f"the global(s) {', '.join(unsafe)}" if unsafe else f"something torch's weights-only loader refuses ({reason})"
     )
     return (
-        f"Refusing to resume from {path}: unpickling it needs {what}, which is not among the classes DeepSpeed's own "
+        f"Refusing to load {path}: unpickling it needs {what}, which is not among the classes DeepSpeed's own "
         f"checkpoints hold ({', '.join(DEEPSPEED_CHECKPOINT_GLOBALS)}). Unpickling a global can run arbitrary code, so "
         "a checkpoint that needs one may have been tampered with or written by other code. Resume only checkpoints "
         f"you trust; to resume this one anyway because you wrote it yourself, set {TRUST_ENV}=1."
@@ -104,8 +107,8 @@ def _engine_load(self, path: str, map_location: Any = None) -> Any:
 
 @contextlib.contextmanager
 def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
-    """While resuming `checkpoint`, every `torch.load` reads data only (see the module docstring); a no-op when
-    `checkpoint` is None or `CEGPPO_TRUST_CHECKPOINT_PICKLES=1`.
+    """While reading the checkpoint folder `checkpoint`, every `torch.load` reads data only (see the module
+    docstring); a no-op when `checkpoint` is None or `CEGPPO_TRUST_CHECKPOINT_PICKLES=1`.
 
     Raises:
         UnsafeCheckpointError: a file of the checkpoint needs a global outside `DEEPSPEED_CHECKPOINT_GLOBALS`, or
@@ -117,7 +120,7 @@ def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
     pickled_index = sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*", ".metadata")))
     if pickled_index:
         raise UnsafeCheckpointError(
-            f"Refusing to resume from {checkpoint}: {', '.join(pickled_index)} is the index of a torch distributed "
+            f"Refusing to load {checkpoint}: {', '.join(pickled_index)} is the index of a torch distributed "
             "checkpoint (FSDP `SHARDED_STATE_DICT`), which torch reads with plain `pickle.load`: a tampered file would "
             "run code, and no allowlist can stop it. Save with `fsdp_state_dict_type: FULL_STATE_DICT` (as the shipped "
             f"accelerate_configs/fsdp2.yaml does), or, for a checkpoint you wrote yourself, set {TRUST_ENV}=1."

@@ -13,47 +13,59 @@ train on a mismatch, naming the method (tests/test_trl_drift.py pins the same ha
 from __future__ import annotations
 
 import os
-import textwrap
 
 import torch
 from accelerate.logging import get_logger
-from transformers.trainer_utils import has_length
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length
 from trl import GRPOTrainer
 
 from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
-    FRESH_CONTROLLER_ANNOUNCED,
+    ResumePlan,
     begin_checkpoint,
     commit_after_save,
-    finished_resume_message,
-    fresh_controller_note,
     held_until_commit,
     read_state,
-    release_lock,
+    settings_history,
     start_run,
     state_record,
-    uncommit,
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
 from .loss import cegppo_diagnostics, cegppo_per_token_loss
-from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
+from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
+    StopWhenNothingToLearn,
     combine_diagnostics,
     diagnostics_metrics,
     left_drift_message,
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
-from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
-from .safe_load import safe_resume_loads
+from .rewards import resolve_reward_names
+from .rollouts import (
+    at_rollout_batch_boundary,
+    resume_inside_rollout_batch_message,
+    rollout_batch_masks,
+    total_rewards,
+)
+from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
-from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
+
+
+def _holds_model(folder: str) -> bool:
+    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
+    stems = ("model", "pytorch_model", "adapter_model")
+    names = [
+        f"{s}{ext}" for s in stems for ext in (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+    ]
+    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -87,20 +99,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "cegppo"]
     _name = "CE-GPPO"
-    _paper = {
-        "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
-        "Reinforcement Learning",
-        "id": "2509.20712",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{su2026cegppo,
-                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
-                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
-                booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
-                year         = 2026,
-                eprint       = {arXiv:2509.20712},
-            }"""),
-    }
+    _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if args is not None and not isinstance(args, CEGPPOConfig):
@@ -112,10 +111,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        report = trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
+        reward_funcs = resolve_reward_names(reward_funcs)
+        # Before GRPOTrainer loads the model; `cegppo train` checked the same once and hands its report over.
+        report = kwargs.pop("preflight_report", None) or trainer_checks(model, reward_funcs, args, *pargs, **kwargs)
         if report.engine != "deepspeed":
             quiet_unused_deepspeed()
-        check_trl_compatibility(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.
@@ -129,10 +129,15 @@ class CEGPPOTrainer(GRPOTrainer):
         )
         self._schedules_checked_for = None
         self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
+        self.add_callback(StopWhenNothingToLearn(self.reward_monitor))
+        self.add_callback(SaveAtRolloutBatchEnd(len(self.train_dataset) if has_length(self.train_dataset) else None))
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
+        self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
+        self._committed: set[str] = set()  # checkpoints this trainer committed (a second `train()` moves them aside)
+        self._begun: set[str] = set()  # checkpoints this trainer began and has not committed
 
     # ------------------------------------------------------------------------------------------------------------
     # Configuration checks
@@ -141,6 +146,13 @@ class CEGPPOTrainer(GRPOTrainer):
         vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
         if (message := on_policy_message(self.args, vllm_correction)) is not None:
             logger.warning(message, main_process_only=True)
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the last `train()` ended before `max_steps`: `"zero_signal"` (`max_zero_signal_batches` rollout batches
+        in a row without reward spread, e.g. a solved task) or `"unscorable"` (`max_unscorable_batches` without any
+        reward); None when it was not stopped by either. The message is `reward_monitor.stop_message`."""
+        return self.reward_monitor.stop_reason
 
     # ------------------------------------------------------------------------------------------------------------
     # beta1 / beta2 for the current optimizer step
@@ -199,33 +211,46 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """`Trainer.train`, resuming what `checkpoints.start_run` decides on the main process for every process:
-        `resume_from_checkpoint=True` is the newest *committed* checkpoint (transformers' picks the highest-numbered
-        folder, even one a killed run left half-written), later checkpoints of another run are refused or moved
-        aside (`later_checkpoints`), and `output_dir` is locked against a second live run until training ends."""
-        resume_from_checkpoint = start_run(self.args, resume_from_checkpoint, logger.warning)
+        """`Trainer.train`, resuming what the launch's plan (`checkpoints.start_run`, main process, broadcast) says:
+        `True`/`"last"` is the newest *committed* checkpoint (transformers' picks the highest-numbered folder, even a
+        half-written one), another run's later checkpoints are refused or moved aside (`later_checkpoints`), and
+        `output_dir` stays locked until training ends. `cegppo train` passes the `ResumePlan` it made before the
+        model loaded. A checkpoint at the run's end trains nothing: the final model is written from it if missing."""
+        plan = resume_from_checkpoint
+        if not isinstance(plan, ResumePlan):
+            plan = start_run(self.args, resume_from_checkpoint, logger.warning, own=self._committed)
         try:
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            if not plan.finished:
+                return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            # transformers would train a step past the end; a requeue of a finished run only writes the final model
+            self._load_from_checkpoint(plan.checkpoint)  # guarded (`safe_load`), as every checkpoint read
+            state = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json")
+            self.state.global_step = state.global_step
+            if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
+                self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
+                self._load_best_model()
+            if not _holds_model(self.args.output_dir):
+                self.save_model(self.args.output_dir)
+            return TrainOutput(self.state.global_step, 0.0, {})
         finally:
-            release_lock(self.args.output_dir)
+            if plan is not resume_from_checkpoint:
+                plan.release()
 
     def _save_checkpoint(self, model, trial):
-        # `cegppo_state.json` (the CE-GPPO settings a resumed run is compared with, and the controller state) is
-        # written before `super()`, and the folder's old commit record is removed before anything else is written
-        # (every process does, before its own files). Rotation and the Hub push wait for the commit record, which
-        # the main process writes once every process has saved (`checkpoints.commit_after_save`).
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
+        # `cegppo_state.json` first (its old commit record removed before anything is written); rotation and the Hub
+        # push wait for the commit record, built from what every process reports it wrote (`commit_after_save`).
         run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            begin_checkpoint(folder, state_record(self.args, controller, self.cegppo_run_state()))
-        else:
-            uncommit(folder)
+            begin_checkpoint(
+                folder, state_record(self.args, controller, self.cegppo_run_state(), self.settings_history)
+            )
+            self._begun.add(folder)
         with held_until_commit(self.args) as held:
             super()._save_checkpoint(model, trial)
-        commit_after_save(self, folder, run_dir, held)
+        commit_after_save(self, folder, run_dir, held, self._begun)
+        self._committed.add(folder)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
@@ -246,16 +271,34 @@ class CEGPPOTrainer(GRPOTrainer):
             if getattr(self, name) is not None and name in state:
                 getattr(self, name).load_state_dict(state[name])
 
+    # Every read of a checkpoint folder is data only (`safe_load`), for as long as the trainer lives: the resume
+    # (`_prepare_for_training` holds the DeepSpeed, FSDP and optimizer loads; `_load_from_checkpoint` the weights of
+    # one process and DDP), the RNG state (read inside the training loop) and the best model at the end.
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        # Where transformers loads a checkpoint's DeepSpeed / FSDP / optimizer files: as data only (`safe_load`).
         with safe_resume_loads(resume_from_checkpoint):
             return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
 
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        with safe_resume_loads(resume_from_checkpoint):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_rng_state(self, checkpoint):
+        with safe_resume_loads(checkpoint):
+            return super()._load_rng_state(checkpoint)
+
+    def _load_best_model(self):
+        # `best_model_checkpoint` may come from a resumed checkpoint's `trainer_state.json`, i.e. name any folder.
+        # A refusal comes after training: the model keeps the weights it has, and the run is not lost.
+        try:
+            with safe_resume_loads(self.state.best_model_checkpoint):
+                return super()._load_best_model()
+        except UnsafeCheckpointError as error:
+            logger.warning(
+                f"`load_best_model_at_end`: the best model was not loaded, and the model keeps the weights it has "
+                f"(the last step's, unless the refused file was read after the model's weights). {error}"
+            )
+
     def _load_optimizer_and_scheduler(self, checkpoint):
-        # transformers has loaded the checkpoint's trainer state and set this run's length by now: a resume that
-        # would train 0 steps (and let `save_model` write the checkpoint's weights as the final model) stops here.
-        if checkpoint is not None and self.state.global_step >= self.state.max_steps:
-            raise ValueError(finished_resume_message(checkpoint, self.state.global_step, self.state.max_steps))
         super()._load_optimizer_and_scheduler(checkpoint)
         num_prompts = len(self.train_dataset) if has_length(self.train_dataset) else None
         if checkpoint and (
@@ -264,16 +307,12 @@ class CEGPPOTrainer(GRPOTrainer):
             logger.warning(inside, main_process_only=True)
         if checkpoint is None:
             return
-        state = read_state(checkpoint) or {}  # read once: the run state and the controller's
-        self.load_cegppo_run_state(state.get("run_state", {}))
-        if self.entropy_controller is None:
-            return
-        note = fresh_controller_note(checkpoint, self.args)
-        if note is None:
+        # The plan has told the user what differs; here the state is restored (JSON, read on every process).
+        state = read_state(checkpoint)
+        self.settings_history = settings_history(state, self.args, self.state.global_step)
+        self.load_cegppo_run_state((state or {}).get("run_state", {}))
+        if self.entropy_controller is not None and "controller" in (state or {}):
             self.entropy_controller.load_state_dict(state["controller"])
-        elif os.path.realpath(checkpoint) not in FRESH_CONTROLLER_ANNOUNCED:  # `cegppo train` said so before loading
-            FRESH_CONTROLLER_ANNOUNCED.add(os.path.realpath(checkpoint))
-            logger.warning(note, main_process_only=True)
 
     # ------------------------------------------------------------------------------------------------------------
     # Rollouts: per-completion masks for the SFT term and dynamic sampling (the authors' recipe, reference §3)
@@ -287,8 +326,8 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop after `max_unscorable_batches` consecutive training rollout batches in which no completion got a
-        reward.
+        """Stop (at the end of this optimizer step: `StopWhenNothingToLearn`) after `max_unscorable_batches`
+        consecutive training rollout batches in which no completion got a reward.
 
         TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
         a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
@@ -307,19 +346,22 @@ class CEGPPOTrainer(GRPOTrainer):
         args = self.args
         mode = "train" if self.model.training else "eval"
         rewards, unscorable = total_rewards(self._last_rewards_per_func, self.reward_weights)  # all processes
-        advantages = None
-        if mode == "train":
-            # All processes' advantages, gathered once: the zero-signal monitor and dynamic sampling decide from them
-            # alike (a zero-signal batch is exactly one where dynamic sampling keeps no group).
-            advantages = self.accelerator.gather(output["advantages"]).masked_fill(unscorable, torch.nan)
-            warning = self.reward_monitor.observe_signal(rewards, advantages, self.num_generations)
-            if warning is not None:  # zero reward spread in every group; stops after `max_zero_signal_batches`
-                logger.warning(warning, main_process_only=True)
-        if self.loss_type not in CEGPPO_LOSS_TYPES:
-            return output
         loss_mask = output["completion_mask"]
         if "tool_mask" in output:
             loss_mask = loss_mask * output["tool_mask"]
+        advantages = None
+        if mode == "train":
+            # All processes' advantages and which completions have a token in the loss, gathered once: the
+            # zero-signal monitor and dynamic sampling decide from them alike (a zero-signal batch is one where
+            # dynamic sampling keeps no group, or where no completion is trained).
+            trained = (loss_mask.sum(1) > 0).to(output["advantages"].dtype)
+            gathered = self.accelerator.gather(torch.stack([output["advantages"], trained], 1))
+            advantages = gathered[:, 0].masked_fill(unscorable, torch.nan)
+            warning = self.reward_monitor.observe_signal(rewards, advantages, self.num_generations, gathered[:, 1] > 0)
+            if warning is not None:  # stops after `max_zero_signal_batches` in a row (`StopWhenNothingToLearn`)
+                logger.warning(warning, main_process_only=True)
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            return output
         masks, metrics = rollout_batch_masks(  # the rollout batch (all processes) and this process's outputs
             rewards,
             advantages,
@@ -353,7 +395,8 @@ class CEGPPOTrainer(GRPOTrainer):
             num_sequences_in_batch=num_sequences_in_batch,
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps,
+            # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
             max_completion_length=self.max_completion_length,
             train=mode == "train",
         )
@@ -723,3 +766,26 @@ class CEGPPOTrainer(GRPOTrainer):
             sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
         ).items():
             metrics[name].append(value)
+
+
+class SaveAtRolloutBatchEnd(TrainerCallback):
+    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
+    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
+    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
+    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
+
+    def __init__(self, num_prompts: int | None):
+        self.num_prompts = num_prompts
+        self.deferred = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.deferred = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
+            return
+        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
+            self.deferred = self.deferred or control.should_save
+            control.should_save = False
+        elif self.deferred:
+            control.should_save, self.deferred = True, False

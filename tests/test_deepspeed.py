@@ -21,7 +21,7 @@ import math
 
 import pytest
 import torch
-from helpers.crafted import crafted_copy
+from helpers.crafted import crafted_copy, hostile_bytes
 from helpers.mp_launch import (
     ACCELERATE,
     LAYOUT_ATOL,
@@ -79,7 +79,7 @@ def _assert_crafted_resume_is_refused(config, checkpoint, tmp_path, member: str)
     proc.wait(timeout=600)
     output = proc.log_path.read_text()
     assert proc.returncode != 0 and not marker.exists(), output[-3000:]
-    for needle in ("Refusing to resume from", member.rsplit("/", 1)[-1], "io.open", TRUST_ENV):
+    for needle in ("Refusing to load ", member.rsplit("/", 1)[-1], "io.open", TRUST_ENV):
         assert needle in output, output[-3000:]
 
 
@@ -116,6 +116,37 @@ def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, d
         for r in (zero2, resumed)
     ]
     assert len(after[0]) == 2 and after[0] == after[1]
+
+
+@pytest.mark.slow
+def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run_ends(tmp_path):
+    # The reviewer's scenario: a genuine checkpoint-2 whose trainer_state.json names checkpoint-1 as
+    # the best model, beside a decoy checkpoint-1 (a DeepSpeed `latest` file and a pickled model-states file that
+    # creates a marker). `last` resumes checkpoint-2; with `load_best_model_at_end` transformers then hands
+    # checkpoint-1 to DeepSpeed's engine at the end of training, after the resume.
+    config = cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)
+    run(_accelerate_launch(config), tmp_path, {**DAPO, "save_steps": 2, "max_steps": 2, "claim_best_step": 1})
+    output_dir = tmp_path / "dapo"
+    state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["best_model_checkpoint"] == str(output_dir / "checkpoint-1") and state["best_global_step"] == 1
+    marker = tmp_path / "PWNED"
+    decoy = output_dir / "checkpoint-1"
+    (decoy / "global_step1").mkdir(parents=True)
+    (decoy / "latest").write_text("global_step1")
+    (decoy / "global_step1" / "mp_rank_00_model_states.pt").write_bytes(hostile_bytes(marker))
+    proc = start(
+        _accelerate_launch(config),
+        tmp_path,
+        {**DAPO, "resume": "last", "max_steps": 4, "load_best_model_at_end": True},
+    )
+    proc.wait(timeout=900)
+    output = proc.log_path.read_text()
+    assert not marker.exists(), "the best-model load ran code from the decoy checkpoint"
+    assert proc.returncode == 0, output[-3000:]  # the run ends: the unsafe best load is skipped, not the run
+    for needle in ("`load_best_model_at_end`: the best model was not loaded", "Refusing to load ",
+                   "checkpoint-1/global_step1/mp_rank_00_model_states.pt", "io.open", TRUST_ENV):  # fmt: skip
+        assert needle in output, (needle, output[-3000:])
+    assert json.loads((tmp_path / "log_history_dapo.json").read_text())[-1]["step"] == 4
 
 
 @pytest.mark.slow

@@ -1,18 +1,228 @@
 """Drop-in means drop-in: the same small script run with `GRPOTrainer` / `GRPOConfig` and with `CEGPPOTrainer` /
-`CEGPPOConfig` at beta1 = beta2 = 0 has the same outcome (parameters, logged metric keys, exception type)."""
+`CEGPPOConfig` at beta1 = beta2 = 0 has the same outcome: bit-identical parameters (seeded, deterministic on CPU),
+the same logged metric keys (plus the documented `cegppo/` ones), the same exception type. Most cases are
+off-policy (`steps_per_generation` > `gradient_accumulation_steps`), where CE-GPPO's loss differs from GRPO's at
+beta > 0. The deliberate differences are listed in docs/drop-in.md."""
 
 from __future__ import annotations
 
-import pytest
-from datasets import Dataset
-from helpers.batches import base_config_kwargs, count_ones_reward
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from cegppo_trl import CEGPPOConfig
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from helpers.batches import base_config_kwargs
+from transformers import AutoModelForCausalLM, LlamaForSequenceClassification, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
 from cegppo_trl.preflight import trainer_checks
+
+REPO = Path(__file__).resolve().parents[1]
+# Every metric `CEGPPOTrainer` logs that `GRPOTrainer` does not (docs/configuration.md lists each).
+CEGPPO_METRICS = {
+    "cegppo/beta1",
+    "cegppo/beta2",
+    "cegppo/preserved/left_frac",
+    "cegppo/preserved/left_log_ratio",
+    "cegppo/preserved/right_frac",
+    "cegppo/preserved/grad_share",
+    "cegppo/preserved/left_guard_frac",
+    "cegppo/dual_clip_frac",
+    "cegppo/ratio/min",
+    "cegppo/ratio/mean",
+    "cegppo/ratio/max",
+    "cegppo/sft_loss",
+    "cegppo/sft_frac",
+    "cegppo/dynamic_sampling/kept_groups",
+    "cegppo/dynamic_sampling/dropped_groups",
+    "cegppo/controller/entropy",
+    "cegppo/controller/target_low",
+    "cegppo/controller/target_high",
+}
+PAIR = [(GRPOTrainer, GRPOConfig), (CEGPPOTrainer, CEGPPOConfig)]
+# Off-policy by default: a rollout batch of 2 prompts x 4 completions, two optimizer steps on it.
+SCRIPT_DEFAULTS = dict(
+    per_device_train_batch_size=4,
+    per_device_eval_batch_size=4,
+    num_generations=4,
+    steps_per_generation=2,
+    gradient_accumulation_steps=1,
+    max_completion_length=6,
+    max_steps=2,
+    learning_rate=5e-2,
+)
+
+
+def prompts(n: int = 8, *, chat: bool = False) -> Dataset:
+    rows = [f"{i}+{i % 7}=" for i in range(n)]
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": r}] for r in rows] if chat else rows})
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a user's script observes: the final parameters, the logged metric keys, the exception it raised (its
+    type), what each step of the script returned, the trainer."""
+
+    params: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor]
+    metric_keys: set[str]
+    error: type[BaseException] | None
+    message: str
+    results: list[Any]
+    trainer: Any
+    log_history: list[dict]
+
+
+def _params(model) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def run_script(
+    trainer_cls,
+    config_cls,
+    tmp_path: Path,
+    *,
+    script: tuple = ("train",),
+    train_dataset: Any = "default",
+    model: Callable | str | None = None,
+    processing_class: Any = None,
+    reward_funcs: Any = None,
+    trainer_kwargs: dict | None = None,
+    **config: Any,
+) -> Outcome:
+    """The same script with either trainer: the config (CE-GPPO's at beta1 = beta2 = 0), a fresh seeded tiny model,
+    then each step of `script` ("train", "evaluate" or a callable taking the trainer) in turn."""
+    kwargs = {**SCRIPT_DEFAULTS, **config}
+    betas = {name: kwargs.pop(name, 0.0) for name in ("gppo_beta1", "gppo_beta2")}
+    if config_cls is CEGPPOConfig:
+        kwargs.update(betas)
+    tokenizer = processing_class or build_char_tokenizer()
+    if isinstance(model, str):  # a saved model given by path: TRL loads it (and its reference model)
+        net = model
+        initial = _params(AutoModelForCausalLM.from_pretrained(model))
+    else:
+        net = model(tokenizer) if model is not None else build_tiny_llama(tokenizer, seed=0)
+        initial = _params(net)
+    if isinstance(reward_funcs, list):  # a copy: TRL appends an environment's `get_reward` to the list it is given
+        reward_funcs = list(reward_funcs)
+    results, trainer, error, message = [], None, None, ""
+    try:
+        args = config_cls(**base_config_kwargs(tmp_path / trainer_cls.__name__, **kwargs))
+        trainer = trainer_cls(
+            model=net,
+            reward_funcs=ones_reward if reward_funcs is None else reward_funcs,
+            args=args,
+            train_dataset=prompts() if isinstance(train_dataset, str) else train_dataset,
+            processing_class=tokenizer,
+            **(trainer_kwargs or {}),
+        )
+        for step in script:
+            results.append(getattr(trainer, step)() if isinstance(step, str) else step(trainer))
+    except Exception as exc:  # the script's outcome: compared, not hidden (every case asserts on `error`)
+        error, message = type(exc), str(exc)
+    model_now = trainer.model if trainer is not None else net
+    history = trainer.state.log_history if trainer is not None else []
+    keys = {k for entry in history for k in entry}
+    return Outcome(_params(model_now), initial, keys, error, message, results, trainer, history)
+
+
+def cegppo_only(keys: set[str]) -> set[str]:
+    """The keys named after a CE-GPPO metric (train `cegppo/x`, eval `eval_cegppo/x`, `eval_<name>_cegppo/x`)."""
+    return {k for k in keys if any(k == m or k.endswith("_" + m) for m in CEGPPO_METRICS)}
+
+
+def assert_same(grpo: Outcome, cegppo: Outcome, *, trains: bool = True) -> None:
+    assert cegppo.error is grpo.error, (grpo.error, grpo.message, cegppo.error, cegppo.message)
+    assert cegppo.metric_keys - cegppo_only(cegppo.metric_keys) == grpo.metric_keys
+    assert grpo.params.keys() == cegppo.params.keys()
+    different = [n for n in grpo.params if not torch.equal(grpo.params[n], cegppo.params[n])]
+    assert different == [], f"parameters differ: {different[:5]}"
+    assert len(grpo.log_history) == len(cegppo.log_history)
+    clipped = any(entry.get("clip_ratio/region_mean", 0) > 0 for entry in grpo.log_history)
+    for ours, theirs in zip(cegppo.log_history, grpo.log_history, strict=True):
+        for key, value in theirs.items():
+            if key.startswith(NOT_MEASURED) and key not in ours:  # no token in the loss: TRL logs 0, CE-GPPO nothing
+                assert value in (0.0, None), (key, value)
+            elif not any(t in key for t in TIMING_METRICS) and not (clipped and _loss_value(key)):
+                assert _close(ours[key], value), (key, value, ours[key])
+    if trains and grpo.error is None:  # the case trained something: equal parameters are not equal by default
+        assert any(not torch.equal(grpo.params[n], grpo.initial[n]) for n in grpo.params)
+
+
+# Wall-clock metrics differ from run to run, whatever the trainer.
+TIMING_METRICS = ("runtime", "per_second", "step_time", "preparation_time")
+
+
+# Token means CE-GPPO does not log for a micro-batch with no token in the loss (all completions truncated under
+# `mask_truncated_completions`, or dropped by dynamic sampling), where TRL logs 0 (docs/drop-in.md).
+NOT_MEASURED = ("entropy", "kl", "clip_ratio/")
+
+
+def _loss_value(key: str) -> bool:
+    """The loss values (`loss`, `train_loss`, `eval_loss`, `policy_loss`): at beta = 0 a clipped token adds 0 to
+    CE-GPPO's loss (the paper's Eq. 8 value, beta * bound * A) and the constant bound * A to PPO's; the gradients are
+    the same (docs/drop-in.md). Compared only for runs that clipped no token."""
+    return key == "loss" or key.endswith("_loss")
+
+
+def _close(a, b) -> bool:
+    """Equal, or equal to float32 precision: CE-GPPO reduces `entropy` and the `clip_ratio/*` metrics in one
+    float32 reduction with its own diagnostics and divides in Python floats, so their last digits differ."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def differential(tmp_path, **kwargs) -> tuple[Outcome, Outcome]:
+    return tuple(run_script(t, c, tmp_path, **kwargs) for t, c in PAIR)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rewards, tools, environments and models for the cases
+# ----------------------------------------------------------------------------------------------------------------
+def _text(completion) -> str:
+    return completion if isinstance(completion, str) else "".join(m.get("content") or "" for m in completion)
+
+
+def ones_reward(completions, **kwargs):
+    return [float(_text(c).count("1")) for c in completions]
+
+
+def twos_reward(completions, **kwargs):
+    return [float(_text(c).count("2")) for c in completions]
+
+
+def some_none_reward(completions, **kwargs):
+    """Scores every other completion (None: not applicable to that row)."""
+    return [None if i % 2 else float(_text(c).count("1")) for i, c in enumerate(completions)]
+
+
+def none_reward(completions, **kwargs):
+    return [None] * len(completions)
+
+
+TOOL_CALLS: list[int] = []
+
+
+def add(n: int) -> str:
+    """Add a number to the running total.
+
+    Args:
+        n: the number to add.
+    """
+    TOOL_CALLS.append(n)
+    return str(n)
 
 
 class CounterEnv:
-    """An environment whose `reset()` gives the prompt and whose one tool adds to a counter."""
+    """An environment whose `reset()` gives the prompt and whose one tool adds to its counter."""
 
     def reset(self, **kwargs) -> str:
         self.total = 0
@@ -25,18 +235,511 @@ class CounterEnv:
             n: how much to add.
         """
         self.total += n
+        TOOL_CALLS.append(n)
         return str(self.total)
 
 
-def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path):
-    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`."""
+class DoubleEnv(CounterEnv):
+    """A second environment for a dict `environment_factory`."""
+
+    def double(self, n: int) -> str:
+        """Double a number into the counter.
+
+        Args:
+            n: the number to double.
+        """
+        self.total += 2 * n
+        TOOL_CALLS.append(2 * n)
+        return str(self.total)
+
+
+class ScoredCounterEnv(CounterEnv):
+    """An environment that owns its reward (`get_reward`): no `reward_funcs` needed."""
+
+    def get_reward(self) -> float:
+        return float(self.total)
+
+
+def env_reward(completions, environments=None, **kwargs):
+    return [float(e.total) + _text(c).count("1") for c, e in zip(completions, environments, strict=True)]
+
+
+class ScriptedToolLlama(type(build_tiny_llama(build_char_tokenizer()))):
+    """The tiny Llama whose generation is scripted, so that tool calls happen: a seeded draw (torch's RNG, the same
+    in both trainers) picks, per row without a tool result yet, a call `<call>{...}</call></s>` or a short answer;
+    rows holding a tool result answer. Log-probabilities and training are the real model's; TRL's parsing and tool
+    execution run unchanged."""
+
+    tool_names = ("add",)
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        tokenizer = self.script_tokenizer
+        rows = []
+        for ids in input_ids.tolist():
+            seen = tokenizer.decode(ids)
+            if "<t>" in seen.rsplit("<a>", 1)[0][-80:] or torch.rand(()) < 0.4:
+                text = "".join(str(int(d)) for d in torch.randint(0, 3, (3,)))
+            else:
+                name = self.tool_names[int(torch.randint(0, len(self.tool_names), ()))]
+                text = f'<call>{{"name": "{name}", "arguments": {{"n": {int(torch.randint(1, 4, ()))}}}}}</call>'
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+        width = max(map(len, rows))
+        new = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows], device=input_ids.device)
+        return torch.cat([input_ids, new], dim=1)
+
+
+def scripted_model(tool_names=("add",)):
+    def build(tokenizer):
+        base = build_tiny_llama(tokenizer, seed=0, max_position_embeddings=512)
+        model = ScriptedToolLlama(base.config)
+        model.load_state_dict(base.state_dict())
+        model.generation_config = base.generation_config
+        model.script_tokenizer, model.tool_names = tokenizer, tool_names
+        return model
+
+    return build
+
+
+def tiny_reward_model(tokenizer) -> LlamaForSequenceClassification:
+    """A randomly initialised tiny Llama scoring a sequence (one label), seeded."""
+    config = build_tiny_llama(tokenizer, seed=1).config
+    config.num_labels = 1
+    torch.manual_seed(1)
+    return LlamaForSequenceClassification(config)
+
+
+TOOL_SETTINGS = dict(max_completion_length=96, max_tool_calling_iterations=2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cases: each a config / script of a user's, run with both trainers
+# ----------------------------------------------------------------------------------------------------------------
+CONFIG_CASES = {
+    "train": {},
+    "on_policy": dict(steps_per_generation=1, max_steps=2),
+    "conversational_prompts": dict(train_dataset=prompts(chat=True)),
+    "num_iterations_2": dict(steps_per_generation=1, num_iterations=2),
+    "gradient_accumulation": dict(steps_per_generation=2, gradient_accumulation_steps=2, max_steps=1),
+    "several_rewards_weighted": dict(reward_funcs=[ones_reward, twos_reward], reward_weights=[1.0, 0.5]),
+    "rewards_none_for_some_rows": dict(reward_funcs=[ones_reward, some_none_reward]),
+    "rewards_all_none_warns": dict(reward_funcs=none_reward),
+    "use_adaptive_entropy": dict(use_adaptive_entropy=True),
+    "entropy_coef": dict(entropy_coef=0.01),
+    "top_entropy_quantile": dict(top_entropy_quantile=0.5),
+    "mask_truncated_completions": dict(mask_truncated_completions=True),
+    "off_policy_mask_threshold": dict(off_policy_mask_threshold=0.5),
+    "sequence_importance_sampling": dict(importance_sampling_level="sequence"),
+    "kl_beta_model_by_path": dict(beta=0.1, model="MODEL_DIR"),
+    "gradient_checkpointing": dict(gradient_checkpointing=True),
+    "scale_rewards_none": dict(scale_rewards="none"),
+    **{
+        f"loss_type_{t}": dict(loss_type=t)
+        for t in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_same_outcome(tmp_path, model_dir, case):
+    kwargs = {k: model_dir if v == "MODEL_DIR" else v for k, v in CONFIG_CASES[case].items()}
+    grpo, cegppo = differential(tmp_path, **kwargs)
+    assert grpo.error is None, grpo.message
+    # a batch with no reward at all has zero advantages: nothing trains, in both
+    assert_same(grpo, cegppo, trains=case != "rewards_all_none_warns")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluation: before and after train(), eval_on_start, eval_strategy="steps", every eval_dataset kind
+# ----------------------------------------------------------------------------------------------------------------
+EVAL_DATASETS = {
+    "Dataset": lambda: prompts(4),
+    "IterableDataset": lambda: prompts(4).to_iterable_dataset(),
+    "DatasetDict": lambda: DatasetDict({"a": prompts(4), "b": prompts(4, chat=False)}),
+    "dict": lambda: {"a": prompts(4), "b": prompts(4).to_iterable_dataset()},
+}
+
+
+@pytest.mark.parametrize("kind", list(EVAL_DATASETS))
+def test_evaluate_before_train(tmp_path, kind):
+    """An evaluation-only script (CE-GPPO once read a training-loop attribute in evaluation)."""
+    grpo, cegppo = differential(
+        tmp_path, script=("evaluate",), trainer_kwargs=dict(eval_dataset=EVAL_DATASETS[kind]())
+    )
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo, trains=False)
+    assert grpo.results[0].keys() == cegppo.results[0].keys() - cegppo_only(set(cegppo.results[0]))
+    assert any(k.endswith("reward") for k in grpo.results[0])
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(script=("train", "evaluate")),
+        dict(eval_strategy="steps", eval_steps=1),
+        dict(eval_strategy="steps", eval_steps=10, eval_on_start=True),
+    ],
+    ids=["evaluate_after_train", "eval_strategy_steps", "eval_on_start"],
+)
+def test_evaluation_during_and_after_training(tmp_path, settings):
+    grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(eval_dataset=prompts(4)), **settings)
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+    assert "eval_reward" in grpo.metric_keys
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tools and environments: the tool-calling tiny tokenizer, a scripted generation, TRL's parsing and tool loop
+# ----------------------------------------------------------------------------------------------------------------
+TOOL_CASES = {
+    "tools": dict(trainer_kwargs=dict(tools=[add]), train_dataset=prompts(chat=True)),
+    "environment_factory": dict(
+        trainer_kwargs=dict(environment_factory=CounterEnv),
+        train_dataset=prompts(chat=True),
+        reward_funcs=env_reward,
+    ),
+    "environment_factory_dict_only_environment_column": dict(
+        trainer_kwargs=dict(environment_factory={"counter": CounterEnv, "double": DoubleEnv}),
+        train_dataset=Dataset.from_dict({"environment": ["counter", "double"] * 4}),
+        reward_funcs=env_reward,
+        model=scripted_model(("add", "double")),
+    ),
+    "environment_owns_the_reward": dict(
+        trainer_kwargs=dict(environment_factory=ScoredCounterEnv),
+        train_dataset=prompts(chat=True),
+        reward_funcs=[],
+    ),
+    "environment_factory_no_dataset": dict(
+        trainer_kwargs=dict(environment_factory=CounterEnv),
+        train_dataset=None,
+        reward_funcs=env_reward,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TOOL_CASES))
+def test_tools_and_environments(tmp_path, monkeypatch, case):
+    """Tool rollouts for real: the tool was called, in both runs alike, and the outcomes are the same."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's note that environments are experimental
+    kwargs = {"model": scripted_model(), **TOOL_SETTINGS, **TOOL_CASES[case]}
+    calls = []
+    for trainer_cls, config_cls in PAIR:
+        TOOL_CALLS.clear()
+        calls.append(
+            (
+                run_script(
+                    trainer_cls,
+                    config_cls,
+                    tmp_path,
+                    processing_class=build_char_tokenizer(tool_calling=True),
+                    **kwargs,
+                ),
+                list(TOOL_CALLS),
+            )
+        )
+    (grpo, grpo_calls), (cegppo, cegppo_calls) = calls
+    assert grpo.error is None, grpo.message
+    assert grpo_calls and grpo_calls == cegppo_calls
+    assert "tools/call_frequency" in grpo.metric_keys
+    assert_same(grpo, cegppo)
+
+
+def test_tool_chat_template_renders_and_parses_calls():
+    """The offline tool-calling tokenizer passes TRL's checks and its parser reads a call back."""
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
+
+    plain, tools = build_char_tokenizer(), build_char_tokenizer(tool_calling=True)
+    assert not supports_tool_calling(plain)
+    assert supports_tool_calling(tools) and is_chat_template_prefix_preserving(tools)
+    prompt = tools.apply_chat_template([{"role": "user", "content": "hi"}], tools=[add], add_generation_prompt=True)
+    assert tools.decode(prompt) == "<tools>add;</tools>hi<a>"
+    call = tools('x<call>{"name": "add", "arguments": {"n": 2}}</call>', add_special_tokens=False)["input_ids"]
+    parsed = parse_response(tools, call + [tools.eos_token_id], prefix=prompt, tools=[add])
+    assert parsed == {
+        "role": "assistant",
+        "content": "x",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"n": 2}}}],
+    }
+    answer = tools("12", add_special_tokens=False)["input_ids"] + [tools.eos_token_id]
+    assert parse_response(tools, answer, prefix=prompt) == {"role": "assistant", "content": "12"}
+
+
+def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path, model_dir):
+    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`.
+
+    (A real model path: a missing one is refused by the same checks.)
+    """
     args = CEGPPOConfig(**base_config_kwargs(tmp_path, gppo_beta1=0.0, gppo_beta2=0.0))
     dataset = Dataset.from_dict({"environment": ["counter"] * 8})
-    report = trainer_checks(
-        "unused", count_ones_reward, args, train_dataset=dataset, environment_factory={"counter": CounterEnv}
-    )
-    assert report.errors == []
-    report = trainer_checks("unused", count_ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
+    env = {"counter": CounterEnv}
+    assert trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
+    report = trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
     assert report.errors == []
     with pytest.raises(ValueError, match=r"`train_dataset` has no `prompt` column \(its columns: environment\)"):
-        trainer_checks("unused", count_ones_reward, args, train_dataset=dataset)
+        trainer_checks(model_dir, ones_reward, args, train_dataset=dataset)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reward models, PEFT, callbacks, saving, the Hub
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reward_model_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("reward-model")
+    tokenizer = build_char_tokenizer()
+    tiny_reward_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("given", ["path", "instance"])
+def test_reward_model(tmp_path, reward_model_dir, given):
+    """A reward model by path (TRL loads it and its tokenizer) or by instance with `reward_processing_classes`."""
+    if given == "path":
+        kwargs = dict(reward_funcs=[reward_model_dir, ones_reward])
+    else:
+        kwargs = dict(
+            reward_funcs=[tiny_reward_model(build_char_tokenizer()), ones_reward],
+            trainer_kwargs=dict(reward_processing_classes=[build_char_tokenizer(), None]),
+        )
+    grpo, cegppo = differential(tmp_path, **kwargs)
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+
+
+def test_peft_lora(tmp_path):
+    from peft import LoraConfig
+
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(peft_config=LoraConfig(**lora)))
+    assert grpo.error is None, grpo.message
+    assert any("lora_" in n for n in grpo.params)
+    assert_same(grpo, cegppo, trains=False)  # LoRA's B starts at 0: compare the adapters
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in grpo.params.items() if "lora_B" in n)
+
+
+class RecordingCallback(TrainerCallback):
+    """Records the events it sees; writes a file into each checkpoint when it is saved."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append(("step_end", state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.events.append(("log", state.global_step))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.events.append(("save", state.global_step))
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        (folder / "user_note.txt").write_text(f"step {state.global_step}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append(("train_end", state.global_step))
+
+
+def test_callbacks_and_checkpoints(tmp_path):
+    """A callback sees the same events, and the file it writes into each checkpoint in `on_save` is there. The saves
+    fall at rollout-batch ends (2 optimizer steps per batch): CE-GPPO moves a save inside a batch to its end
+    (docs/drop-in.md; tests/test_rollout_batch_saves.py), so aligned saves are where the two must agree."""
+    outcomes = []
+    for trainer_cls, config_cls in PAIR:
+        callback = RecordingCallback()
+        outcome = run_script(
+            trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=2, max_steps=4,
+            trainer_kwargs=dict(callbacks=[callback]),
+        )  # fmt: skip
+        folder = tmp_path / trainer_cls.__name__
+        notes = sorted(p.parent.name for p in folder.glob("checkpoint-*/user_note.txt"))
+        outcomes.append((outcome, callback.events, notes))
+    (grpo, grpo_events, grpo_notes), (cegppo, cegppo_events, cegppo_notes) = outcomes
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+    assert grpo_events == cegppo_events and ("save", 4) in grpo_events
+    assert grpo_notes == cegppo_notes == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_push_to_hub_offline(tmp_path, monkeypatch):
+    """`push_to_hub=True` and `trainer.push_to_hub()` as far as they go offline: the repository is created at init
+    and the same files are uploaded (the Hub client is replaced by a recorder)."""
+    import transformers.trainer
+
+    uploads = []
+
+    class RecordingHub:
+        def create_repo(self, repo_id, **kwargs):
+            return type("RepoUrl", (), {"repo_id": repo_id})()
+
+        def upload_folder(self, repo_id, folder_path, ignore_patterns=(), **kwargs):
+            files = sorted(
+                str(p.relative_to(folder_path))
+                for p in Path(folder_path).rglob("*")
+                if p.is_file()
+                and not any(
+                    p.relative_to(folder_path).match(pat)
+                    or any(part.startswith(pat.rstrip("*")) for part in p.relative_to(folder_path).parts)
+                    for pat in ignore_patterns
+                )
+            )
+            uploads.append((repo_id, files))
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", RecordingHub)
+    grpo, cegppo = differential(
+        tmp_path, push_to_hub=True, hub_model_id="user/tiny", script=("train", lambda t: t.push_to_hub())
+    )
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+    (grpo_repo, grpo_files), (cegppo_repo, cegppo_files) = uploads
+    assert grpo_repo == cegppo_repo == "user/tiny"
+    assert "model.safetensors" in grpo_files
+    assert cegppo_files == grpo_files
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A second train(), and the stop after unscorable batches
+# ----------------------------------------------------------------------------------------------------------------
+def test_train_twice(tmp_path):
+    """A second `train()` on the same trainer object trains again, as in TRL (nothing saved in between)."""
+    grpo, cegppo = differential(tmp_path, script=("train", "train"))
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+    assert grpo.trainer.state.global_step == cegppo.trainer.state.global_step == 2
+
+
+def test_train_twice_with_checkpoints(tmp_path):
+    """A second `train()` on the same trainer object after the first saved checkpoints: TRL trains again (a fresh
+    run, no resume); so does CE-GPPO: the checkpoints are its own trainer's, not another run's."""
+    grpo, cegppo = differential(tmp_path, script=("train", "train"), save_strategy="steps", save_steps=1)
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
+
+
+def test_unscorable_stop_is_a_clean_stop(tmp_path):
+    """TRL warns and goes on when no completion is scorable; CE-GPPO stops (deliberately) after
+    `max_unscorable_batches` such batches, and the stop must end `train()` cleanly, not raise."""
+    outcome = run_script(
+        CEGPPOTrainer, CEGPPOConfig, tmp_path, reward_funcs=none_reward, max_unscorable_batches=1, max_steps=4
+    )
+    assert outcome.error is None, outcome.message
+    assert outcome.trainer.state.global_step < 4
+    assert outcome.trainer.stop_reason == "unscorable"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The harness can tell: at beta > 0, off-policy, CE-GPPO's parameters differ from GRPO's
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_comparison_detects_a_different_objective(tmp_path):
+    grpo, cegppo = differential(tmp_path, gppo_beta1=0.5, gppo_beta2=1.0, learning_rate=0.5)
+    assert grpo.error is None and cegppo.error is None
+    with pytest.raises(AssertionError, match="parameters differ"):
+        assert_same(grpo, cegppo)
+
+
+def test_documented_cegppo_metrics():
+    """Every CE-GPPO-only metric this suite accepts is named in docs/configuration.md (a name there may share its
+    prefix with the one before it: `cegppo/ratio/min`, `/mean`, `/max`; `cegppo/controller/target_low/high`)."""
+    documented = set()
+    for line in (REPO / "docs" / "configuration.md").read_text().splitlines():
+        previous = ""
+        for name in re.findall(r"`(cegppo/[a-z_/0-9]+|/[a-z_0-9]+)`", line):
+            if name.startswith("/"):
+                name = previous.rsplit("/", 1)[0] + name
+            head, _, tail = name.rpartition("/")
+            if "_" in head.rsplit("/", 1)[-1] and head.count("/") > 1:  # `.../target_low/high`
+                documented.update({head, head.rsplit("_", 1)[0] + "_" + tail})
+            documented.add(name)
+            previous = name
+    assert CEGPPO_METRICS - documented == set()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where TRL raises, CE-GPPO raises the same exception type
+# ----------------------------------------------------------------------------------------------------------------
+class NoResetEnv:
+    def add(self, n: int) -> str:
+        """Add.
+
+        Args:
+            n: the number.
+        """
+        return str(n)
+
+
+def _lora_on_lm_head():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, target_modules=["q_proj", "lm_head"], task_type="CAUSAL_LM")
+
+
+RAISING_CASES = {  # name: (the script's settings, what TRL's message says)
+    "batch_not_divisible_by_num_generations": (dict(per_device_train_batch_size=3), "must be divisible by"),
+    "reward_weights_wrong_length": (dict(reward_weights=[1.0, 2.0]), "Number of reward weights (2)"),
+    "no_train_dataset": (dict(train_dataset=None), "`train_dataset` is required"),
+    "dict_environment_without_dataset": (
+        dict(train_dataset=None, trainer_kwargs=dict(environment_factory={"counter": CounterEnv})),
+        "requires a `train_dataset` with an `environment` column",
+    ),
+    "environment_without_reset": (dict(trainer_kwargs=dict(environment_factory=NoResetEnv)), "define a callable"),
+    "unknown_environment_name": (
+        dict(
+            train_dataset=Dataset.from_dict({"environment": ["nowhere"] * 8}),
+            trainer_kwargs=dict(environment_factory={"counter": CounterEnv}),
+        ),
+        "environment='nowhere'",
+    ),
+    "tools_without_a_tool_template": (
+        dict(trainer_kwargs=dict(tools=[add]), processing_class="plain"),
+        "does not support tool calling",
+    ),
+    "lora_on_lm_head": (dict(trainer_kwargs=dict(peft_config="LORA_LM_HEAD")), "PEFT adapter to `lm_head`"),
+    "chat_prompts_without_a_chat_template": (
+        dict(train_dataset=prompts(chat=True), processing_class="no_template"),
+        "chat_template is not set",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RAISING_CASES))
+def test_same_exception(tmp_path, monkeypatch, case):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    settings, says = RAISING_CASES[case]
+    outcomes = []
+    for trainer_cls, config_cls in PAIR:
+        kwargs = dict(settings)
+        kwargs["processing_class"] = build_char_tokenizer(tool_calling=kwargs.get("processing_class") is None)
+        if settings.get("processing_class") == "no_template":  # a base model's tokenizer
+            kwargs["processing_class"].chat_template = None
+        if kwargs.get("trainer_kwargs", {}).get("peft_config") == "LORA_LM_HEAD":
+            kwargs["trainer_kwargs"] = dict(peft_config=_lora_on_lm_head())
+        outcomes.append(run_script(trainer_cls, config_cls, tmp_path, **kwargs))
+    grpo, cegppo = outcomes
+    assert grpo.error is not None and says in grpo.message, grpo.message
+    assert cegppo.error is grpo.error, (grpo.message, cegppo.message)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Deliberate differences (docs/drop-in.md): each checked against what GRPOTrainer does
+# ----------------------------------------------------------------------------------------------------------------
+def test_grpo_config_is_refused_with_the_conversion(tmp_path):
+    outcome = run_script(CEGPPOTrainer, GRPOConfig, tmp_path)
+    assert outcome.error is TypeError
+    assert "CEGPPOConfig.from_grpo_config(your_grpo_config" in outcome.message
+
+
+def test_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
+    """An already-tokenized dataset (no `prompt` column, no environment): GRPOTrainer builds and fails at the first
+    batch; CEGPPOTrainer refuses at construction and names the fix."""
+    tokenized = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 8})
+    grpo, cegppo = differential(tmp_path, train_dataset=tokenized)
+    assert grpo.trainer is not None and grpo.error is KeyError
+    assert cegppo.trainer is None and cegppo.error is ValueError
+    assert "`train_dataset` has no `prompt` column (its columns: input_ids)" in cegppo.message
+
+
+def test_fresh_train_into_checkpoints_of_another_run_is_refused(tmp_path):
+    """GRPOTrainer starts afresh beside the old checkpoints; CEGPPOTrainer refuses, naming the ways out."""
+    for trainer_cls, config_cls in PAIR:
+        run_script(trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=1)
+    grpo, cegppo = differential(tmp_path)
+    assert grpo.error is None, grpo.message
+    assert cegppo.error is ValueError
+    assert 'later_checkpoints="move_aside"' in cegppo.message and "resume_from_checkpoint=True" in cegppo.message

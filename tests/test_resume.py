@@ -19,9 +19,18 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, COMMIT_FILE, RESUME_COMPARED_FIELDS, write_commit
+from cegppo_trl.checkpoints import (
+    CEGPPO_STATE_FILE,
+    COMMIT_FILE,
+    RESUME_COMPARED_FIELDS,
+    changed_settings,
+    own_files,
+    plan_resume,
+    read_state,
+    write_commit,
+)
 from cegppo_trl.scripts import main as train
-from cegppo_trl.scripts import parse_args, warn_on_changed_settings
+from cegppo_trl.scripts import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
@@ -63,7 +72,7 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
     assert marker.exists()
     marker.unlink()
-    write_commit(str(checkpoint), 1, [])  # whoever planted it committed the folder as it is now
+    write_commit(str(checkpoint), 1, own_files(str(checkpoint), 0, True))  # the planter committed it as it is now
 
     resumed_args = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
@@ -94,35 +103,64 @@ def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None 
     return folder
 
 
-def test_changed_settings_are_named_from_cegppo_state_json(tmp_path, caplog):
+def _resume_message(checkpoint: Path, args: CEGPPOConfig) -> str:
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    plan, _ = plan_resume(str(checkpoint.parent), str(checkpoint), args)
+    assert len(plan.messages) == 1
+    return plan.messages[0]
+
+
+def test_changed_settings_are_named_from_cegppo_state_json(tmp_path):
     controller = "band=0.3-0.6,step=0.05"
     before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_controller=controller)
     settings = {name: getattr(before, name) for name in RESUME_COMPARED_FIELDS}
     checkpoint = _checkpoint(tmp_path, settings, controller={"offset1": 0.0})
     now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, gppo_beta1=0.75)
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        differing = warn_on_changed_settings(str(checkpoint), now)
-    assert differing == ["gppo_beta1: 0.5 -> 0.75", f"entropy_controller: {controller!r} -> None"]
-    assert "differ from the checkpoint's (cegppo_state.json)" in caplog.text
+    assert changed_settings(read_state(str(checkpoint)), now) == {
+        "gppo_beta1": [0.5, 0.75], "entropy_controller": [controller, None]
+    }  # fmt: skip
+    assert "Settings that differ from the checkpoint's (the run follows the new ones): gppo_beta1: 0.5 -> 0.75; " \
+        f"entropy_controller: {controller!r} -> None." in _resume_message(checkpoint, now)  # fmt: skip
+
+
+def test_every_field_that_changes_the_objective_or_the_batch_is_named_on_resume(tmp_path):
+    before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    checkpoint = _checkpoint(tmp_path, {name: getattr(before, name) for name in RESUME_COMPARED_FIELDS})
+    changes = dict(loss_type="grpo", epsilon=0.3, delta=2.0, num_generations=4, steps_per_generation=4,
+                   gradient_accumulation_steps=2, per_device_train_batch_size=4, num_iterations=2,
+                   importance_sampling_level="sequence", learning_rate=1e-5, beta=0.01)  # fmt: skip
+    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, **changes)
+    differing = changed_settings(read_state(str(checkpoint)), now)
+    assert {name: new for name, (_, new) in differing.items()} == changes
+    message = _resume_message(checkpoint, now)
+    assert f"loss_type: {before.loss_type!r} -> 'grpo'" in message and "num_generations: 8 -> 4" in message
 
 
 def test_dropped_controller_state_counts_as_a_change_without_recorded_settings(tmp_path):
     checkpoint = _checkpoint(tmp_path, controller={"offset1": 0.0})
     now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
-    assert warn_on_changed_settings(str(checkpoint), now) == [
-        "entropy_controller state in the checkpoint is dropped (no `entropy_controller` set now)"
-    ]
+    assert changed_settings(read_state(str(checkpoint)), now) == {
+        "entropy_controller": ["(state in the checkpoint)", None]
+    }
 
 
-def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_warning(tmp_path, caplog):
+def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_message(tmp_path):
     checkpoint = _checkpoint(tmp_path)
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(tmp_path / "PWNED")))
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        differing = warn_on_changed_settings(str(checkpoint), CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
-    assert differing == []
+    message = _resume_message(checkpoint, CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
     assert not (tmp_path / "PWNED").exists()
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "nothing to compare" in warnings[0].getMessage()
+    assert "no settings to compare, and it counts as complete because its trainer_state.json is readable" in message
+
+
+def test_a_resume_that_changes_settings_is_recorded_and_the_model_card_says_at_which_step(make_trainer, tmp_path):
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    resumed = make_trainer(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=2, epsilon=0.3)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.settings_history == [{"step": 2, "changes": {"epsilon": [0.2, 0.3], "max_steps": [2, 4]}}]
+    assert read_state(str(tmp_path / "checkpoint-4"))["history"] == resumed.settings_history  # carried on
+    resumed.save_model()
+    card = (tmp_path / "README.md").read_text()
+    assert "| `settings_changed` | `at step 2: epsilon 0.2 -> 0.3, max_steps 2 -> 4` |" in card
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,35 +239,56 @@ def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
     assert trainer.state.global_step == 2
 
 
-@pytest.mark.parametrize("max_steps", ["184", "4"])
-def test_resume_at_or_past_max_steps_is_refused_before_the_model_loads(
-    max_steps, model_dir, data_file, tmp_path, no_model_loading
-):
+def test_resume_past_max_steps_is_refused_before_the_model_loads(model_dir, data_file, tmp_path, no_model_loading):
     _fake_checkpoint(tmp_path, 184)
     refused = (
-        rf"`max_steps={max_steps}` but .*checkpoint-184 is already at global step 184: resuming it would train 0 "
+        r"`max_steps=4` but .*checkpoint-184 is already at global step 184: resuming it would train 0 "
         r"steps and save that checkpoint's weights as the final model.*set it above 184"
     )
     with pytest.raises(ValueError, match=refused):
-        train(
-            *smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", max_steps)
-        )
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "4"))
 
 
-def test_trainer_refuses_a_resume_that_would_train_nothing(make_trainer, tmp_path):
-    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
-    again = make_trainer(num_iterations=2, max_steps=1)
-    with pytest.raises(ValueError, match=r"`max_steps=1` but .*checkpoint-1 is already at global step 1"):
-        again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+def test_a_cli_requeue_after_the_last_checkpoint_exits_cleanly_and_writes_the_final_model(
+    model_dir, data_file, tmp_path, caplog
+):
+    """Killed after checkpoint-1 of `max_steps=1` and before the final save: the requeue (the same command with
+    `last`) trains nothing, says so, and writes the final model from the checkpoint."""
+    train(*smoke_args(model_dir, data_file, tmp_path))
+    (tmp_path / "model.safetensors").unlink()
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+        trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last"))
+    assert trainer.state.global_step == 1
+    assert f"Nothing left to train: {tmp_path / 'checkpoint-1'} is at global step 1" in caplog.text
+    final = (tmp_path / "model.safetensors").read_bytes()
+    assert final == (tmp_path / "checkpoint-1" / "model.safetensors").read_bytes()
+
+
+def test_the_cli_plans_once_and_says_which_checkpoint_it_resumed(model_dir, data_file, tmp_path, caplog, monkeypatch):
+    from cegppo_trl import checkpoints
+
+    train(*smoke_args(model_dir, data_file, tmp_path))
+    plans = []
+    original = checkpoints.plan_resume
+    monkeypatch.setattr(checkpoints, "plan_resume", lambda *a, **k: plans.append(a) or original(*a, **k))
+    with caplog.at_level(logging.WARNING):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2"))
+    assert len(plans) == 1
+    resumed = [r.getMessage() for r in caplog.records if "Resuming from" in r.getMessage()]
+    assert resumed == [f"Resuming from {tmp_path / 'checkpoint-1'} (global step 1). Settings that differ from the "
+                       "checkpoint's (the run follows the new ones): max_steps: 1 -> 2."]  # fmt: skip
+    assert not hasattr(checkpoints, "FRESH_CONTROLLER_ANNOUNCED") and not hasattr(checkpoints, "LEGACY_NOTE_ANNOUNCED")
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # A run killed while saving a checkpoint resumes from the newest complete one
 # ----------------------------------------------------------------------------------------------------------------
 def _resolve(output_dir: Path, value: str):
-    from cegppo_trl.scripts import resolve_checkpoint
-
-    return resolve_checkpoint(CEGPPOConfig(output_dir=str(output_dir), use_cpu=True, resume_from_checkpoint=value))
+    args = CEGPPOConfig(output_dir=str(output_dir), use_cpu=True, resume_from_checkpoint=value)
+    plan, _ = plan_resume(str(output_dir), value, args)
+    for message in plan.messages:
+        logging.getLogger("cegppo_trl.scripts").warning(message)
+    return plan.checkpoint
 
 
 def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
@@ -240,16 +299,15 @@ def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_st')  # killed while writing it
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
-    assert "the newest complete checkpoint; skipped the newer incomplete" in caplog.text
-    assert "checkpoint-5 (trainer_state.json is not readable JSON)" in caplog.text
-    assert "checkpoint-4 (trainer_state.json is missing)" in caplog.text
+    assert "Skipped the newer incomplete checkpoint-5 (trainer_state.json is not readable JSON); checkpoint-4 " \
+        "(trainer_state.json is missing)" in caplog.text  # fmt: skip
 
     with pytest.raises(ValueError, match=r"is not a complete checkpoint \(trainer_state.json is missing\).*Resume "
                        r".*checkpoint-3, the newest complete checkpoint beside it"):  # fmt: skip
         _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
 
     (tmp_path / "checkpoint-3" / CEGPPO_STATE_FILE).write_text("{")
-    with pytest.raises(ValueError, match=r"every `checkpoint-\*` folder there is incomplete: checkpoint-5 .*; "
+    with pytest.raises(ValueError, match=r"no `checkpoint-\*` folder there is complete: checkpoint-5 .*; "
                        r"checkpoint-4 .*; checkpoint-3 \(cegppo_state.json is not readable JSON\)"):  # fmt: skip
         _resolve(tmp_path, "last")
 
@@ -300,7 +358,7 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*resumed)
     assert trainer.args.resume_from_checkpoint == str(tmp_path / f"checkpoint-{step - 1}")
-    assert f"skipped the newer incomplete {partial.name} ({COMMIT_FILE} is missing" in caplog.text
+    assert f"Skipped the newer incomplete {partial.name} ({COMMIT_FILE} is missing" in caplog.text
     assert trainer.state.global_step == step
     assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
 
@@ -321,11 +379,6 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     received = []
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, checkpoint, *rest, **kw: received.append(checkpoint))
     trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args.output_dir` is read before `super().train`
-    trainer.args = types.SimpleNamespace(output_dir=str(tmp_path))
+    trainer.args, trainer._committed = types.SimpleNamespace(output_dir=str(tmp_path), max_steps=10), set()
     CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
     assert received == [str(tmp_path / "checkpoint-3")]
-
-    (tmp_path / "checkpoint-3" / "trainer_state.json").unlink()
-    with pytest.raises(ValueError, match=r"every `checkpoint-\*` folder there is incomplete: checkpoint-4 "
-                       r"\(trainer_state.json is missing\); checkpoint-3 \(trainer_state.json is missing\)"):  # fmt: skip
-        CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)

@@ -355,15 +355,20 @@ def test_an_epoch_holds_the_micro_batches_resume_offset_assumes(make_trainer, st
     assert len(trainer.get_train_dataloader()) == rollout_batches * steps_per_generation * num_iterations
 
 
-def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(make_trainer, tmp_path, caplog):
+def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(
+    make_trainer, tmp_path, caplog, monkeypatch
+):
     # num_iterations=2, one micro-batch per step: a rollout batch serves 2 optimizer steps. Resuming from step 2 (a
     # boundary) reproduces the uninterrupted run; from step 1 (inside) TRL generates a new batch and shifts the rollout
-    # schedule, which the trainer says.
+    # schedule, which the trainer says. This version saves only at rollout-batch ends: the full run saves at every
+    # step, as an older version did.
     import logging
 
     kwargs = dict(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=1)
     full = make_trainer(**kwargs)
-    full.train()
+    with monkeypatch.context() as older_version:
+        older_version.setattr("cegppo_trl.trainer.at_rollout_batch_boundary", lambda *args: True)
+        full.train()
 
     def resumed_losses(step: int) -> tuple[list[float], list[str]]:
         caplog.clear()

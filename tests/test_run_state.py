@@ -55,7 +55,8 @@ def _train(output_dir, log: _StepLog, resume=None):
         }
 
     def reward(prompts, completions, **kwargs):
-        if holder["trainer"].state.global_step in UNSCORABLE_AT:
+        trainer = holder.get("trainer")  # None for the pre-flight's dry call, before the trainer exists
+        if trainer is not None and trainer.state.global_step in UNSCORABLE_AT:
             return [None] * len(completions)
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
@@ -108,7 +109,11 @@ def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path):
     assert [m.split(":")[1].split(" consecutive")[0].strip() for m in unscorable] == ["1", "2"]
 
     # The resumed run says and logs what the uninterrupted run says and logs after step 4.
-    assert resumed_log.records == [(step, m) for step, m in log.records if step >= 4]
+    said = [(step, m) for step, m in resumed_log.records if "Resuming from" not in m]
+    assert said == [(step, m) for step, m in log.records if step >= 4]
+    assert [m for _, m in resumed_log.records if "Resuming from" in m] == [
+        f"[RANK 0] Resuming from {checkpoint} (global step 4)."
+    ]
     assert _after(resumed.state.log_history, 4) == _after(full.state.log_history, 4)
     assert len(_after(full.state.log_history, 4)) == 4
 

@@ -33,9 +33,7 @@ from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler  # 
 from deepspeed.runtime.zero.config import ZeroStageEnum  # noqa: E402
 from deepspeed.utils.tensor_fragment import fragment_address  # noqa: E402
 
-REFUSED = (
-    r"(?s)Refusing to resume from .*io\.open.*not among the classes DeepSpeed's own checkpoints hold.*" + TRUST_ENV
-)
+REFUSED = r"(?s)Refusing to load .*io\.open.*not among the classes DeepSpeed's own checkpoints hold.*" + TRUST_ENV
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -132,6 +130,80 @@ def test_the_window_is_where_transformers_loads_the_checkpoint():
     for call in ("deepspeed_load_checkpoint(", "self._load_from_checkpoint(", "self._load_optimizer_and_scheduler("):
         assert call in source, call
     assert "safe_resume_loads" in inspect.getsource(CEGPPOTrainer._prepare_for_training)
+
+
+class _EngineReadingThroughDeepSpeed:
+    """Stands in for a DeepSpeed engine in one process: `load_checkpoint` reads the tag's model states through
+    DeepSpeed's own `TorchCheckpointEngine.load` (`torch.load(weights_only=False)`), as `DeepSpeedEngine` does."""
+
+    def load_checkpoint(self, folder, **kwargs):
+        tag = open(os.path.join(folder, "latest")).read().strip()
+        TorchCheckpointEngine().load(os.path.join(folder, tag, "mp_rank_00_model_states.pt"))
+        return folder, {}
+
+
+def _decoy(folder, marker):
+    (folder / "global_step1").mkdir(parents=True)
+    (folder / "latest").write_text("global_step1")
+    (folder / "global_step1" / "mp_rank_00_model_states.pt").write_bytes(hostile_bytes(marker))
+    return folder
+
+
+@pytest.mark.parametrize("trainer_class", ["GRPOTrainer", "CEGPPOTrainer"])
+def test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model(
+    make_trainer, tmp_path, caplog, monkeypatch, trainer_class
+):
+    # `load_best_model_at_end` under DeepSpeed: transformers' `_load_best_model` hands `best_model_checkpoint` (which
+    # a resumed trainer_state.json names) to DeepSpeed, after the resume. GRPOTrainer runs the decoy's pickle; the
+    # CE-GPPO trainer's guard refuses it, warns, and the model keeps its weights.
+    import logging
+
+    import trl
+
+    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    marker = tmp_path / "PWNED"
+    cls = CEGPPOTrainer if trainer_class == "CEGPPOTrainer" else type("Plain", (trl.GRPOTrainer,), {})
+    config_cls = CEGPPOConfig if trainer_class == "CEGPPOTrainer" else trl.GRPOConfig
+    trainer = make_trainer(trainer_cls=cls, config_cls=config_cls, output_dir=str(tmp_path / "out"))
+    trainer.state.best_model_checkpoint = str(_decoy(tmp_path / "out" / "checkpoint-1", marker))
+    monkeypatch.setattr(trainer, "is_deepspeed_enabled", True)
+    monkeypatch.setattr(trainer, "model_wrapped", _EngineReadingThroughDeepSpeed())
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    if trainer_class == "GRPOTrainer":
+        with contextlib.suppress(RuntimeError):  # torch fails on the file after the pickle ran
+            trainer._load_best_model()
+        assert marker.exists()  # the hole: TRL and transformers load it as a pickle
+        return
+    with caplog.at_level(logging.WARNING):
+        trainer._load_best_model()
+    assert not marker.exists()
+    assert (
+        "`load_best_model_at_end`: the best model was not loaded, and the model keeps the weights it has"
+        in caplog.text
+    )
+    assert "Refusing to load " in caplog.text and "global_step1/mp_rank_00_model_states.pt" in caplog.text
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_every_method_that_reads_a_checkpoint_folder_reads_it_inside_the_guard(make_trainer, tmp_path, monkeypatch):
+    # The resume's weights (`_load_from_checkpoint`, one process and DDP) and the RNG state (read inside the training
+    # loop, after `_prepare_for_training`) too: a `torch.load(weights_only=False)` in them is refused.
+    from transformers import Trainer
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    marker, folder = tmp_path / "PWNED", tmp_path / "checkpoint-1"
+    folder.mkdir()
+    (folder / "payload.pt").write_bytes(hostile_bytes(marker))
+    trainer = make_trainer()
+    for method in ("_load_from_checkpoint", "_load_rng_state"):
+        monkeypatch.setattr(Trainer, method, lambda self, path, *a: torch.load(os.path.join(path, "payload.pt"),
+                                                                               weights_only=False))  # fmt: skip
+        with pytest.raises(UnsafeCheckpointError, match=REFUSED):
+            getattr(trainer, method)(str(folder))
+    assert not marker.exists()
+    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # the guard ends with the method
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import math
 
-import pytest
-
 from cegppo_trl import CEGPPOConfig
 
 
@@ -19,11 +17,15 @@ def nan_reward(completions, **kwargs):
     return [math.nan] * len(completions)
 
 
-def test_all_none_and_nan_rewards_stop_with_an_error_naming_the_reward_functions(make_trainer):
+def test_all_none_and_nan_rewards_stop_cleanly_with_a_message_naming_the_reward_functions(make_trainer, caplog):
     trainer = make_trainer(reward_funcs=[no_reward, nan_reward], max_steps=2, max_unscorable_batches=1)
-    with pytest.raises(RuntimeError, match=r"every reward function \(no_reward, nan_reward\) returned None or NaN"):
-        trainer.train()
-    assert trainer.state.global_step == 0
+    with caplog.at_level(logging.WARNING):
+        output = trainer.train()  # returns: a stop, not an exception
+    assert output.global_step == 1 and trainer.stop_reason == "unscorable"  # the step finished, then the stop
+    message = trainer.reward_monitor.stop_message
+    assert "every reward function (no_reward, nan_reward) returned None or NaN for all 8 completions" in message
+    assert "Training stops after this step (`max_unscorable_batches=1`, 0 never stops)" in message
+    assert message in caplog.text
 
 
 def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_trainer):
@@ -34,13 +36,14 @@ def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_train
         return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
 
     trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2, max_unscorable_batches=2)
+    calls.clear()  # the pre-flight's dry call: count the training calls only
     trainer.train()  # one unscorable batch, then a scorable one: no stop
     assert trainer.state.global_step == 2
 
     trainer = make_trainer(reward_funcs=no_reward, max_steps=3, max_unscorable_batches=2)
-    with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
-        trainer.train()
-    assert trainer.state.global_step == 1  # the first unscorable batch still took its (zero-gradient) step
+    trainer.train()
+    assert trainer.stop_reason == "unscorable" and "last 2 rollout batch" in trainer.reward_monitor.stop_message
+    assert trainer.state.global_step == 2  # both unscorable batches took their (zero-gradient) steps
 
 
 def test_partially_scorable_batches_and_max_unscorable_batches_0_keep_training(make_trainer):
@@ -62,6 +65,7 @@ def test_one_unscorable_batch_warns_as_trl_does_and_training_goes_on(make_traine
         return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
 
     trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2)
+    calls.clear()  # the pre-flight's dry call: count the training calls only
     with caplog.at_level(logging.WARNING):
         trainer.train()
     assert trainer.state.global_step == 2
@@ -71,10 +75,9 @@ def test_one_unscorable_batch_warns_as_trl_does_and_training_goes_on(make_traine
 
 def test_a_sustained_run_of_unscorable_batches_stops_with_the_message(make_trainer):
     trainer = make_trainer(reward_funcs=no_reward, max_steps=5, max_unscorable_batches=3)
-    with pytest.raises(RuntimeError, match=r"No completion of the last 3 rollout batch\(es\) got a reward.*"
-                       r"raise `max_unscorable_batches` \(0 never stops\)"):  # fmt: skip
-        trainer.train()
-    assert trainer.state.global_step == 2  # batches 1 and 2 warned and took their (zero-gradient) steps
+    trainer.train()
+    assert trainer.state.global_step == 3  # batches 1 and 2 warned, the 3rd stopped after its step
+    assert trainer.reward_monitor.stop_message.startswith("No completion of the last 3 rollout batch(es) got a reward")
 
 
 def test_evaluation_batches_neither_count_nor_reset_the_run_of_unscorable_training_batches(make_trainer):
@@ -88,5 +91,6 @@ def test_evaluation_batches_neither_count_nor_reset_the_run_of_unscorable_traini
     trainer._check_unscorable_rewards(unscorable)  # an unscorable evaluation batch does not add to the count
     trainer._check_unscorable_rewards(scorable)  # nor does a scorable one reset it
     trainer.model.train()
-    with pytest.raises(RuntimeError, match=r"last 2 rollout batch"):
-        trainer._check_unscorable_rewards(unscorable)
+    assert trainer.stop_reason is None
+    trainer._check_unscorable_rewards(unscorable)
+    assert trainer.stop_reason == "unscorable" and "last 2 rollout batch" in trainer.reward_monitor.stop_message

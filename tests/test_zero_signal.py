@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.monitoring import RewardSignalMonitor, total_reward_range
@@ -45,12 +47,70 @@ def test_each_kind_of_zero_signal_batch_warns_once_per_streak_naming_it(make_tra
     assert trainer.reward_monitor.zero_signal_batches == 2
 
 
-def test_a_streak_of_zero_signal_batches_stops_at_max_zero_signal_batches(make_trainer):
-    trainer = make_trainer(reward_funcs=_constant(0.0), max_steps=5, max_zero_signal_batches=2)
-    with pytest.raises(RuntimeError, match=r"No learning signal in the last 2 rollout batch.*lowest reward.*"
-                       r"`cegppo check`.*`max_zero_signal_batches=2`"):  # fmt: skip
-        trainer.train()
-    assert trainer.state.global_step == 1  # the first zero-signal batch still took its (zero-gradient) step
+def test_a_streak_of_zero_signal_batches_stops_cleanly_at_max_zero_signal_batches(make_trainer, caplog):
+    # A solved task: every completion gets the top reward. The stop is transformers' `should_training_stop`: the
+    # step finishes, `train()` returns and `on_train_end` runs (no exception).
+    trainer = make_trainer(reward_funcs=_constant(1.0), max_steps=5, max_zero_signal_batches=2)
+    ended = []
+    trainer.add_callback(type("Ended", (TrainerCallback,), {"on_train_end": lambda self, *a, **k: ended.append(1)}))
+    with caplog.at_level(logging.WARNING):
+        output = trainer.train()
+    assert output.global_step == trainer.state.global_step == 2  # the 2nd zero-signal batch's step, then stop
+    assert ended == [1]
+    assert trainer.stop_reason == "zero_signal"
+    message = trainer.reward_monitor.stop_message
+    assert message.startswith("No learning signal in the last 2 rollout batch(es)")
+    assert "every completion got the top reward (1): the task is solved" in message
+    assert "Training stops after this step (`max_zero_signal_batches=2`, 0 never stops)." in message
+    assert message in caplog.text
+
+
+def test_the_stop_waits_for_the_end_of_the_optimizer_step_and_saves_per_the_save_strategy(make_trainer, tmp_path):
+    # Two micro-batches per step and two steps per rollout batch: the stop is decided in the first micro-batch of
+    # step 1 (generation) and taken when that step ends; `save_steps=1` saves it as it would any step.
+    trainer = make_trainer(
+        reward_funcs=_constant(0.0), max_steps=6, max_zero_signal_batches=1, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, steps_per_generation=4, save_strategy="steps", save_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.stop_reason == "zero_signal"
+    assert trainer.reward_monitor.zero_signal_kind == "lowest"
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == []  # step 1 is inside its rollout batch
+
+
+def test_a_second_train_starts_without_the_previous_stop(make_trainer):
+    trainer = make_trainer(reward_funcs=_constant(1.0), max_steps=2, max_zero_signal_batches=1)
+    trainer.train()
+    assert trainer.stop_reason == "zero_signal"
+    trainer.reward_monitor.max_zero_signal_batches = 0
+    trainer.train()
+    assert trainer.stop_reason is None and trainer.state.global_step == 2
+
+
+def test_a_batch_without_a_trained_token_or_with_an_infinite_reward_has_no_signal_and_says_which():
+    monitor = RewardSignalMonitor(max_zero_signal_batches=0, reward_range=(0.0, 1.0))
+    rewards, advantages = torch.tensor([0.0, 1.0, 1.0, 0.0]), torch.tensor([-1.0, 1.0, 1.0, -1.0])
+    assert monitor.observe_signal(rewards, advantages, 2, trained=torch.tensor([True, False, True, True])) is None
+    warning = monitor.observe_signal(rewards, advantages, 2, trained=torch.zeros(4, dtype=torch.bool))
+    assert monitor.zero_signal_kind == "masked" and "`mask_truncated_completions=True`" in warning
+    infinite = torch.tensor([math.inf, 1.0, -math.inf, 0.0])  # TRL's advantages of such groups are NaN
+    warning = monitor.observe_signal(infinite, torch.full((4,), math.nan), 2)
+    assert monitor.zero_signal_kind == "nonfinite" and "a reward is infinite (-inf, inf)" in warning
+    assert monitor.zero_signal_batches == 2 and monitor.observed_max == 1.0  # inf does not become the top
+
+
+def test_every_completion_masked_out_of_the_loss_counts_as_no_signal(make_trainer):
+    # `mask_truncated_completions` with a completion length no completion ends within: nothing is trained.
+    def spread(completions, **kwargs):
+        return [float(i % 2) for i in range(len(completions))]
+
+    trainer = make_trainer(
+        reward_funcs=spread, max_steps=3, max_zero_signal_batches=2, mask_truncated_completions=True,
+        max_completion_length=1,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.stop_reason == "zero_signal" and trainer.reward_monitor.zero_signal_kind == "masked"
+    assert trainer.state.global_step == 2
 
 
 def test_a_batch_with_signal_resets_the_streak_and_0_never_stops(make_trainer):
@@ -61,6 +121,7 @@ def test_a_batch_with_signal_resets_the_streak_and_0_never_stops(make_trainer):
         return [1.0] * len(completions) if len(calls) % 2 else [float(i % 2) for i in range(len(completions))]
 
     trainer = make_trainer(reward_funcs=signal_every_other_batch, max_steps=4, max_zero_signal_batches=2)
+    calls.clear()  # the pre-flight's dry call: count the training calls only
     trainer.train()  # constant, signal, constant, signal: never two in a row
     assert trainer.state.global_step == 4
     assert make_trainer(reward_funcs=_constant(1.0), max_steps=3, max_zero_signal_batches=0).train().global_step == 3
@@ -76,6 +137,7 @@ def test_zero_signal_batches_are_exactly_those_dynamic_sampling_empties(make_tra
     trainer = make_trainer(
         reward_funcs=constant_then_spread, max_steps=3, dynamic_sampling=True, gradient_accumulation_steps=1
     )
+    calls.clear()  # the pre-flight's dry call: count the training calls only
     counts = []
     original = trainer.reward_monitor.observe_signal
 
@@ -103,8 +165,9 @@ def test_monitor_state_is_json_and_round_trips():
     # a resumed streak continues: the 5th batch in a row stops
     for _ in range(3):
         fresh.observe_signal(rewards, torch.zeros(4), 2)
-    with pytest.raises(RuntimeError, match="last 5 rollout batch"):
-        fresh.observe_signal(rewards, torch.zeros(4), 2)
+    assert fresh.stop_reason is None
+    assert "last 5 rollout batch" in fresh.observe_signal(rewards, torch.zeros(4), 2)
+    assert fresh.stop_reason == "zero_signal" and "stop_reason" not in fresh.state_dict()
 
 
 def test_kinds_from_the_runs_extremes_when_the_rewards_declare_no_range():
@@ -157,3 +220,33 @@ def test_a_reward_with_spread_never_warns(make_trainer, caplog):
     with caplog.at_level(logging.WARNING):
         make_trainer(reward_funcs=spread, max_steps=2).train()
     assert "No learning signal" not in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("reward", "limit", "status", "needle"),
+    [
+        ("helpers.stops.solved", "--max_zero_signal_batches", 3, "every completion got the top reward (1)"),
+        ("helpers.stops.cannot_score", "--max_unscorable_batches", 4, "returned None or NaN for all"),
+    ],
+)
+def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_reasons_status(
+    model_dir, data_file, tmp_path, capsys, reward, limit, status, needle
+):
+    # A solved task and an unscorable reward each end with the final model and model card saved,
+    # one message naming why, and an exit status that tells them apart (3: nothing left to learn; 4: cannot score).
+    from cegppo_trl.cli import _build_parser
+    from cegppo_trl.cli import main as cli
+    from cegppo_trl.monitoring import STOP_EXIT_STATUS
+
+    assert STOP_EXIT_STATUS == {"zero_signal": 3, "unscorable": 4}
+    epilog = _build_parser().epilog
+    assert "3  stopped: nothing left to learn" in epilog and "4  stopped: the reward cannot score this data" in epilog
+    out = tmp_path / "run"
+    code = cli(["train", "--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data_file,
+                "--output_dir", str(out), "--reward_funcs", reward, limit, "2", "--max_steps", "6",
+                "--disable_tqdm", "true"])  # fmt: skip
+    assert code == status
+    stderr = capsys.readouterr().err
+    assert "cegppo train: stopped at step 3: " in stderr and needle in stderr  # 2 steps per rollout batch
+    assert (out / "model.safetensors").exists() and "CE-GPPO" in (out / "README.md").read_text()

@@ -14,13 +14,48 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 DEFAULT_CHARS = string.digits + string.ascii_letters + " +-*/=()<>.,:;!?#'\"\n_[]{}|\\^$%&@~`"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+PLAIN_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# A chat template that renders a whole tool-calling conversation in characters of `DEFAULT_CHARS`: the tool names,
+# each assistant turn as `<a>...</s>` (the end of the turn is the end-of-sequence token, so a
+# model's turn ends where its generation stops) with its calls as `<call>{"name": ..., "arguments": {...}}</call>`, each tool
+# result as `<t>...</t>`. Earlier turns render the same whatever follows (TRL's multi-turn tool loop needs that).
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{ '<tools>' }}{% for tool in tools %}{{ tool['function']['name'] }};{% endfor %}"
+    "{{ '</tools>' }}{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}{{ '<a>' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] or [] %}{{ '<call>' + (call['function'] | tojson) + '</call>' }}"
+    "{%- endfor %}{{ '</s>' }}"
+    "{%- elif message['role'] == 'tool' %}{{ '<t>' + message['content'] + '</t>' }}"
+    "{%- else %}{{ message['content'] }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<a>' }}{% endif %}"
+)
+# How `tokenizer.parse_response` (transformers >= 5.13, TRL's tool-call parser) reads an assistant turn of
+# `TOOL_CHAT_TEMPLATE` back into a message with `tool_calls`.
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<a>",
+    "fields": {
+        "tool_calls": {
+            "open": "<call>",
+            "close_pattern": r"</call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"</s>\s*", "content": "text"},
+    },
+}
 
 
-def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(chars: str = DEFAULT_CHARS, *, tool_calling: bool = False) -> PreTrainedTokenizerFast:
     """A character-level fast tokenizer with left padding and a plain-text chat template.
 
     Args:
         chars: the vocabulary, one token per character (deduplicated, order kept).
+        tool_calling: use `TOOL_CHAT_TEMPLATE` and set `TOOL_RESPONSE_TEMPLATE` as the tokenizer's
+            `response_template`, so TRL's `tools=` and `environment_factory` render and parse tool calls.
 
     Returns:
         A `PreTrainedTokenizerFast` whose ids are stable for a given `chars` string.
@@ -34,7 +69,9 @@ def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side="left", **SPECIAL_TOKENS)
     # Conversational datasets work too: the template concatenates the turns as plain text.
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE if tool_calling else PLAIN_CHAT_TEMPLATE
+    if tool_calling:
+        tokenizer.response_template = TOOL_RESPONSE_TEMPLATE
     return tokenizer
 
 

@@ -1,20 +1,22 @@
 """Chaos test of checkpoint resume: kill a training job at a random moment, resume `last`, compare with a clean run.
 
 For a launch (`single`: 1 process; `ddp`: 2-process DDP under torchrun; `zero2`/`zero3`: 2-process DeepSpeed on CPU
-from the shipped accelerate configs), each trial runs tests/helpers/mp_train.py's job with `save_steps=1` and
-`save_total_limit=2`, and once its first checkpoint is committed SIGKILLs one random process of the job (a worker
-rank or the launcher) at a random moment: half the trials at a random time, half while a checkpoint is being written.
-Then it kills the rest of the job as a scheduler would (every process it started, whatever session it is in), checks
-that a committed checkpoint is left, and runs the same job again with `resume_from_checkpoint="last"` until
-`max_steps`. A trial passes when that run finishes and its final parameters equal an uninterrupted run's:
-bit-identical for one process and DDP, within the ZeRO parity tolerance (tests/helpers/mp_launch.py) under DeepSpeed.
+from the shipped accelerate configs), each trial runs tests/helpers/mp_train.py's job as CE-GPPO is meant to run,
+off-policy: `steps_per_generation` = 4 x `gradient_accumulation_steps` (4 optimizer steps per rollout batch, so
+`save_steps=1` saves at steps 4, 8, 12: rollout-batch ends), with a callback that writes into every checkpoint in
+`on_save` (as an EMA or README callback does). Each trial draws a variant: `save_total_limit` 2 or 1,
+`load_best_model_at_end` or not (evaluating at every step), and when to SIGKILL one random process of the job (a
+worker rank or the launcher): `early` (at a random time before the first checkpoint is committed), `time` (a random
+time after it) or `save` (while a checkpoint is being written). Then it kills the rest of the job as a scheduler
+would (every process it started, whatever session it is in: torchrun's workers have sessions of their own) and
+requeues the same job with `resume_from_checkpoint="last"`, as a scheduler does, whatever the kill left. A trial
+passes when that run finishes and its final parameters equal the uninterrupted run's of the same variant:
+bit-identical for one process and DDP, within the ZeRO parity tolerance (tests/helpers/mp_launch.py) under
+DeepSpeed. The job stays inside one epoch (12 of 16 steps: 32 prompts, 8 per rollout batch).
 
-The job takes one optimizer step per rollout batch (`num_iterations=1`): TRL does not checkpoint the rollout buffer
-of a batch used for several steps, so a resume inside one regenerates it from the resumed weights (another, exact,
-behaviour that would not be bit-identical). It stays inside one epoch (6 of 8 steps).
-
-Usage: `python tests/helpers/chaos.py [--launch single ddp zero2 zero3] [--trials N] [--seed S] [--work DIR]`;
-prints one line per trial and a summary, exits 1 if any trial failed. tests/test_chaos.py runs a few trials.
+Usage: `python -m tests.helpers.chaos [--launch single ddp zero2 zero3] [--trials N] [--seed S] [--work DIR]` (or
+`python tests/helpers/chaos.py ...`); prints one line per trial and a summary, exits 1 if any trial failed.
+tests/test_chaos.py runs a short version (one trial of each variant that matters, 1 process and DDP).
 """
 
 from __future__ import annotations
@@ -45,19 +47,40 @@ from helpers.mp_launch import (  # noqa: E402
     start,
 )
 
-from cegppo_trl.checkpoints import COMMIT_FILE, checkpoint_folders, last_complete_checkpoint  # noqa: E402
+from cegppo_trl.checkpoints import COMMIT_FILE, checkpoint_folders  # noqa: E402
 
 LAUNCHES = ("single", "ddp", "zero2", "zero3")
-MAX_STEPS = 6
+KILLS = ("early", "time", "save")
+MAX_STEPS = 12
+STEPS_PER_BATCH = 4
 SPEC = {
     "loss_types": ["dapo"],
     "save_steps": 1,
-    "save_total_limit": 2,
     "max_steps": MAX_STEPS,
     "num_iterations": 1,
+    "steps_per_generation": STEPS_PER_BATCH,  # x gradient_accumulation_steps (1)
+    "dataset_repeats": 8,
+    "on_save_writes": True,
     "pid_files": True,
 }
 TOLERANCE = {"single": 0.0, "ddp": 0.0, "zero2": ZERO2_ATOL, "zero3": LAYOUT_ATOL}
+
+
+def variant_spec(variant: dict) -> dict:
+    """The job's spec for a trial `variant` (`save_total_limit`, `load_best`)."""
+    return {
+        **SPEC,
+        "save_total_limit": variant["save_total_limit"],
+        "load_best_model_at_end": variant["load_best"],
+    }
+
+
+def draw_variant(rng: random.Random) -> dict:
+    return {
+        "save_total_limit": rng.choice((2, 1)),
+        "load_best": rng.random() < 0.5,
+        "kill": rng.choice(KILLS),
+    }
 
 
 def launcher(launch: str, work: Path) -> tuple[list[str], dict[str, str], dict]:
@@ -148,31 +171,36 @@ def _step(folder: str) -> int:
     return int(Path(folder).name.split("-")[1])
 
 
-def trial(launch: str, out: Path, work: Path, rng: random.Random, step_time: float) -> dict:
-    """One kill-and-resume trial in `out` (fresh); returns what happened."""
+def trial(launch: str, out: Path, work: Path, rng: random.Random, timing: dict, variant: dict) -> dict:
+    """One kill-and-requeue trial of `variant` in `out` (fresh); returns what happened."""
     world = 1 if launch == "single" else 2
     prefix, env, extra = launcher(launch, work)
-    proc = start(prefix, out, {**SPEC, **extra}, **env)
+    spec = {**variant_spec(variant), **extra}
+    proc = start(prefix, out, spec, **env)
     output_dir = out / "dapo"
-    mode = rng.choice(("time", "save"))
+    mode = variant["kill"]
     deadline = time.monotonic() + 300
-    # Kill once a checkpoint is committed: before that there is nothing to resume, by design.
-    while time.monotonic() < deadline and proc.poll() is None and not _committed(output_dir):
-        time.sleep(0.005)
     workers = _workers(proc, out, world)
     processes = job_processes(proc, out)  # what the scheduler knows of the job, recorded before the kill
     victim = rng.choice(workers + ([psutil.Process(proc.pid)] if world > 1 else []))
     victim_name = "launcher" if victim.pid == proc.pid and world > 1 else f"worker {workers.index(victim)}"
-    if mode == "time":
-        time.sleep(rng.uniform(0, step_time * (MAX_STEPS - 1)))
-    else:  # while the save of step `wanted` is being written
-        wanted = rng.randint(2, MAX_STEPS)
-        while proc.poll() is None and time.monotonic() < deadline:
-            folders = checkpoint_folders(str(output_dir))
-            if folders and _step(folders[-1]) >= wanted and (_saving(output_dir) or _step(folders[-1]) > wanted):
-                break
-            time.sleep(0.0005)
-        time.sleep(rng.uniform(0, 0.03))
+    if mode == "early":  # at a random time before the first checkpoint, or as soon as its save begins
+        until = time.monotonic() + rng.uniform(0, timing["first_commit"])
+        while time.monotonic() < until and proc.poll() is None and not checkpoint_folders(str(output_dir)):
+            time.sleep(0.002)
+    else:
+        while time.monotonic() < deadline and proc.poll() is None and not _committed(output_dir):
+            time.sleep(0.005)
+        if mode == "time":
+            time.sleep(rng.uniform(0, timing["after_first_commit"]))
+        else:  # while the save of a later rollout-batch end is being written
+            wanted = rng.choice(range(2 * STEPS_PER_BATCH, MAX_STEPS + 1, STEPS_PER_BATCH))
+            while proc.poll() is None and time.monotonic() < deadline:
+                folders = checkpoint_folders(str(output_dir))
+                if folders and _step(folders[-1]) >= wanted and (_saving(output_dir) or _step(folders[-1]) > wanted):
+                    break
+                time.sleep(0.0005)
+            time.sleep(rng.uniform(0, 0.03))
     finished_first = proc.poll() is not None
     try:
         victim.send_signal(signal.SIGKILL)
@@ -181,38 +209,27 @@ def trial(launch: str, out: Path, work: Path, rng: random.Random, step_time: flo
     time.sleep(rng.uniform(0, 0.2))  # the scheduler notices, then kills the rest of the job
     kill_job(proc, out, processes)
 
-    last, _ = last_complete_checkpoint(str(output_dir))
+    committed = [p.name for p in _committed(output_dir)]
     result = {
-        "mode": mode,
+        **variant,
         "victim": victim_name,
         "finished_before_kill": finished_first and proc.returncode == 0,
-        "committed_after_kill": [p.name for p in _committed(output_dir)],
-        "last": None if last is None else Path(last).name,
+        "committed_after_kill": committed,
     }
-    if last is None:
-        result["error"] = "no committed checkpoint left after the kill"
-        return result
     if result["finished_before_kill"]:
         result["resumed"] = None
         result["params"] = str(out / "params_dapo.pt")
         return result
-    if _step(last) == MAX_STEPS:  # killed after the last save: the checkpoint holds the final weights
-        from safetensors.torch import load_file
-
-        result["resumed"] = None
-        result["params"] = str(out / "params_from_checkpoint.pt")
-        torch.save(load_file(os.path.join(last, "model.safetensors")), result["params"])
-        return result
     for stale in out.glob("params_*.pt"):
         stale.unlink()
-    resumed = start(prefix, out, {**SPEC, **extra, "resume": "last"}, **env)
+    requeued = start(prefix, out, {**spec, "resume": "last"}, **env)  # the scheduler's requeue: the same job
     try:
-        resumed.wait(timeout=300)
+        requeued.wait(timeout=300)
     except subprocess.TimeoutExpired:
-        kill_job(resumed, out)
-    result["resumed"] = last
-    if resumed.returncode != 0:
-        result["error"] = f"resumed run exited {resumed.returncode}: " + resumed.log_path.read_text()[-2000:]
+        kill_job(requeued, out)
+    result["resumed"] = committed[-1] if committed else "nothing (fresh start)"
+    if requeued.returncode != 0:
+        result["error"] = f"requeued run exited {requeued.returncode}: " + requeued.log_path.read_text()[-2000:]
         return result
     result["params"] = str(out / "params_dapo.pt")
     return result
@@ -238,33 +255,43 @@ def compare(reference: dict, params_file: str, atol: float) -> float | None:
     )
 
 
-def reference_run(launch: str, work: Path) -> tuple[dict, float]:
-    """The uninterrupted job's final parameters, and its time from the first commit to the end (where kills land)."""
-    out = work / f"{launch}-reference"
+def reference_run(launch: str, work: Path, variant: dict) -> tuple[dict, dict]:
+    """The uninterrupted job's final parameters for `variant`, and its times to the first commit and from there to
+    the end (where kills land)."""
+    key = f"limit{variant['save_total_limit']}-best{int(variant['load_best'])}"
+    out = work / f"{launch}-reference-{key}"
     shutil.rmtree(out, ignore_errors=True)
     prefix, env, extra = launcher(launch, work)
-    proc = start(prefix, out, {**SPEC, **extra}, **env)
+    began = time.monotonic()
+    proc = start(prefix, out, {**variant_spec(variant), **extra}, **env)
     while proc.poll() is None and not _committed(out / "dapo"):
         time.sleep(0.005)
     first_commit = time.monotonic()
     proc.wait(timeout=600)
     assert proc.returncode == 0, proc.log_path.read_text()[-3000:]
-    return torch.load(out / "params_dapo.pt"), time.monotonic() - first_commit
+    timing = {"first_commit": first_commit - began, "after_first_commit": time.monotonic() - first_commit}
+    return torch.load(out / "params_dapo.pt"), timing
 
 
-def campaign(launches, trials: int, work: Path, seed: int = 0, log=print) -> dict[str, list[dict]]:
-    """Run `trials` trials of each launch in `work`, round-robin (so a campaign cut short has some of each)."""
+def campaign(launches, trials: int, work: Path, seed: int = 0, log=print, variants=None) -> dict[str, list[dict]]:
+    """Run `trials` trials of each launch in `work`, round-robin (so a campaign cut short has some of each); each
+    trial draws its variant (`draw_variant`) unless `variants` lists them (cycled)."""
     work.mkdir(parents=True, exist_ok=True)
-    references = {launch: reference_run(launch, work) for launch in launches}
     rngs = {launch: random.Random(f"{launch}-{seed}") for launch in launches}
+    references: dict[tuple, tuple[dict, dict]] = {}
     results: dict[str, list[dict]] = {launch: [] for launch in launches}
     for number in range(trials):
         for launch in launches:
-            reference, window = references[launch]
+            rng = rngs[launch]
+            variant = dict(variants[number % len(variants)]) if variants else draw_variant(rng)
+            key = (launch, variant["save_total_limit"], variant["load_best"])
+            if key not in references:
+                references[key] = reference_run(launch, work, variant)
+            reference, timing = references[key]
             out = work / f"{launch}-trial{number}"
             shutil.rmtree(out, ignore_errors=True)
             began = time.monotonic()
-            result = trial(launch, out, work, rngs[launch], window / (MAX_STEPS - 1))
+            result = trial(launch, out, work, rng, timing, variant)
             if "error" not in result:
                 worst = compare(reference, result["params"], TOLERANCE[launch])
                 result["max_abs_diff"] = worst
@@ -280,13 +307,21 @@ def campaign(launches, trials: int, work: Path, seed: int = 0, log=print) -> dic
 
 
 def summary(results: dict[str, list[dict]]) -> dict[str, str]:
-    """Per launch: trials passed / run, and how many were killed before the job ended (the rest finished first)."""
+    """Per launch: trials passed / run, how they were killed, and how many were requeued from a checkpoint."""
     lines = {}
     for launch, runs in results.items():
         passed = sum("error" not in r for r in runs)
         killed = sum(not r["finished_before_kill"] for r in runs)
-        resumed = sum(bool(r.get("resumed")) for r in runs)
-        lines[launch] = f"{passed}/{len(runs)} passed; {killed} killed mid-run, {resumed} resumed"
+        fresh = sum(r.get("resumed") == "nothing (fresh start)" for r in runs)
+        kinds = ", ".join(f"{sum(r['kill'] == k for r in runs)} {k}" for k in KILLS)
+        variants = (
+            f"{sum(r['save_total_limit'] == 1 for r in runs)} with save_total_limit=1, "
+            f"{sum(r['load_best'] for r in runs)} with load_best_model_at_end"
+        )
+        lines[launch] = (
+            f"{passed}/{len(runs)} passed; {killed} killed mid-run ({kinds}), {fresh} requeued before any "
+            f"checkpoint; {variants}"
+        )
     return lines
 
 

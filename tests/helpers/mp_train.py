@@ -12,8 +12,12 @@ Usage: `mp_train.py OUT_DIR [SPEC_JSON]`; SPEC_JSON keys (all optional): `loss_t
 save checkpoints), `save_total_limit`, `resume` (a checkpoint folder, or `last`), `bf16` (default False), `zero3`
 (record how the parameters are partitioned), `max_steps`, `num_iterations` (default 2), `pid_files` (each process
 writes `OUT_DIR/pid_<rank>` first), `slow_save` (`{"rank": k, "step": s}`: process k stalls before writing its RNG
-state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow or dying process would). Used by tests/test_multiprocess.py, tests/test_deepspeed.py and
-tests/helpers/chaos.py.
+state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow or dying process would),
+`load_best_model_at_end` (bool), `claim_best_step` (k: the trainer state names `checkpoint-k` as the best model from
+the first step on, so every checkpoint's `trainer_state.json` says so), `dataset_repeats` (the 4 prompts this many times, default 4), `steps_per_generation` (default
+`gradient_accumulation_steps`, 1), `on_save_writes` (a callback appends a line to
+each checkpoint's `notes.txt` in `on_save`, as an EMA or a README callback does). Used by tests/test_multiprocess.py,
+tests/test_deepspeed.py and tests/helpers/chaos.py.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
@@ -84,8 +89,9 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
             1.0 if p.startswith("0") else float(sum(ch.isdigit() for ch in c)) for p, c in zip(prompts, completions)
         ]
 
-    dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * 4})
+    dataset = Dataset.from_dict({"prompt": ["0+1=", "2+3=", "4+5=", "0+7="] * spec.get("dataset_repeats", 4)})
     save_steps = spec.get("save_steps")
+    load_best = spec.get("load_best_model_at_end", False)
     args = CEGPPOConfig(
         output_dir=os.path.join(out_dir, loss_type),
         loss_type=loss_type,
@@ -97,10 +103,12 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         save_strategy="no" if save_steps is None else "steps",
         save_steps=save_steps or 500,
         save_total_limit=spec.get("save_total_limit"),
+        save_on_each_node=spec.get("save_on_each_node", False),
         per_device_train_batch_size=GLOBAL_BATCH // world,
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_LEN,
         num_iterations=spec.get("num_iterations", 2),
+        steps_per_generation=spec.get("steps_per_generation"),
         max_steps=spec.get("max_steps", MAX_STEPS),
         learning_rate=5e-2,
         logging_steps=1,
@@ -111,11 +119,20 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         gppo_beta1_schedule="linear:0.5->0.25",
         entropy_controller="band=0-1,step=0.05,mode=both,damping=0,raise_beta1=true",  # moves beta1 both ways
         disable_tqdm=True,
+        # transformers wants the eval strategy to match the save strategy: evaluate at each save, or never (the
+        # trainer state resumed from a checkpoint can still name a best checkpoint).
+        load_best_model_at_end=load_best,
+        eval_strategy="steps" if load_best and save_steps else "no",
+        eval_steps=save_steps or 500,
     )
     trainer = CEGPPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
-        rollout_func=rollout_func,
+        rollout_func=rollout_func, eval_dataset=dataset if args.eval_strategy != "no" else None,
     )  # fmt: skip
+    if spec.get("claim_best_step") is not None:
+        trainer.add_callback(ClaimBest(os.path.join(args.output_dir, f"checkpoint-{spec['claim_best_step']}")))
+    if spec.get("on_save_writes"):
+        trainer.add_callback(WritesIntoCheckpoints())
     slow = spec.get("slow_save")
     if slow and trainer.accelerator.process_index == slow["rank"]:
         save_rng_state = trainer._save_rng_state
@@ -154,6 +171,27 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
                 "optimizer": type(optimizer).__name__,
             }, f)  # fmt: skip
     trainer.accelerator.wait_for_everyone()
+
+
+class ClaimBest(TrainerCallback):
+    """Names `folder` as the best model in the trainer state (what a metric that peaked there would do)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def on_step_end(self, args, state, control, **kwargs):
+        state.best_model_checkpoint = self.folder
+        state.best_global_step = int(self.folder.rsplit("-", 1)[1])
+        state.best_metric = -1e9
+
+
+class WritesIntoCheckpoints(TrainerCallback):
+    """Appends a line to every checkpoint it sees saved, after transformers (and the commit) wrote it."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            with open(os.path.join(args.output_dir, f"checkpoint-{state.global_step}", "notes.txt"), "a") as f:
+                f.write(f"saved at step {state.global_step}\n")
 
 
 if __name__ == "__main__":
