@@ -296,11 +296,15 @@ def markdown(table: dict) -> str:
     ]
     for row in table["arms"].values():
         minus = ", ".join(f"{d:+.3f}" for d in row.get("minus_grpo", []))
+
+        def g(key, row=row):  # a series no step logged has no mean
+            return row.get(key, math.nan)
+
         lo, hi = row["entropy_change_range"]
         lines.append(
             f"| {row['label']} | {row['entropy_change_mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {minus} | "
-            f"{row['left_frac_mean']:.1%} / {row['right_frac_mean']:.1%} | {row['ratio_min_mean']:.2f} / "
-            f"{row['ratio_max_mean']:.2f} |"
+            f"{g('left_frac_mean'):.1%} / {g('right_frac_mean'):.1%} | {g('ratio_min_mean'):.2f} / "
+            f"{g('ratio_max_mean'):.2f} |"
         )
     lines += [
         "",
