@@ -34,6 +34,7 @@ def test_reward_ignores_the_text_and_repeats_per_seed_and_step():
     assert first != reward(["a"] * 16, trainer_state=State())
 
 
+@pytest.mark.slow  # 12-16 s on the shared 2-core box (load average 6-11)
 def test_grid_writes_each_runs_series_and_skips_finished_runs(tmp_path):
     out = tmp_path / "rr"
     table = study.main([*ARGS, "--output-dir", str(out)])
