@@ -189,8 +189,11 @@ class Report:
 
     def format(self, width: int = 100, flags: bool = True) -> str:
         """The report as text: each section's lines, then the findings, then a one-line verdict."""
+        import functools
         import textwrap
 
+        # Paths, flags and values stay whole (copy-pasteable): no break inside a word or at its hyphens.
+        wrap = functools.partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
         out = []
         for section, title in SECTIONS.items():
             lines = self.lines.get(section)
@@ -198,13 +201,11 @@ class Report:
                 continue
             out.append(title)
             for line in lines:
-                out.extend(textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="      ") or [""])
+                out.extend(wrap(line, initial_indent="  ", subsequent_indent="      ") or [""])
             out.append("")
         for finding in self.findings:
             head = f"{finding.severity.upper()} [{finding.section}] "
-            out.extend(
-                textwrap.wrap(head + finding.text(flags), width, subsequent_indent="    ", break_long_words=False)
-            )
+            out.extend(wrap(head + finding.text(flags), subsequent_indent="    "))
         n_err, n_warn = len(self.errors), len(self.warnings)
         verdict = "ready to train" if not n_err else "would fail or train on nothing: fix the errors above"
         out.append(f"{n_err} error(s), {n_warn} warning(s): {verdict}.")
