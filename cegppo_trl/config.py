@@ -328,14 +328,10 @@ class CEGPPOConfig(GRPOConfig):
                 "length, not as unset). Give the number of optimizer steps (> 0), or leave `max_steps` at -1 (the "
                 "default) to train `num_train_epochs` epochs."
             )
-        if self.max_unscorable_batches < 0:
-            raise ValueError(
-                f"`max_unscorable_batches` must be >= 0 (0 never stops), got {self.max_unscorable_batches}."
-            )
-        if self.max_zero_signal_batches < 0:
-            raise ValueError(
-                f"`max_zero_signal_batches` must be >= 0 (0 never stops), got {self.max_zero_signal_batches}."
-            )
+        for name in ("max_unscorable_batches", "max_zero_signal_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
         check_later_checkpoints(self.later_checkpoints)  # at construction, not at `train()` after the model loaded
 
     def _validate_left_guard(self) -> None:
