@@ -36,7 +36,6 @@ def test_defaults_are_the_papers(tmp_path):
         ("importance_sampling_level", "token_sequence", r"`importance_sampling_level` must be one of"),
         ("later_checkpoints", "moveaside", r"`later_checkpoints` must be one of 'refuse', 'move_aside'"),
         ("max_zero_signal_batches", None, r"`max_zero_signal_batches` must be an integer >= 0 \(0 never stops\)"),
-        ("max_unscorable_batches", -1, r"`max_unscorable_batches` must be an integer >= 0 \(0 never stops\), got -1"),
     ],
 )
 def test_invalid_values_raise_naming_the_field(tmp_path, field, value, match):
