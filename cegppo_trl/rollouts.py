@@ -193,17 +193,19 @@ def at_rollout_batch_boundary(global_step: int, args, num_prompts: int | None) -
         args: the run's `GRPOConfig` (its batch layout).
         num_prompts: prompts in the training set, None for a dataset without a length.
     """
-    return (
-        resume_offset(
-            global_step,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            steps_per_generation=args.steps_per_generation,
-            num_iterations=args.num_iterations,
-            num_prompts=num_prompts,
-            generation_batch_size=args.generation_batch_size,
-            num_generations=args.num_generations,
-        )
-        == 0
+    return _run_offset(global_step, args, num_prompts) == 0
+
+
+def _run_offset(global_step: int, args, num_prompts: int | None) -> int:
+    """`resume_offset` with the batch layout read from a `GRPOConfig`."""
+    return resume_offset(
+        global_step,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        steps_per_generation=args.steps_per_generation,
+        num_iterations=args.num_iterations,
+        num_prompts=num_prompts,
+        generation_batch_size=args.generation_batch_size,
+        num_generations=args.num_generations,
     )
 
 
@@ -217,15 +219,7 @@ def resume_inside_rollout_batch_message(global_step: int, args, num_prompts: int
     """
     if args.ignore_data_skip:  # the resumed run restarts the epoch's data: it starts at a rollout-batch boundary
         return None
-    offset = resume_offset(
-        global_step,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        steps_per_generation=args.steps_per_generation,
-        num_iterations=args.num_iterations,
-        num_prompts=num_prompts,
-        generation_batch_size=args.generation_batch_size,
-        num_generations=args.num_generations,
-    )
+    offset = _run_offset(global_step, args, num_prompts)
     if offset == 0:
         return None
     generate_every = args.steps_per_generation * args.num_iterations
