@@ -16,8 +16,8 @@ import os
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerCallback, TrainerState
-from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length
+from transformers import TrainerState
+from transformers.trainer_utils import TrainOutput, has_length
 from trl import GRPOTrainer
 
 from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
@@ -39,6 +39,7 @@ from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
+    SaveAtRolloutBatchEnd,
     StopWhenNothingToLearn,
     combine_diagnostics,
     diagnostics_metrics,
@@ -47,12 +48,7 @@ from .monitoring import (
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rewards import resolve_reward_names
-from .rollouts import (
-    at_rollout_batch_boundary,
-    resume_inside_rollout_batch_message,
-    rollout_batch_masks,
-    total_rewards,
-)
+from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 
@@ -766,26 +762,3 @@ class CEGPPOTrainer(GRPOTrainer):
             sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
         ).items():
             metrics[name].append(value)
-
-
-class SaveAtRolloutBatchEnd(TrainerCallback):
-    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
-    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
-    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
-    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
-
-    def __init__(self, num_prompts: int | None):
-        self.num_prompts = num_prompts
-        self.deferred = False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.deferred = False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
-            return
-        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
-            self.deferred = self.deferred or control.should_save
-            control.should_save = False
-        elif self.deferred:
-            control.should_save, self.deferred = True, False
