@@ -27,6 +27,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     begin_checkpoint,
     commit_after_save,
     held_until_commit,
+    holds_model,
     read_state,
     settings_history,
     start_run,
@@ -53,15 +54,6 @@ from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
-
-
-def _holds_model(folder: str) -> bool:
-    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
-    stems = ("model", "pytorch_model", "adapter_model")
-    names = [
-        f"{s}{ext}" for s in stems for ext in (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
-    ]
-    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -225,7 +217,7 @@ class CEGPPOTrainer(GRPOTrainer):
             if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                 self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
                 self._load_best_model()
-            if not _holds_model(self.args.output_dir):
+            if not holds_model(self.args.output_dir):
                 self.save_model(self.args.output_dir)
             return TrainOutput(self.state.global_step, 0.0, {})
         finally:
