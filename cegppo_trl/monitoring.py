@@ -52,7 +52,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
-from .loss import CEGPPODiagnostics
+from .controller import EntropyController
+from .loss import CEGPPODiagnostics, cegppo_diagnostics
 from .rollouts import at_rollout_batch_boundary, informative_groups
 
 ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed", "nonfinite", "masked")
@@ -380,6 +381,37 @@ def diagnostics_metrics(
     return metrics
 
 
+def cegppo_metrics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    coefficients: dict[str, Any],
+    gather: Callable[[torch.Tensor], torch.Tensor],
+    weights: torch.Tensor | None = None,
+    controller: EntropyController | None = None,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One micro-batch's `cegppo/` metrics and TRL's `clip_ratio/*`, over all processes in one `gather`.
+
+    Args:
+        log_ratio, advantages, mask, weights: `cegppo_diagnostics`' arguments.
+        coefficients: the step's `cegppo_per_token_loss` keyword arguments (`CEGPPOTrainer.cegppo_coefficients`).
+        gather: concatenates a 1-D tensor over the processes (`accelerator.gather`).
+        controller: the entropy controller, whose target and last entropy are logged, or None.
+
+    Returns:
+        Metric name -> value, and the combined diagnostic sums (`combine_diagnostics`; `LeftDriftAlarm.warning`).
+    """
+    metrics = {"cegppo/beta1": coefficients["beta1"], "cegppo/beta2": coefficients["beta2"]}
+    if controller is not None:
+        metrics["cegppo/controller/target_low"], metrics["cegppo/controller/target_high"] = controller.target
+        if controller.last_entropy is not None:
+            metrics["cegppo/controller/entropy"] = controller.last_entropy
+    diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights)
+    sums, minima, maxima = combine_diagnostics(diagnostics, gather)
+    metrics.update(diagnostics_metrics(sums, minima, maxima, left_guard=coefficients["delta_low"] is not None))
+    return metrics, sums
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The left-drift early warning
 # ----------------------------------------------------------------------------------------------------------------
@@ -434,6 +466,23 @@ class LeftDriftAlarm:
         self._window = [0.0, 0.0]
         value = log_ratio_sum / count if count > 0 else None
         return value if self.update(value) else None
+
+    def warning(
+        self, sums: dict[str, float], step_end: bool, step: int, args: Any, coefficients: dict[str, Any]
+    ) -> str | None:
+        """`observe` one micro-batch's combined sums (`cegppo_metrics`); `left_drift_message` when it fires.
+
+        Args:
+            sums: the micro-batch's `combine_diagnostics` sums.
+            step_end: whether it ends the optimizer step (`accelerator.sync_gradients`).
+            step: the optimizer step, counted from 1.
+            args: the run's config.
+            coefficients: the step's `cegppo_per_token_loss` keyword arguments.
+        """
+        drift = self.observe(sums["left_log_ratio"], sums["left"], step_end)
+        if drift is None:
+            return None
+        return left_drift_message(drift, step, self.threshold, args, coefficients["beta1"], coefficients["delta_low"])
 
 
 def left_drift_message(

@@ -35,16 +35,14 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
-from .loss import cegppo_diagnostics, cegppo_per_token_loss
+from .loss import cegppo_per_token_loss
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
     SaveAtRolloutBatchEnd,
     StopWhenNothingToLearn,
-    combine_diagnostics,
-    diagnostics_metrics,
-    left_drift_message,
+    cegppo_metrics,
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
@@ -726,31 +724,13 @@ class CEGPPOTrainer(GRPOTrainer):
         return loss
 
     def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights=None) -> None:
-        """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`, combined over all processes in
-        one `gather` (one host synchronisation); TRL's `log()` then averages them over the logging window."""
-        metrics = self._metrics[mode]
-        metrics["cegppo/beta1"].append(coefficients["beta1"])
-        metrics["cegppo/beta2"].append(coefficients["beta2"])
-        if self.entropy_controller is not None:
-            low, high = self.entropy_controller.target
-            metrics["cegppo/controller/target_low"].append(low)
-            metrics["cegppo/controller/target_high"].append(high)
-            if self.entropy_controller.last_entropy is not None:
-                metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
-        sums, minima, maxima = combine_diagnostics(
-            cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights), self.accelerator.gather
-        )
-        if mode == "train" and self.left_drift_alarm is not None:  # every process sees the same sums and decides alike
-            drift = self.left_drift_alarm.observe(
-                sums["left_log_ratio"], sums["left"], self.accelerator.sync_gradients
-            )
-            if drift is not None:
-                step, threshold = self.state.global_step + 1, self.left_drift_alarm.threshold
-                message = left_drift_message(
-                    drift, step, threshold, self.args, coefficients["beta1"], coefficients["delta_low"]
-                )
-                logger.warning(message, main_process_only=True)
-        for name, value in diagnostics_metrics(
-            sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
-        ).items():
-            metrics[name].append(value)
+        """`monitoring.cegppo_metrics` into TRL's metrics (`log()` averages them over the logging window); the
+        left-drift alarm reads the same sums, alike on every process."""
+        gather, controller = self.accelerator.gather, self.entropy_controller
+        metrics, sums = cegppo_metrics(log_ratio, advantages, mask, coefficients, gather, weights, controller)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        if mode == "train" and self.left_drift_alarm is not None:
+            step_end, step = self.accelerator.sync_gradients, self.state.global_step + 1
+            if (warning := self.left_drift_alarm.warning(sums, step_end, step, self.args, coefficients)) is not None:
+                logger.warning(warning, main_process_only=True)
