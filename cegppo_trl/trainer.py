@@ -20,7 +20,7 @@ from transformers import TrainerState
 from transformers.trainer_utils import TrainOutput, has_length
 from trl import GRPOTrainer
 
-from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
+from .aggregation import Normaliser, aggregation_weights, policy_loss, policy_normaliser, sft_loss
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     ResumePlan,
@@ -367,75 +367,33 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
-    def _micro_batch_share(self, mode) -> int:
-        """Micro-batches per rollout batch (`cegppo_trl.aggregation.micro_batch_share`)."""
-        return micro_batch_share(self.accelerator.num_processes, self.args.steps_per_generation, mode == "train")
-
-    def _normaliser(self, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None) -> Normaliser:
-        """The normalisers of TRL's rule `loss_type` (default `self.loss_type`) with the rollout-batch counts
-        (`cegppo_trl.aggregation`), shared by the policy loss, its gradient weights in the metrics and the SFT term."""
-        return normaliser(
-            loss_type or self.loss_type,
-            mask,
-            num_items_in_batch=num_items_in_batch,
-            num_sequences_in_batch=num_sequences_in_batch,
+    def _layout(self, mode) -> dict:
+        """How the rollout batch is split into micro-batches: `aggregation.normaliser`'s layout arguments."""
+        train = mode == "train"
+        return dict(
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
             # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if train else 1,
             max_completion_length=self.max_completion_length,
-            train=mode == "train",
+            train=train,
         )
-
-    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
-        """TRL's aggregation rule `loss_type` (default `self.loss_type`) with the rollout-batch counts: the loss scaled
-        for gradient accumulation and its unscaled detached value (`cegppo_trl.aggregation.aggregate`)."""
-        norm = self._normaliser(mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type)
-        return aggregate(per_token_loss, mask, norm)
 
     def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
-        """`_normaliser` of one micro-batch's policy loss."""
-        num_sequences = inputs.get("num_sequences_in_batch")
-        if num_sequences is None:
-            # A batch built outside `_generate_and_score_completions` (tests, custom loops) has no rollout-batch
-            # count: it is normalised by its own sequences, as TRL does.
-            local = per_token_loss.size(0) if "keep_mask" not in inputs else inputs["keep_mask"].sum().item()
-            num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
-        return self._normaliser(mask, inputs["num_items_in_batch"], num_sequences, mode)
+        """`aggregation.policy_normaliser` of one micro-batch."""
+        counts = inputs["num_items_in_batch"], inputs.get("num_sequences_in_batch"), inputs.get("keep_mask")
+        return policy_normaliser(self.loss_type, per_token_loss, mask, *counts, **self._layout(mode))
 
     def _policy_loss(self, per_token_loss, mask, inputs, mode):
-        """One micro-batch's policy loss by TRL's rule for `loss_type` (`cegppo_trl.aggregation.aggregate`), and
-        TRL's `policy_loss` metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
-        loss, value = aggregate(per_token_loss, mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
-        return loss, (loss.detach() if self.loss_type == "dapo" else value)
+        """`aggregation.policy_loss`: one micro-batch's policy loss and TRL's `policy_loss` metric value."""
+        norm = self._policy_normaliser(per_token_loss, mask, inputs, mode)
+        return policy_loss(self.loss_type, per_token_loss, mask, norm)
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
-        """The authors' SFT term: NLL of the completions judged correct, normalised by the correct sequences or
-        tokens of the whole rollout batch by the policy loss's rule. Under `bnpo`, whose per-micro-batch token count
-        would give a micro-batch holding one correct completion the weight of a whole batch, it is the rollout
-        batch's token mean, as under `dapo`.
-
-        Logs `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct completions its
-        micro-batches hold, over all processes, whatever the loss type (the loss's normaliser spans the rollout
-        batch, so the loss of one micro-batch is not an NLL); nothing when they hold none, as for `kl` and
-        `entropy`."""
-        sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
-        num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
-        if num_sft_sequences is None:
-            num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
-        sft_mask = mask * sft_sequences.unsqueeze(1)
-        loss, _ = self._aggregate(
-            -per_token_logps,
-            sft_mask,
-            inputs["num_sft_items_in_batch"],
-            num_sft_sequences,
-            mode,
-            loss_type="dapo" if self.loss_type == "bnpo" else None,
-        )
-        # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
-        # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
-        nll = -per_token_logps.detach().float()
-        totals = torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])
+        """`aggregation.sft_loss`, and `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct
+        completions of its micro-batches over all processes (split-invariant); nothing when they hold none."""
+        counts = inputs["sft_mask"], inputs["num_sft_items_in_batch"], inputs.get("num_sft_sequences_in_batch")
+        loss, totals = sft_loss(self.loss_type, per_token_logps, mask, *counts, **self._layout(mode))
         window = self._sft_nll_window.get(mode)
         self._sft_nll_window[mode] = totals if window is None else window + totals
         if self.accelerator.sync_gradients or mode == "eval":
