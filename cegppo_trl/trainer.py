@@ -59,25 +59,13 @@ class CEGPPOTrainer(GRPOTrainer):
 
     Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` must be a [`CEGPPOConfig`]. For `loss_type` in
     `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` the per-token surrogate is `cegppo_per_token_loss`; every other
-    part of the loss (KL to the reference model, entropy mask, off-policy sequence mask, vLLM importance-sampling
-    correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
-    TRL's objective unchanged.
+    part of the loss (KL, entropy mask, off-policy mask, vLLM correction, entropy bonus, MoE aux loss, gradient
+    accumulation) is TRL's. Other loss types run TRL's objective unchanged.
 
-    Besides the surrogate, this class wires pure, separately tested functions into TRL (each call inside a
-    `# --- CE-GPPO ---` fence or in an override of a few lines):
-
-    - the rollout-batch normalisers (`aggregation`): a batch's update does not depend on its micro-batch split;
-    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`): `rollouts.rollout_batch_masks`, called
-      in `_generate_and_score_completions` on the rewards TRL computed, which `_calculate_rewards` hands over through
-      `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`); run-health monitoring (`monitoring`): the
-      metrics from `cegppo_diagnostics` in one host transfer, the left-drift warning (`LeftDriftAlarm`), the stops
-      after `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
-      (`RewardSignalMonitor`); the pre-flight checks before the model loads (`preflight`) and the on-policy warning
-      after it (`config.on_policy_message`);
-    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table
-      (`modelcard`), and the refusals before training (TRL drift, `trl_compat`; a distributed engine that would
-      silently fall back to DDP, `distributed`).
+    The class wires separately tested modules into TRL's hooks: `aggregation` (split-invariant normalisers, the SFT
+    term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
+    (metrics, stops, the left-drift warning, rollout-batch saves), `preflight`, `checkpoints`, `safe_load` and
+    `modelcard`.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
@@ -197,11 +185,8 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """`Trainer.train`, resuming what the launch's plan (`checkpoints.start_run`, main process, broadcast) says:
-        `True`/`"last"` is the newest *committed* checkpoint (transformers' picks the highest-numbered folder, even a
-        half-written one), another run's later checkpoints are refused or moved aside (`later_checkpoints`), and
-        `output_dir` stays locked until training ends. `cegppo train` passes the `ResumePlan` it made before the
-        model loaded. A checkpoint at the run's end trains nothing: the final model is written from it if missing."""
+        """`Trainer.train` from the launch's `checkpoints.ResumePlan` (`start_run`, or the one `cegppo train` made);
+        a checkpoint at the run's end trains nothing: the final model is written from it if missing."""
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
             plan = start_run(self.args, resume_from_checkpoint, logger.warning, own=self._committed)
@@ -312,15 +297,8 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop (at the end of this optimizer step: `StopWhenNothingToLearn`) after `max_unscorable_batches`
-        consecutive training rollout batches in which no completion got a reward.
-
-        TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
-        a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
-        advantages, so a run of them trains on zero loss and gradient and would save an unchanged model.
-        `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
-        batches neither count nor reset the count: they do not train.
-        """
+        """Count a training batch without any reward (`RewardSignalMonitor.observe_rewards`; gathered, so every
+        process decides alike); evaluation batches do not train, so neither count nor reset the count."""
         if self.model.training:
             warning = self.reward_monitor.observe_rewards(rewards_per_func)
             if warning is not None:
