@@ -414,18 +414,16 @@ def plan_resume(
     if wanted == "last":
         plan.checkpoint, skipped = last_complete_checkpoint(output_dir)
         passed = "; ".join(f"{os.path.basename(f)} ({reason})" for f, reason in skipped.items())
-        if plan.checkpoint is None and not (began_here or skipped):
-            raise ValueError(
-                f"`resume_from_checkpoint={requested}` resumes the latest checkpoint in `output_dir`, but {output_dir} "
-                "has no `checkpoint-*` folder and no run ever started there. Check `output_dir`, or start a new run "
-                "without the flag."
+        if plan.checkpoint is None and not began_here:  # a mistyped folder, or another tool's torn ones
+            found = (
+                f"no `checkpoint-*` folder there is complete: {passed}"
+                if skipped
+                else ("has no `checkpoint-*` folder and no run ever started there. Check `output_dir`")
             )
-        if plan.checkpoint is None and not began_here:
             raise ValueError(
                 f"`resume_from_checkpoint={requested}` resumes the newest complete checkpoint in {output_dir}, but "
-                f"no `checkpoint-*` folder there is complete: {passed}. Start a new run (`--overwrite_output_dir "
-                "true` deletes them)."
-            )
+                f"{found}. Start a new run without the flag (`--overwrite_output_dir true` deletes torn folders)."
+            )  # fmt: skip
         if plan.checkpoint is None:
             plan.messages.append(
                 f"`resume_from_checkpoint={requested}`: {output_dir} holds no complete checkpoint yet, but a run began "

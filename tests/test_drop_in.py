@@ -361,7 +361,7 @@ EVAL_DATASETS = {
 
 @pytest.mark.parametrize("kind", list(EVAL_DATASETS))
 def test_evaluate_before_train(tmp_path, kind):
-    """An evaluation-only script (CE-GPPO once read a training-loop attribute in evaluation)."""
+    """An evaluation-only script (CE-GPPO read a training-loop attribute in evaluation)."""
     grpo, cegppo = differential(
         tmp_path, script=("evaluate",), trainer_kwargs=dict(eval_dataset=EVAL_DATASETS[kind]())
     )
@@ -463,19 +463,16 @@ def test_tool_chat_template_renders_and_parses_calls():
     assert parse_response(tools, answer, prefix=prompt) == {"role": "assistant", "content": "12"}
 
 
-def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path, model_dir):
-    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`.
-
-    (A real model path: a missing one is refused by the same checks.)
-    """
+def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path):
+    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`."""
     args = CEGPPOConfig(**base_config_kwargs(tmp_path, gppo_beta1=0.0, gppo_beta2=0.0))
     dataset = Dataset.from_dict({"environment": ["counter"] * 8})
     env = {"counter": CounterEnv}
-    assert trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
-    report = trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
+    assert trainer_checks("unused", ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
+    report = trainer_checks("unused", ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
     assert report.errors == []
     with pytest.raises(ValueError, match=r"`train_dataset` has no `prompt` column \(its columns: environment\)"):
-        trainer_checks(model_dir, ones_reward, args, train_dataset=dataset)
+        trainer_checks("unused", ones_reward, args, train_dataset=dataset)
 
 
 # ----------------------------------------------------------------------------------------------------------------
