@@ -9,6 +9,8 @@ Run from the repository root (each module is a command line; `--help` lists its 
   entropy controller, diversity probes and a stability grid.
 - `python -m examples.entropy_study.confirm`: the third study, confirming the left-side guard against the β1
   collapse (`delta_low` / `delta_low_mode`) on settings it was not developed on, on both tasks.
+- `python -m examples.entropy_study.random_reward`: the clipping rule alone against entropy, on SmolLM2-135M-Instruct
+  with a reward independent of the text (five (β1, β2) arms, three seeds).
 
 Results and their discussion: docs/entropy-study.md.
 """
