@@ -145,3 +145,83 @@ def aggregation_weights(mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
     weights = mask if norm.per_sequence is None else mask / norm.per_sequence.unsqueeze(-1)
     weights = weights / norm.total
     return weights if norm.accumulated else weights / norm.accumulation
+
+
+def policy_normaliser(
+    loss_type: str,
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    num_items_in_batch: torch.Tensor,
+    num_sequences_in_batch: torch.Tensor | None,
+    keep_mask: torch.Tensor | None = None,
+    **layout,
+) -> Normaliser:
+    """`normaliser` of one micro-batch's policy loss.
+
+    Args:
+        loss_type, mask, num_items_in_batch: as in `normaliser`.
+        per_token_loss: ``(B, T)`` or ``(B, 1)``: its rows are the micro-batch's sequences.
+        num_sequences_in_batch: the rollout batch's count, or None for a batch built outside the trainer's rollout
+            (tests, custom loops): it is then normalised by its own sequences (those `keep_mask` keeps), as TRL does.
+        keep_mask: ``(B,)`` dynamic sampling's kept sequences, or None.
+        **layout: `normaliser`'s keyword arguments from `num_processes` on.
+    """
+    if num_sequences_in_batch is None:
+        local = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().item()
+        share = micro_batch_share(layout["num_processes"], layout["steps_per_generation"], layout["train"])
+        num_sequences_in_batch = per_token_loss.new_tensor(local * share)
+    return normaliser(
+        loss_type, mask, num_items_in_batch=num_items_in_batch, num_sequences_in_batch=num_sequences_in_batch, **layout
+    )
+
+
+def policy_loss(
+    loss_type: str, per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`aggregate`'s loss, and TRL's `policy_loss` metric value: accumulation-scaled for ``dapo``, unscaled otherwise
+    (as in TRL)."""
+    loss, value = aggregate(per_token_loss, mask, norm)
+    return loss, (loss.detach() if loss_type == "dapo" else value)
+
+
+def sft_loss(
+    loss_type: str,
+    per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    sft_sequences: torch.Tensor,
+    num_sft_items_in_batch: torch.Tensor,
+    num_sft_sequences_in_batch: torch.Tensor | None,
+    **layout,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The authors' SFT term: the NLL of the completions judged correct, normalised by the correct sequences or tokens
+    of the whole rollout batch by the policy loss's rule. Under ``bnpo``, whose per-micro-batch token count would give
+    a micro-batch holding one correct completion the weight of a whole batch, it is the rollout batch's token mean, as
+    under ``dapo``.
+
+    Args:
+        loss_type: the policy loss's rule.
+        per_token_logps: ``(B, T)`` log-probabilities of the completion tokens.
+        mask: ``(B, T)`` loss mask (dropped groups already out).
+        sft_sequences: ``(B,)`` the correct completions (`rollouts.rollout_batch_masks`' ``sft_mask``).
+        num_sft_items_in_batch: 0-d, their tokens over the rollout batch.
+        num_sft_sequences_in_batch: 0-d, their count over the rollout batch, or None: this micro-batch's, scaled to
+            the rollout batch by `micro_batch_share`.
+        **layout: `normaliser`'s keyword arguments from `num_processes` on.
+
+    Returns:
+        The loss, and ``[NLL sum, tokens]`` of the correct completions (detached, float32) for the logged token mean.
+    """
+    if num_sft_sequences_in_batch is None:
+        share = micro_batch_share(layout["num_processes"], layout["steps_per_generation"], layout["train"])
+        num_sft_sequences_in_batch = sft_sequences.sum() * share
+    sft_mask = mask * sft_sequences.unsqueeze(1)
+    norm = normaliser(
+        "dapo" if loss_type == "bnpo" else loss_type,
+        sft_mask,
+        num_items_in_batch=num_sft_items_in_batch,
+        num_sequences_in_batch=num_sft_sequences_in_batch,
+        **layout,
+    )
+    loss, _ = aggregate(-per_token_logps, sft_mask, norm)
+    nll = -per_token_logps.detach().float()
+    return loss, torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])

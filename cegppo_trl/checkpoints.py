@@ -208,6 +208,15 @@ def held_until_commit(args: Any) -> Iterator[dict[str, Any]]:
 
 
 # Reading a folder back: committed, torn, changed
+def holds_model(folder: str) -> bool:
+    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
+    stems = ("model", "pytorch_model", "adapter_model")
+    names = [
+        f"{s}{ext}" for s in stems for ext in (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+    ]
+    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
+
+
 def checkpoint_folders(output_dir: str) -> list[str]:
     """The `checkpoint-<step>` folders of `output_dir`, oldest step first."""
     if not output_dir or not os.path.isdir(output_dir):

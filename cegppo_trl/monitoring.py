@@ -37,6 +37,9 @@ Is the policy drifting? `LeftDriftAlarm` watches each optimizer step's mean log-
 (`cegppo/preserved/left_log_ratio`, summed over the step's micro-batches by `combine_diagnostics`) and fires once per
 episode below `left_drift_warning`; `left_drift_message` is its warning (docs/entropy-study.md: the early sign of the
 beta1 drift).
+
+Where may the run save? `SaveAtRolloutBatchEnd`, the other training-loop callback, moves each `save_strategy="steps"`
+save to the end of its rollout batch (`rollouts.at_rollout_batch_boundary`), the only place a resume is exact.
 """
 
 from __future__ import annotations
@@ -47,9 +50,11 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import SaveStrategy
 
-from .loss import CEGPPODiagnostics
-from .rollouts import informative_groups
+from .controller import EntropyController
+from .loss import CEGPPODiagnostics, cegppo_diagnostics
+from .rollouts import at_rollout_batch_boundary, informative_groups
 
 ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed", "nonfinite", "masked")
 # `cegppo train`'s exit status after each stop (0: training ran to its end; 2: a refused setting).
@@ -291,6 +296,29 @@ class StopWhenNothingToLearn(TrainerCallback):
             control.should_training_stop = True
 
 
+class SaveAtRolloutBatchEnd(TrainerCallback):
+    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
+    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
+    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
+    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
+
+    def __init__(self, num_prompts: int | None):
+        self.num_prompts = num_prompts
+        self.deferred = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.deferred = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
+            return
+        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
+            self.deferred = self.deferred or control.should_save
+            control.should_save = False
+        elif self.deferred:
+            control.should_save, self.deferred = True, False
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The per-micro-batch diagnostics over all processes
 # ----------------------------------------------------------------------------------------------------------------
@@ -353,6 +381,37 @@ def diagnostics_metrics(
     return metrics
 
 
+def cegppo_metrics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    coefficients: dict[str, Any],
+    gather: Callable[[torch.Tensor], torch.Tensor],
+    weights: torch.Tensor | None = None,
+    controller: EntropyController | None = None,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """One micro-batch's `cegppo/` metrics and TRL's `clip_ratio/*`, over all processes in one `gather`.
+
+    Args:
+        log_ratio, advantages, mask, weights: `cegppo_diagnostics`' arguments.
+        coefficients: the step's `cegppo_per_token_loss` keyword arguments (`CEGPPOTrainer.cegppo_coefficients`).
+        gather: concatenates a 1-D tensor over the processes (`accelerator.gather`).
+        controller: the entropy controller, whose target and last entropy are logged, or None.
+
+    Returns:
+        Metric name -> value, and the combined diagnostic sums (`combine_diagnostics`; `LeftDriftAlarm.warning`).
+    """
+    metrics = {"cegppo/beta1": coefficients["beta1"], "cegppo/beta2": coefficients["beta2"]}
+    if controller is not None:
+        metrics["cegppo/controller/target_low"], metrics["cegppo/controller/target_high"] = controller.target
+        if controller.last_entropy is not None:
+            metrics["cegppo/controller/entropy"] = controller.last_entropy
+    diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights)
+    sums, minima, maxima = combine_diagnostics(diagnostics, gather)
+    metrics.update(diagnostics_metrics(sums, minima, maxima, left_guard=coefficients["delta_low"] is not None))
+    return metrics, sums
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The left-drift early warning
 # ----------------------------------------------------------------------------------------------------------------
@@ -407,6 +466,23 @@ class LeftDriftAlarm:
         self._window = [0.0, 0.0]
         value = log_ratio_sum / count if count > 0 else None
         return value if self.update(value) else None
+
+    def warning(
+        self, sums: dict[str, float], step_end: bool, step: int, args: Any, coefficients: dict[str, Any]
+    ) -> str | None:
+        """`observe` one micro-batch's combined sums (`cegppo_metrics`); `left_drift_message` when it fires.
+
+        Args:
+            sums: the micro-batch's `combine_diagnostics` sums.
+            step_end: whether it ends the optimizer step (`accelerator.sync_gradients`).
+            step: the optimizer step, counted from 1.
+            args: the run's config.
+            coefficients: the step's `cegppo_per_token_loss` keyword arguments.
+        """
+        drift = self.observe(sums["left_log_ratio"], sums["left"], step_end)
+        if drift is None:
+            return None
+        return left_drift_message(drift, step, self.threshold, args, coefficients["beta1"], coefficients["delta_low"])
 
 
 def left_drift_message(

@@ -16,17 +16,18 @@ import os
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerCallback, TrainerState
-from transformers.trainer_utils import SaveStrategy, TrainOutput, has_length
+from transformers import TrainerState
+from transformers.trainer_utils import TrainOutput, has_length
 from trl import GRPOTrainer
 
-from .aggregation import Normaliser, aggregate, aggregation_weights, micro_batch_share, normaliser
+from .aggregation import Normaliser, aggregation_weights, policy_loss, policy_normaliser, sft_loss
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     ResumePlan,
     begin_checkpoint,
     commit_after_save,
     held_until_commit,
+    holds_model,
     read_state,
     settings_history,
     start_run,
@@ -34,38 +35,23 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
-from .loss import cegppo_diagnostics, cegppo_per_token_loss
+from .loss import cegppo_per_token_loss
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
+    SaveAtRolloutBatchEnd,
     StopWhenNothingToLearn,
-    combine_diagnostics,
-    diagnostics_metrics,
-    left_drift_message,
+    cegppo_metrics,
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rewards import resolve_reward_names
-from .rollouts import (
-    at_rollout_batch_boundary,
-    resume_inside_rollout_batch_message,
-    rollout_batch_masks,
-    total_rewards,
-)
+from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
-
-
-def _holds_model(folder: str) -> bool:
-    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
-    stems = ("model", "pytorch_model", "adapter_model")
-    names = [
-        f"{s}{ext}" for s in stems for ext in (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
-    ]
-    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -73,25 +59,13 @@ class CEGPPOTrainer(GRPOTrainer):
 
     Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` must be a [`CEGPPOConfig`]. For `loss_type` in
     `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` the per-token surrogate is `cegppo_per_token_loss`; every other
-    part of the loss (KL to the reference model, entropy mask, off-policy sequence mask, vLLM importance-sampling
-    correction, entropy bonus, MoE aux loss, aggregation, gradient accumulation) is TRL's. Other loss types run
-    TRL's objective unchanged.
+    part of the loss (KL, entropy mask, off-policy mask, vLLM correction, entropy bonus, MoE aux loss, gradient
+    accumulation) is TRL's. Other loss types run TRL's objective unchanged.
 
-    Besides the surrogate, this class wires pure, separately tested functions into TRL (each call inside a
-    `# --- CE-GPPO ---` fence or in an override of a few lines):
-
-    - the rollout-batch normalisers (`aggregation`): a batch's update does not depend on its micro-batch split;
-    - the authors' SFT term (`_sft_loss`) and dynamic sampling (`keep_mask`): `rollouts.rollout_batch_masks`, called
-      in `_generate_and_score_completions` on the rewards TRL computed, which `_calculate_rewards` hands over through
-      `self._last_rewards_per_func` (TRL does not return them);
-    - β schedules and the entropy controller (`current_gppo_betas`); run-health monitoring (`monitoring`): the
-      metrics from `cegppo_diagnostics` in one host transfer, the left-drift warning (`LeftDriftAlarm`), the stops
-      after `max_unscorable_batches` unscorable and `max_zero_signal_batches` zero-signal rollout batches in a row
-      (`RewardSignalMonitor`); the pre-flight checks before the model loads (`preflight`) and the on-policy warning
-      after it (`config.on_policy_message`);
-    - the checkpoint state file (`cegppo_state.json`), resuming the newest complete checkpoint, the model card table
-      (`modelcard`), and the refusals before training (TRL drift, `trl_compat`; a distributed engine that would
-      silently fall back to DDP, `distributed`).
+    The class wires separately tested modules into TRL's hooks: `aggregation` (split-invariant normalisers, the SFT
+    term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
+    (metrics, stops, the left-drift warning, rollout-batch saves), `preflight`, `checkpoints`, `safe_load` and
+    `modelcard`.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
@@ -211,11 +185,8 @@ class CEGPPOTrainer(GRPOTrainer):
     # Checkpoints: schedules are functions of the global step (saved by Trainer); the controller has state.
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        """`Trainer.train`, resuming what the launch's plan (`checkpoints.start_run`, main process, broadcast) says:
-        `True`/`"last"` is the newest *committed* checkpoint (transformers' picks the highest-numbered folder, even a
-        half-written one), another run's later checkpoints are refused or moved aside (`later_checkpoints`), and
-        `output_dir` stays locked until training ends. `cegppo train` passes the `ResumePlan` it made before the
-        model loaded. A checkpoint at the run's end trains nothing: the final model is written from it if missing."""
+        """`Trainer.train` from the launch's `checkpoints.ResumePlan` (`start_run`, or the one `cegppo train` made);
+        a checkpoint at the run's end trains nothing: the final model is written from it if missing."""
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
             plan = start_run(self.args, resume_from_checkpoint, logger.warning, own=self._committed)
@@ -229,7 +200,7 @@ class CEGPPOTrainer(GRPOTrainer):
             if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                 self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
                 self._load_best_model()
-            if not _holds_model(self.args.output_dir):
+            if not holds_model(self.args.output_dir):
                 self.save_model(self.args.output_dir)
             return TrainOutput(self.state.global_step, 0.0, {})
         finally:
@@ -326,15 +297,8 @@ class CEGPPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Stop (at the end of this optimizer step: `StopWhenNothingToLearn`) after `max_unscorable_batches`
-        consecutive training rollout batches in which no completion got a reward.
-
-        TRL turns a None reward into NaN, warns and goes on; so does a shorter run of such batches here (a batch of
-        a few prompts from a data mix can miss every scorable one). A batch with no reward at all has zero
-        advantages, so a run of them trains on zero loss and gradient and would save an unchanged model.
-        `rewards_per_func` is gathered over all processes, so every process takes the same decision. Evaluation
-        batches neither count nor reset the count: they do not train.
-        """
+        """Count a training batch without any reward (`RewardSignalMonitor.observe_rewards`; gathered, so every
+        process decides alike); evaluation batches do not train, so neither count nor reset the count."""
         if self.model.training:
             warning = self.reward_monitor.observe_rewards(rewards_per_func)
             if warning is not None:
@@ -381,75 +345,33 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Loss
     # ------------------------------------------------------------------------------------------------------------
-    def _micro_batch_share(self, mode) -> int:
-        """Micro-batches per rollout batch (`cegppo_trl.aggregation.micro_batch_share`)."""
-        return micro_batch_share(self.accelerator.num_processes, self.args.steps_per_generation, mode == "train")
-
-    def _normaliser(self, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None) -> Normaliser:
-        """The normalisers of TRL's rule `loss_type` (default `self.loss_type`) with the rollout-batch counts
-        (`cegppo_trl.aggregation`), shared by the policy loss, its gradient weights in the metrics and the SFT term."""
-        return normaliser(
-            loss_type or self.loss_type,
-            mask,
-            num_items_in_batch=num_items_in_batch,
-            num_sequences_in_batch=num_sequences_in_batch,
+    def _layout(self, mode) -> dict:
+        """How the rollout batch is split into micro-batches: `aggregation.normaliser`'s layout arguments."""
+        train = mode == "train"
+        return dict(
             num_processes=self.accelerator.num_processes,
             steps_per_generation=self.args.steps_per_generation,
             # set by transformers inside the training loop only (an `evaluate()` before `train()` has none)
-            gradient_accumulation_steps=self.current_gradient_accumulation_steps if mode == "train" else 1,
+            gradient_accumulation_steps=self.current_gradient_accumulation_steps if train else 1,
             max_completion_length=self.max_completion_length,
-            train=mode == "train",
+            train=train,
         )
-
-    def _aggregate(self, per_token_loss, mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type=None):
-        """TRL's aggregation rule `loss_type` (default `self.loss_type`) with the rollout-batch counts: the loss scaled
-        for gradient accumulation and its unscaled detached value (`cegppo_trl.aggregation.aggregate`)."""
-        norm = self._normaliser(mask, num_items_in_batch, num_sequences_in_batch, mode, loss_type)
-        return aggregate(per_token_loss, mask, norm)
 
     def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
-        """`_normaliser` of one micro-batch's policy loss."""
-        num_sequences = inputs.get("num_sequences_in_batch")
-        if num_sequences is None:
-            # A batch built outside `_generate_and_score_completions` (tests, custom loops) has no rollout-batch
-            # count: it is normalised by its own sequences, as TRL does.
-            local = per_token_loss.size(0) if "keep_mask" not in inputs else inputs["keep_mask"].sum().item()
-            num_sequences = per_token_loss.new_tensor(local * self._micro_batch_share(mode))
-        return self._normaliser(mask, inputs["num_items_in_batch"], num_sequences, mode)
+        """`aggregation.policy_normaliser` of one micro-batch."""
+        counts = inputs["num_items_in_batch"], inputs.get("num_sequences_in_batch"), inputs.get("keep_mask")
+        return policy_normaliser(self.loss_type, per_token_loss, mask, *counts, **self._layout(mode))
 
     def _policy_loss(self, per_token_loss, mask, inputs, mode):
-        """One micro-batch's policy loss by TRL's rule for `loss_type` (`cegppo_trl.aggregation.aggregate`), and
-        TRL's `policy_loss` metric value (accumulation-scaled for `dapo`, unscaled otherwise, as in TRL)."""
-        loss, value = aggregate(per_token_loss, mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
-        return loss, (loss.detach() if self.loss_type == "dapo" else value)
+        """`aggregation.policy_loss`: one micro-batch's policy loss and TRL's `policy_loss` metric value."""
+        norm = self._policy_normaliser(per_token_loss, mask, inputs, mode)
+        return policy_loss(self.loss_type, per_token_loss, mask, norm)
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
-        """The authors' SFT term: NLL of the completions judged correct, normalised by the correct sequences or
-        tokens of the whole rollout batch by the policy loss's rule. Under `bnpo`, whose per-micro-batch token count
-        would give a micro-batch holding one correct completion the weight of a whole batch, it is the rollout
-        batch's token mean, as under `dapo`.
-
-        Logs `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct completions its
-        micro-batches hold, over all processes, whatever the loss type (the loss's normaliser spans the rollout
-        batch, so the loss of one micro-batch is not an NLL); nothing when they hold none, as for `kl` and
-        `entropy`."""
-        sft_sequences = inputs["sft_mask"]  # [B], already restricted to kept groups
-        num_sft_sequences = inputs.get("num_sft_sequences_in_batch")
-        if num_sft_sequences is None:
-            num_sft_sequences = sft_sequences.sum() * self._micro_batch_share(mode)
-        sft_mask = mask * sft_sequences.unsqueeze(1)
-        loss, _ = self._aggregate(
-            -per_token_logps,
-            sft_mask,
-            inputs["num_sft_items_in_batch"],
-            num_sft_sequences,
-            mode,
-            loss_type="dapo" if self.loss_type == "bnpo" else None,
-        )
-        # Summed over the step's micro-batches and reduced once at its end, so the value does not depend on how the
-        # step is split into micro-batches (a step of one micro-batch logs that micro-batch's NLL).
-        nll = -per_token_logps.detach().float()
-        totals = torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])
+        """`aggregation.sft_loss`, and `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct
+        completions of its micro-batches over all processes (split-invariant); nothing when they hold none."""
+        counts = inputs["sft_mask"], inputs["num_sft_items_in_batch"], inputs.get("num_sft_sequences_in_batch")
+        loss, totals = sft_loss(self.loss_type, per_token_logps, mask, *counts, **self._layout(mode))
         window = self._sft_nll_window.get(mode)
         self._sft_nll_window[mode] = totals if window is None else window + totals
         if self.accelerator.sync_gradients or mode == "eval":
@@ -738,54 +660,13 @@ class CEGPPOTrainer(GRPOTrainer):
         return loss
 
     def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights=None) -> None:
-        """TRL's `clip_ratio/*` and the `cegppo/` metrics from `cegppo_diagnostics`, combined over all processes in
-        one `gather` (one host synchronisation); TRL's `log()` then averages them over the logging window."""
-        metrics = self._metrics[mode]
-        metrics["cegppo/beta1"].append(coefficients["beta1"])
-        metrics["cegppo/beta2"].append(coefficients["beta2"])
-        if self.entropy_controller is not None:
-            low, high = self.entropy_controller.target
-            metrics["cegppo/controller/target_low"].append(low)
-            metrics["cegppo/controller/target_high"].append(high)
-            if self.entropy_controller.last_entropy is not None:
-                metrics["cegppo/controller/entropy"].append(self.entropy_controller.last_entropy)
-        sums, minima, maxima = combine_diagnostics(
-            cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights), self.accelerator.gather
-        )
-        if mode == "train" and self.left_drift_alarm is not None:  # every process sees the same sums and decides alike
-            drift = self.left_drift_alarm.observe(
-                sums["left_log_ratio"], sums["left"], self.accelerator.sync_gradients
-            )
-            if drift is not None:
-                step, threshold = self.state.global_step + 1, self.left_drift_alarm.threshold
-                message = left_drift_message(
-                    drift, step, threshold, self.args, coefficients["beta1"], coefficients["delta_low"]
-                )
-                logger.warning(message, main_process_only=True)
-        for name, value in diagnostics_metrics(
-            sums, minima, maxima, left_guard=coefficients["delta_low"] is not None
-        ).items():
-            metrics[name].append(value)
-
-
-class SaveAtRolloutBatchEnd(TrainerCallback):
-    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
-    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
-    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
-    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
-
-    def __init__(self, num_prompts: int | None):
-        self.num_prompts = num_prompts
-        self.deferred = False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.deferred = False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
-            return
-        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
-            self.deferred = self.deferred or control.should_save
-            control.should_save = False
-        elif self.deferred:
-            control.should_save, self.deferred = True, False
+        """`monitoring.cegppo_metrics` into TRL's metrics (`log()` averages them over the logging window); the
+        left-drift alarm reads the same sums, alike on every process."""
+        gather, controller = self.accelerator.gather, self.entropy_controller
+        metrics, sums = cegppo_metrics(log_ratio, advantages, mask, coefficients, gather, weights, controller)
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        if mode == "train" and self.left_drift_alarm is not None:
+            step_end, step = self.accelerator.sync_gradients, self.state.global_step + 1
+            if (warning := self.left_drift_alarm.warning(sums, step_end, step, self.args, coefficients)) is not None:
+                logger.warning(warning, main_process_only=True)

@@ -12,7 +12,14 @@ import torch
 from helpers.batches import make_offpolicy_batch
 from torch.testing import assert_close
 
-from cegppo_trl.aggregation import AGGREGATION_LOSS_TYPES, aggregate, aggregation_weights, normaliser
+from cegppo_trl.aggregation import (
+    AGGREGATION_LOSS_TYPES,
+    aggregate,
+    aggregation_weights,
+    normaliser,
+    policy_normaliser,
+    sft_loss,
+)
 from cegppo_trl.config import CEGPPO_LOSS_TYPES
 from cegppo_trl.loss import cegppo_diagnostics, cegppo_per_token_loss, cegppo_regions
 
@@ -40,6 +47,34 @@ def _normaliser(loss_type: str, mask: torch.Tensor, train: bool = True):
         max_completion_length=6,
         train=train,
     )
+
+
+LAYOUT = dict(
+    num_processes=2, steps_per_generation=3, gradient_accumulation_steps=2, max_completion_length=6, train=True
+)
+
+
+def test_a_batch_without_rollout_counts_is_normalised_by_its_kept_sequences():
+    # luspo's total is num_sequences / share (share = 2 processes * 3 steps = 6). Without a rollout-batch count the
+    # micro-batch's own (kept) sequences stand for it, scaled by the share: the total is that local count.
+    mask, per_token, items = _mask(), torch.ones(4, 6), torch.tensor(37.0)
+    kept = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    assert policy_normaliser("luspo", per_token, mask, items, None, kept, **LAYOUT).total.item() == 3.0
+    assert policy_normaliser("luspo", per_token, mask, items, None, **LAYOUT).total.item() == 4.0
+    assert policy_normaliser("luspo", per_token, mask, items, torch.tensor(12.0), kept, **LAYOUT).total.item() == 2.0
+
+
+def test_sft_loss_is_the_correct_completions_nll_by_the_rollout_batch_rule_and_a_token_mean_under_bnpo():
+    logps = torch.full((4, 6), -2.0)
+    logps[0] = -1.0
+    correct = torch.tensor([1.0, 1.0, 0.0, 0.0])  # rows 0 (6 tokens, NLL 1 each) and 1 (2 tokens, NLL 2 each)
+    loss, totals = sft_loss("bnpo", logps, _mask(), correct, torch.tensor(48.0), None, **LAYOUT)
+    assert totals.tolist() == [10.0, 8.0]
+    # bnpo -> dapo's rule: 48 tokens / 2 processes * 2 accumulation / 3 steps = 16
+    assert loss.item() == pytest.approx(10 / 16)
+    # grpo: sequence means 1 + 2 over 2 correct sequences (2 local * share 6 / share), halved for accumulation
+    loss, _ = sft_loss("grpo", logps, _mask(), correct, torch.tensor(48.0), None, **LAYOUT)
+    assert loss.item() == pytest.approx(0.75)
 
 
 def test_the_aggregation_covers_the_cegppo_loss_types():

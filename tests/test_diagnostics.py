@@ -6,13 +6,14 @@ Unless a test says otherwise: epsilon 0.2 both sides (clip range [0.8, 1.2]), be
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from cegppo_trl.loss import cegppo_diagnostics
-from cegppo_trl.monitoring import combine_diagnostics, diagnostics_metrics
+from cegppo_trl.monitoring import LeftDriftAlarm, cegppo_metrics, combine_diagnostics, diagnostics_metrics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
 
@@ -207,3 +208,26 @@ def test_diagnostics_metrics_are_shares_of_the_combined_tokens_and_nothing_for_a
     assert "cegppo/preserved/left_guard_frac" in diagnostics_metrics(sums, minima, maxima, left_guard=True)
     empty = {name: 0.0 for name in sums}
     assert diagnostics_metrics(empty, minima, maxima, left_guard=True) == {}
+
+
+def test_cegppo_metrics_adds_the_betas_and_the_controller_and_the_drift_alarm_reads_its_sums():
+    # One left-clipped token (log r = -2, A = -1) beside one inside the range: left share 1/2, left log r -2.
+    coefficients = dict(KWARGS, delta_low=None, delta_low_mode="cutoff")
+    controller = SimpleNamespace(target=(0.3, 0.6), last_entropy=0.45)
+    args = (torch.tensor([[-2.0, 0.0]]), torch.tensor([-1.0]), torch.ones(1, 2), coefficients, lambda local: local)
+    metrics, sums = cegppo_metrics(*args, controller=controller)
+    assert list(metrics)[:5] == ["cegppo/beta1", "cegppo/beta2", "cegppo/controller/target_low",
+                                 "cegppo/controller/target_high", "cegppo/controller/entropy"]  # fmt: skip
+    assert [metrics[k] for k in list(metrics)[:5]] == [0.5, 0.75, 0.3, 0.6, 0.45]
+    assert metrics["clip_ratio/low_mean"] == 0.5 and metrics["cegppo/preserved/left_log_ratio"] == -2.0
+    assert sums["left_log_ratio"] == -2.0 and sums["left"] == 1.0
+    without, _ = cegppo_metrics(*args)
+    assert "cegppo/controller/target_low" not in without and without["cegppo/beta1"] == 0.5
+    config = SimpleNamespace(
+        steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=1, learning_rate=0.01
+    )
+    alarm = LeftDriftAlarm(-1.5)
+    assert alarm.warning(sums, False, 3, config, coefficients) is None  # within the optimizer step
+    warning = alarm.warning(sums, True, 3, config, coefficients)  # the step's mean (-2 - 2) / 2 = -2 < -1.5
+    assert warning.startswith("cegppo/preserved/left_log_ratio = -2.00 at step 3 is below `left_drift_warning` = -1.5")
+    assert alarm.warning(sums, True, 4, config, coefficients) is None  # the same episode

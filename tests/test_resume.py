@@ -24,6 +24,7 @@ from cegppo_trl.checkpoints import (
     COMMIT_FILE,
     RESUME_COMPARED_FIELDS,
     changed_settings,
+    holds_model,
     own_files,
     plan_resume,
     read_state,
@@ -289,6 +290,23 @@ def _resolve(output_dir: Path, value: str):
     for message in plan.messages:
         logging.getLogger("cegppo_trl.scripts").warning(message)
     return plan.checkpoint
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ((), False),
+        (("config.json", "training_args.bin", "model.pt"), False),  # no weights by the names transformers saves
+        (("model.safetensors",), True),
+        (("pytorch_model.bin",), True),
+        (("adapter_model.safetensors",), True),  # a PEFT adapter
+        (("model.safetensors.index.json",), True),  # an index of shards
+    ],
+)
+def test_holds_model_sees_a_full_model_an_adapter_or_an_index_of_shards(tmp_path, files, expected):
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    assert holds_model(str(tmp_path)) is expected
 
 
 def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):

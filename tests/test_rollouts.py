@@ -367,7 +367,7 @@ def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(
     kwargs = dict(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=1)
     full = make_trainer(**kwargs)
     with monkeypatch.context() as older_version:
-        older_version.setattr("cegppo_trl.trainer.at_rollout_batch_boundary", lambda *args: True)
+        older_version.setattr("cegppo_trl.monitoring.at_rollout_batch_boundary", lambda *args: True)
         full.train()
 
     def resumed_losses(step: int) -> tuple[list[float], list[str]]:
