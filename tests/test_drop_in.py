@@ -463,16 +463,17 @@ def test_tool_chat_template_renders_and_parses_calls():
     assert parse_response(tools, answer, prefix=prompt) == {"role": "assistant", "content": "12"}
 
 
-def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path):
-    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`."""
+def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path, model_dir):
+    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`. (A real
+    model path: a missing one is refused by the same checks.)"""
     args = CEGPPOConfig(**base_config_kwargs(tmp_path, gppo_beta1=0.0, gppo_beta2=0.0))
     dataset = Dataset.from_dict({"environment": ["counter"] * 8})
     env = {"counter": CounterEnv}
-    assert trainer_checks("unused", ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
-    report = trainer_checks("unused", ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
+    assert trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
+    report = trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
     assert report.errors == []
     with pytest.raises(ValueError, match=r"`train_dataset` has no `prompt` column \(its columns: environment\)"):
-        trainer_checks("unused", ones_reward, args, train_dataset=dataset)
+        trainer_checks(model_dir, ones_reward, args, train_dataset=dataset)
 
 
 # ----------------------------------------------------------------------------------------------------------------
