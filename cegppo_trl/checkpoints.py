@@ -1,24 +1,17 @@
 """What a CE-GPPO checkpoint holds beside transformers' files, when it is committed, and which one a run resumes.
 
-Every checkpoint the trainer writes has a `cegppo_state.json` (JSON only): the settings a resumed run is compared
-with (`RESUME_COMPARED_FIELDS`), the entropy controller's state, the run state the trainer carries between steps,
-and the history of settings changed on resume. Resuming never reads `training_args.bin` (a pickle); the other pickles
-are read as data only (`cegppo_trl.safe_load`, docs/usage.md "Security").
-
-A checkpoint is committed once its commit record (`cegppo_commit.json`) exists. Each process fsyncs the files it
-wrote and reports their names, sizes and CRC-32; the reports are gathered to the processes that save, and each writes
-the record of its folder last (temporary file, fsync, rename). Nothing lists another process's files, so per-node
-disks (`save_on_each_node`) work. Rotation is transformers' rule (`save_total_limit`, the newest and the best kept)
-run over committed folders only; a committed folder changed afterwards (a callback's file) is named in a warning.
-
-One plan per launch (`start_run`, main process, broadcast) takes the `output_dir` lock (`fcntl.flock`, held while the
-run lives, released by the kernel when it dies), picks the checkpoint, moves another run's later checkpoints aside or
-refuses them, and words every resume message once. The safety layer's own files in `output_dir` have `_` names,
-which transformers' Hub uploads skip.
+`cegppo_state.json` (JSON only) holds the settings a resume is compared with, the controller and run state, and the
+settings changed on resume. A checkpoint is committed once `cegppo_commit.json` exists: each process fsyncs the files
+it wrote and reports names, sizes and CRC-32s, gathered to the saving processes, which write the record last (fsync,
+rename); nothing lists another process's files, so per-node disks work. Rotation is transformers' rule run over
+committed folders only. One plan per launch (`start_run`: main process, broadcast) holds the `output_dir` lock
+(`flock`, released by the kernel at death), picks the checkpoint and words each message once. The layer's own files
+in `output_dir` have `_` names, which transformers' Hub uploads skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -26,6 +19,7 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +47,7 @@ _LOADED = re.compile(r"(\.(safetensors|bin|pt|pth|distcp)|^latest)$")
 _RANK = re.compile(r"rng_state_(\d+)\.pth$|zero_pp_rank_(\d+)_|__(\d+)_\d+\.distcp$")
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # JSON state files
-# ----------------------------------------------------------------------------------------------------------------
 def _write_json(path: str, record: dict[str, Any]) -> None:
     """Write `record` to `path` durably and atomically (temporary file of this process, fsync, rename, fsync dir)."""
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -78,24 +70,17 @@ def _read_json(path: str) -> Any:
 
 def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
-    try:
+    with contextlib.suppress(OSError):  # some file systems refuse to sync a directory
         os.fsync(fd)
-    except OSError:  # some file systems refuse to sync a directory
-        pass
-    finally:
-        os.close(fd)
-
-
-def settings_of(args: Any) -> dict[str, Any]:
-    """The `RESUME_COMPARED_FIELDS` of `args`, as JSON values."""
-    return {name: getattr(args, name, None) for name in RESUME_COMPARED_FIELDS}
+    os.close(fd)
 
 
 def state_record(
     args: Any, controller_state: dict | None, run_state: dict | None = None, history: list | None = None
 ) -> dict[str, Any]:
     """The content of `cegppo_state.json`: settings, controller state, run state, settings changed on resume."""
-    record: dict[str, Any] = {"format": CEGPPO_STATE_FORMAT, "settings": settings_of(args), "commit": COMMIT_FILE}
+    settings = {name: getattr(args, name, None) for name in RESUME_COMPARED_FIELDS}
+    record: dict[str, Any] = {"format": CEGPPO_STATE_FORMAT, "settings": settings, "commit": COMMIT_FILE}
     for key, value in (("controller", controller_state), ("run_state", run_state), ("history", history)):
         if value:
             record[key] = value
@@ -103,18 +88,12 @@ def state_record(
 
 
 def read_state(checkpoint: str) -> dict[str, Any] | None:
-    """The checkpoint's `cegppo_state.json`, or None when it has none (written by another trainer).
-
-    Raises:
-        ValueError: the file exists but is not a JSON object.
-    """
+    """The checkpoint's `cegppo_state.json`, or None when it has none; a ValueError when it is not a JSON object."""
     path = os.path.join(checkpoint, CEGPPO_STATE_FILE)
-    if not os.path.exists(path):
-        return None
-    state = _read_json(path)
+    state = _read_json(path) if os.path.exists(path) else {}
     if not isinstance(state, dict):
         raise ValueError(f"{path} is not a JSON object: the checkpoint is damaged.")
-    return state
+    return state or None
 
 
 def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list] | None:
@@ -140,9 +119,7 @@ def settings_history(state: dict[str, Any] | None, args: Any, step: int) -> list
     return history + ([{"step": step, "changes": changes}] if changes else [])
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # The commit: every process reports what it wrote; the record is written last
-# ----------------------------------------------------------------------------------------------------------------
 def _crc32(path: str) -> int:
     crc = 0
     with open(path, "rb") as f:
@@ -218,24 +195,19 @@ def commit_after_save(trainer: Any, folder: str, run_dir: str, held: dict[str, A
         trainer._push_from_checkpoint(folder)
 
 
-class held_until_commit:  # noqa: N801 (a context manager used like a function)
-    """Hold back the rotation and Hub push of transformers' `_save_checkpoint` (it runs them right after process
-    0's `trainer_state.json`, before the others finished); `commit_after_save` runs them after the commit."""
-
-    def __init__(self, args: Any):
-        self.args, self.held = args, {"save_total_limit": args.save_total_limit, "push_to_hub": args.push_to_hub}
-
-    def __enter__(self) -> dict[str, Any]:
-        self.args.save_total_limit, self.args.push_to_hub = None, False
-        return self.held
-
-    def __exit__(self, *exc: object) -> None:
-        self.args.save_total_limit, self.args.push_to_hub = self.held["save_total_limit"], self.held["push_to_hub"]
+@contextlib.contextmanager
+def held_until_commit(args: Any) -> Iterator[dict[str, Any]]:
+    """Hold back the rotation and Hub push of transformers' `_save_checkpoint` (run right after process 0's
+    `trainer_state.json`, before the others finished); `commit_after_save` runs them after the commit."""
+    held = {"save_total_limit": args.save_total_limit, "push_to_hub": args.push_to_hub}
+    args.save_total_limit, args.push_to_hub = None, False
+    try:
+        yield held
+    finally:
+        args.save_total_limit, args.push_to_hub = held["save_total_limit"], held["push_to_hub"]
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # Reading a folder back: committed, torn, changed
-# ----------------------------------------------------------------------------------------------------------------
 def checkpoint_folders(output_dir: str) -> list[str]:
     """The `checkpoint-<step>` folders of `output_dir`, oldest step first."""
     if not output_dir or not os.path.isdir(output_dir):
@@ -290,8 +262,7 @@ def inspect(folder: str) -> tuple[str | None, list[str]]:
     return None, changed
 
 
-def incomplete_reason(folder: str) -> str | None:
-    """Why `folder` cannot be resumed, or None."""
+def incomplete_reason(folder: str) -> str | None:  # why `folder` cannot be resumed, or None
     return inspect(folder)[0]
 
 
@@ -322,18 +293,10 @@ def rotate(run_dir: str, save_total_limit: int | None, best_checkpoint: str | No
     return doomed
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # One run per output_dir: a kernel lock
-# ----------------------------------------------------------------------------------------------------------------
 def acquire_lock(output_dir: str) -> tuple[int, bool]:
-    """Lock `output_dir` for this process: `flock` on `_cegppo_run.lock`, held until `release_lock` or death.
-
-    Returns:
-        The lock's file descriptor, and whether the file was there before (a run began in this folder earlier).
-
-    Raises:
-        RuntimeError: another live process holds it.
-    """
+    """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; returns the descriptor and whether the
+    file was there before (a run began here). Raises RuntimeError when another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
     existed = os.path.exists(path)
@@ -349,15 +312,12 @@ def acquire_lock(output_dir: str) -> tuple[int, bool]:
     return fd, existed
 
 
-def release_lock(fd: int | None) -> None:
-    """Release the lock `acquire_lock` returned (the file stays: it marks that a run began here)."""
+def release_lock(fd: int | None) -> None:  # the file stays: it marks that a run began here
     if fd is not None:
         os.close(fd)
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # The resume plan
-# ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class ResumePlan:
     """What a launch resumes, made once by the main process and shared by every process."""
@@ -516,13 +476,10 @@ def move_aside(output_dir: str, folders: list[str]) -> str | None:
         return None
     base = os.path.join(output_dir, time.strftime(f"{SUPERSEDED_PREFIX}%Y%m%d-%H%M%S", time.gmtime()))
     target, attempt = base, 0
-    while True:  # a folder of its own: two moves within one second must not collide
-        try:
-            os.makedirs(target)
-            break
-        except FileExistsError:
-            attempt += 1
-            target = f"{base}-{attempt}"
+    while os.path.exists(target):  # a folder of its own: two moves within one second must not collide
+        attempt += 1
+        target = f"{base}-{attempt}"
+    os.makedirs(target)  # the output_dir lock is held: no other run picks the same name meanwhile
     for folder in folders:
         os.rename(folder, os.path.join(target, os.path.basename(folder)))
     _fsync(output_dir)
@@ -556,7 +513,7 @@ def start_run(
                 "delete" if overwrite and _wanted(requested) is None else getattr(args, "later_checkpoints", "refuse")
             )
             made, later = plan_resume(output_dir, requested, args, mode, own, began_here)
-            plan.checkpoint, plan.finished, plan.messages = made.checkpoint, made.finished, made.messages
+            made.lock, plan = plan.lock, made
             if later and mode == "delete":
                 for folder in later:
                     shutil.rmtree(folder)

@@ -140,9 +140,10 @@ def _is_user_error(error: BaseException) -> bool:
     """Whether `cegppo train` reports `error` as one line (exit status 2) instead of a traceback.
 
     A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
-    that cannot be read), or a `RuntimeError` raised by this package's own checks before training (a launch that
-    would run the wrong engine, a changed TRL). Anything raised inside the training loop, and any other
-    `RuntimeError`, keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
+    that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
+    training (a launch that would run the wrong engine, a changed TRL, an `output_dir` that is a file, a missing
+    extra: the pre-flight report raises them). Anything raised inside the training loop, and any other such error,
+    keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
     """
     import os
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             trainer = train(*parse_args(argv[1:], prog="cegppo train"))
-        except (ValueError, RuntimeError) as error:
+        except (ValueError, RuntimeError, OSError, ImportError) as error:
             if not _is_user_error(error):
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
@@ -191,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
-        from .preflight import main as check
+        from .scripts import check_main
 
-        return check(argv[1:])
+        return check_main(argv[1:])
     elif args.command == "recipes":
         _list_recipes()
     elif args.command == "rewards":

@@ -164,6 +164,31 @@ def check_distributed_engine(
     return "fsdp"
 
 
+def check_launch(training_args: Any) -> None:
+    """Fail fast when a launcher started several processes but accelerate set up a single-process run in each.
+
+    Each copy would train on its own and write to the same `output_dir`. Two launches do this without GPUs:
+    `accelerate launch --multi_gpu --num_processes N` (WORLD_SIZE=N, yet accelerate finds no GPU and falls back to one
+    process) and `accelerate launch --cpu --num_processes N` (starts one process only).
+    """
+    _ = training_args.device  # sets up accelerate's distributed state
+    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world_size > 1 and training_args.world_size == 1:
+        raise RuntimeError(
+            f"The launcher started {world_size} processes (WORLD_SIZE={world_size}, "
+            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}) but accelerate set up a single-process run in each: they "
+            "would train independently and overwrite each other's `output_dir`. On a machine without GPUs, launch "
+            f"several CPU processes with:\n    {CPU_DDP_LAUNCH_LINE}"
+        )
+    cpu_flag = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if cpu_flag and "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ and training_args.world_size == 1:
+        # `accelerate launch --cpu --num_processes N` (N > 1) sets MASTER_ADDR but starts one plain process.
+        raise RuntimeError(
+            "`accelerate launch --cpu --num_processes N` starts only one process (MASTER_ADDR is set, WORLD_SIZE is "
+            "not). For one CPU process drop `--num_processes`; for several use:\n    " + CPU_DDP_LAUNCH_LINE
+        )
+
+
 def cpu_rehearsal_config(shipped: str | os.PathLike, out: str | os.PathLike, num_processes: int = 2) -> Path:
     """Write a copy of an accelerate config that runs on a CPU box: `use_cpu`, `num_processes`, fp32.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from .config import CEGPPO_LOSS_TYPES
 
 __all__ = [
     "CARD_SECTION_TITLE",
+    "PAPER",
     "card_section",
     "cegppo_settings",
     "finish_card",
@@ -34,6 +36,21 @@ __all__ = [
 ]
 
 CARD_SECTION_TITLE = "## CE-GPPO settings"
+# The paper as TRL's model card cites it (the trainer's `_paper`); `eprint` as in the README.
+PAPER = {
+    "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
+    "Reinforcement Learning",
+    "id": "2509.20712",
+    # docstyle-ignore
+    "citation": textwrap.dedent("""\
+        @inproceedings{su2026cegppo,
+            title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
+            author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
+            booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
+            year         = 2026,
+            eprint       = {2509.20712},
+        }"""),
+}
 
 
 def cegppo_settings(trainer: Any) -> dict[str, object]:

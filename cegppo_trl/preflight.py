@@ -1,35 +1,43 @@
 """Pre-flight checks: everything knowable before the model loads, in one report.
 
-One implementation, three callers:
+A layer below both callers, over what the trainer will be given (datasets, rewards, config, tokenizer, peft config,
+world size): `run_checks` returns a `Report` of findings, each with its fix as data (`Fix`: the setting and the value
+that works), and the caller words the fixes once:
 
-- `cegppo check` (`main`): the same arguments and recipe as `cegppo train`; loads the dataset, the tokenizer and the
-  model config (never the weights), prints the report and exits non-zero on any error;
-- `cegppo train` (`scripts.main`): runs `cli_checks` before the model loads and raises the errors;
+- `cegppo check` and `cegppo train` (`cegppo_trl.scripts.check_command`): the command's data loaded and mapped
+  (`cegppo_trl.data`), then `run_checks`; fixes read as flags (`--solution_column answer`). `cegppo
+  train` hands the report to the trainer, which then does not check again;
 - the Python API: `CEGPPOTrainer.__init__` runs `trainer_checks` on its arguments before `GRPOTrainer` loads the
-  model (`run_checks` is shared by all three; only the wording of the fixes differs: flags for the command line,
-  dataset and config changes for the API).
+  model; fixes read as arguments (`solution_column='answer'`, a dataset change).
 
+Every refusal the trainer makes before the model loads is a finding here, so `check` and `train` cannot disagree.
 The report holds, per section, what the trainer will see (the dataset's rows, columns and types, a few prompts as
-the model gets them and their token lengths, what each reward receives and how it scores the reference answer, the
-batch layout, the engine, the extras and the output directory) and a list of findings (`error`, `warning`).
+the model gets them and their token lengths, what each reward receives and returns, how it scores the reference
+answer, the batch layout, the engine, the extras and the output directory) and the findings (`error`, `warning`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import logging
+import math
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .data import (
+    NONE_STRINGS,
+    check_model_path,
+    is_prompt,
+    sample_rows,
+    short_repr,
+    type_name,
+)
 from .rewards import (
     REFERENCE_COLUMN,
     TRAINER_KWARGS,
     likely_reference_column,
-    missing_reference_message,
     reference_completion,
     reward_needs_chat,
     reward_reads_reference,
@@ -38,10 +46,7 @@ from .rewards import (
 )
 
 if TYPE_CHECKING:
-    from trl import ModelConfig
-
     from .config import CEGPPOConfig
-    from .scripts import CEGPPOScriptArguments
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +54,16 @@ SECTIONS = {
     "model": "Model",
     "dataset": "Dataset (as the trainer sees it)",
     "prompts": "Prompts (as the model gets them)",
-    "rewards": "Rewards (what each receives for those rows, and its score for the reference answer)",
+    "rewards": "Rewards (what each receives for those rows, what it returns, and its score for the reference answer)",
     "batch": "Batch layout",
+    "schedules": "Schedules",
     "engine": "Engine",
     "extras": "Extras",
     "output_dir": "Output directory",
 }
-SAMPLE_ROWS = 3
+# Rows whose prompts are checked one by one (None, empty, malformed chat messages): every row up to this many, else
+# the first this many (reading one column of 100k rows takes well under a second).
+PROMPT_ROWS_CHECKED = 100_000
 # Optional packages a setting needs: (module, install line).
 EXTRAS = {
     "vllm": ("vllm", 'pip install "cegppo-trl[vllm]"'),
@@ -63,20 +71,73 @@ EXTRAS = {
     "bitsandbytes": ("bitsandbytes", 'pip install "cegppo-trl[quant]"'),
     "deepspeed": ("deepspeed", 'pip install "cegppo-trl[deepspeed]"'),
 }
+# `report_to` integrations and the module transformers needs for each (it refuses at `Trainer.__init__` otherwise).
+TRACKERS = {
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "clearml": "clearml",
+    "trackio": "trackio",
+    "swanlab": "swanlab",
+    "dvclive": "dvclive",
+    "neptune": "neptune",
+    "codecarbon": "codecarbon",
+    "azure_ml": "azureml",
+}
+BETA_WARN_ABOVE = 10.0  # the paper's betas are at most 1.0 (Sec. 5); far above it the clipped tokens dominate
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The report
 # ----------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fix:
+    """What fixes a finding: the setting and the value that works; the caller words it once.
+
+    `cegppo check`/`train` word it as a flag (`--solution_column answer`), the Python API as an argument
+    (`solution_column='answer'`), or as `api` where the API's remedy is not an argument (a dataset change).
+    """
+
+    field: str
+    value: Any = None
+    api: str | None = None
+
+    def as_flag(self) -> str:
+        if self.value is None:
+            return f"`--{self.field}`"
+        value = self.value
+        if isinstance(value, bool):
+            value = str(value).lower()
+        elif isinstance(value, (list, tuple)):
+            value = " ".join(map(str, value))
+        return f"`--{self.field} {value}`"
+
+    def as_argument(self) -> str:
+        if self.api is not None:
+            return self.api
+        return f"`{self.field}`" if self.value is None else f"`{self.field}={self.value!r}`"
+
+
 @dataclass
 class Finding:
-    """One problem: `severity` is `"error"` (the run would fail or train on nothing) or `"warning"`."""
+    """One problem: `severity` is `"error"` (the run would fail or train on nothing) or `"warning"`.
+
+    `message` holds `{fix}` (and `{fix1}`, ...) where its `fixes` go, worded by `text`.
+    """
 
     severity: str
     section: str
     message: str
     exception: type[Exception] = ValueError
     code: str = ""  # a stable tag for callers that handle a finding themselves (e.g. "on_policy")
+    fixes: tuple[Fix, ...] = ()
+
+    def text(self, flags: bool = False) -> str:
+        """The message with its fixes worded as flags (`flags=True`, the command line) or as API arguments."""
+        text = self.message
+        for i, fix in enumerate(self.fixes):
+            text = text.replace("{fix}" if i == 0 else f"{{fix{i}}}", fix.as_flag() if flags else fix.as_argument())
+        return text
 
 
 @dataclass
@@ -90,11 +151,13 @@ class Report:
     def info(self, section: str, line: str) -> None:
         self.lines.setdefault(section, []).append(line)
 
-    def error(self, section: str, message: str, exception: type[Exception] = ValueError, code: str = "") -> None:
-        self.findings.append(Finding("error", section, message, exception, code))
+    def error(
+        self, section: str, message: str, exception: type[Exception] = ValueError, code: str = "", fixes=()
+    ) -> None:
+        self.findings.append(Finding("error", section, message, exception, code, tuple(fixes)))
 
-    def warning(self, section: str, message: str, code: str = "") -> None:
-        self.findings.append(Finding("warning", section, message, code=code))
+    def warning(self, section: str, message: str, code: str = "", fixes=()) -> None:
+        self.findings.append(Finding("warning", section, message, code=code, fixes=tuple(fixes)))
 
     def collect(self, section: str, check: Callable, *args: Any) -> Any:
         """Run a check that raises; record what it raises as an error (with its exception type)."""
@@ -112,19 +175,19 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
 
-    def raise_errors(self) -> None:
+    def raise_errors(self, flags: bool = False) -> None:
         """Raise the first error's exception type, with every error's message (numbered when several)."""
         errors = self.errors
         if not errors:
             return
         if len(errors) == 1:
-            raise errors[0].exception(errors[0].message)
+            raise errors[0].exception(errors[0].text(flags))
         text = f"{len(errors)} problems found before loading the model:\n" + "\n".join(
-            f"  {i}. {f.message}" for i, f in enumerate(errors, 1)
+            f"  {i}. {f.text(flags)}" for i, f in enumerate(errors, 1)
         )
         raise errors[0].exception(text)
 
-    def format(self, width: int = 100) -> str:
+    def format(self, width: int = 100, flags: bool = True) -> str:
         """The report as text: each section's lines, then the findings, then a one-line verdict."""
         import textwrap
 
@@ -139,169 +202,47 @@ class Report:
             out.append("")
         for finding in self.findings:
             head = f"{finding.severity.upper()} [{finding.section}] "
-            out.extend(textwrap.wrap(head + finding.message, width, subsequent_indent="    ", break_long_words=False))
+            out.extend(
+                textwrap.wrap(head + finding.text(flags), width, subsequent_indent="    ", break_long_words=False)
+            )
         n_err, n_warn = len(self.errors), len(self.warnings)
         verdict = "ready to train" if not n_err else "would fail or train on nothing: fix the errors above"
         out.append(f"{n_err} error(s), {n_warn} warning(s): {verdict}.")
         return "\n".join(out)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------------------------------------------
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
-
-
-def _short(value: Any, limit: int = 70) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _sample(dataset: Any, n: int = SAMPLE_ROWS) -> list[dict]:
-    """The first `n` rows (a streaming dataset reads only those)."""
-    from datasets import IterableDataset
-
-    if isinstance(dataset, IterableDataset):
-        return list(itertools.islice(iter(dataset), n))
-    return [dataset[i] for i in range(min(n, len(dataset)))]
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, list):
-        inner = {_type_name(v) for v in value[:3]}
-        return f"list[{'|'.join(sorted(inner))}]" if inner else "list"
-    return type(value).__name__
-
-
-def _is_prompt(value: Any) -> bool:
-    if isinstance(value, str):
-        return True
-    # TRL's `is_conversational` reads the `role` key (a tool-calling assistant turn may carry no `content`)
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(m, dict) and ("role" in m or "content" in m) for m in value)
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Source data (command line): the columns the options name, before they are mapped onto `prompt` / `solution`
-# ----------------------------------------------------------------------------------------------------------------
-def resolve_solution_column(
-    solution_column: str | None, columns: Sequence[str] | None, reward_funcs: Sequence[Callable]
-) -> str | None:
-    """The reference column to map: None when the default `solution` is absent and no selected reward reads it."""
-    if solution_column != REFERENCE_COLUMN or columns is None or REFERENCE_COLUMN in columns:
-        return solution_column
-    if reward_funcs and all(reward_reads_reference(func) is False for func in reward_funcs):
-        return None
-    return solution_column
-
-
-def source_column_problems(
-    dataset: Any,
-    prompt_column: str,
-    solution_column: str | None,
-    reward_names: Sequence[str] = (),
-    reward_funcs: Sequence[Callable] = (),
-) -> list[str]:
-    """What is wrong with `prompt_column` / `solution_column` in the loaded data, every path component checked.
-
-    A dotted path (`reward_model.ground_truth`) is followed field by field through the first rows (a `datasets` row
-    holds every field of the schema, `None` where a record lacks it), so a misspelled nested field is named instead of
-    passing `None` to every reward.
-    """
-    import difflib
-
-    columns = dataset.column_names
-    rows = _sample(dataset)
-    problems = []
-    readers = [n for n, f in zip(reward_names, reward_funcs, strict=False) if reward_reads_reference(f)]
-    for option, path in (("prompt_column", prompt_column), ("solution_column", solution_column)):
-        if path is None:
-            continue
-        keys = path.split(".")
-        top = list(columns) if columns is not None else (list(rows[0]) if rows else None)
-        if top is None:
-            continue
-        values: list[Any] = rows
-        available = top
-        for depth, key in enumerate(keys):
-            if available is not None and key not in available:
-                where = "the dataset" if depth == 0 else f"`{'.'.join(keys[:depth])}`"
-                close = difflib.get_close_matches(key, [str(a) for a in available], n=1, cutoff=0.6)
-                likely = likely_reference_column(available) if option == "solution_column" and depth == 0 else None
-                if likely:
-                    hint = f" The reference answer looks like it is in `{likely}`: pass `--solution_column {likely}`."
-                elif close:
-                    hint = f" Did you mean `{'.'.join([*keys[:depth], close[0]])}`?"
-                elif option == "solution_column" and depth == 0:
-                    hint = " Name the column that holds the reference answer with `--solution_column`."
-                else:
-                    hint = ""
-                if option == "solution_column" and path == REFERENCE_COLUMN and readers:
-                    hint += f" ({', '.join(readers)} read(s) the reference as `solution`.)"
-                elif option == "solution_column" and depth == 0:
-                    hint += " `solution_column: null` runs reference-free rewards only."
-                kind = "a column of" if depth == 0 else "a field of"
-                problems.append(
-                    f"`{option}={path}`: `{key}` is not {kind} {where} (its {'columns' if depth == 0 else 'fields'}: "
-                    f"{', '.join(map(str, available))}).{hint}"
-                )
-                break
-            values = [v.get(key) if isinstance(v, dict) else None for v in values]
-            nested = [v for v in values if v is not None]
-            if depth < len(keys) - 1:
-                if nested and not all(isinstance(v, dict) for v in nested):
-                    problems.append(
-                        f"`{option}={path}`: `{'.'.join(keys[: depth + 1])}` holds {_type_name(nested[0])} values, "
-                        "not records with fields: a dotted path reads a nested field."
-                    )
-                    break
-                available = sorted({k for v in nested for k in v}) if nested else None
-        else:
-            if option == "prompt_column" and values and not all(_is_prompt(v) for v in values):
-                bad = next(v for v in values if not _is_prompt(v))
-                text_columns = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
-                hint = f" (text columns: {', '.join(text_columns)})" if text_columns else ""
-                problems.append(
-                    f"`prompt_column={path}` holds {_type_name(bad)} values (e.g. {_short(bad)}), not text or a list "
-                    f"of chat messages: the tokenizer cannot read them. Name the column with the prompt text with "
-                    f"`--prompt_column`{hint}."
-                )
-    return problems
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The shared checks
 # ----------------------------------------------------------------------------------------------------------------
 def inspect_dataset(
-    report: Report, dataset: Any, *, cli: bool, name: str = "train_dataset", environments: bool = False
+    report: Report, dataset: Any, *, name: str = "train_dataset", environments: bool = False
 ) -> list[dict]:
     """Rows, columns and types; the errors the trainer would hit late. Returns a few rows.
 
     With `environments` (an `environment_factory` is given) the `prompt` column is optional, as in TRL: each
-    rollout's `reset()` supplies the prompt (a dataset may hold only the `environment` routing column).
+    rollout's `reset()` supplies the prompt.
     """
     from datasets import IterableDataset
 
     columns = dataset.column_names
     streaming = isinstance(dataset, IterableDataset)
     if not streaming and len(dataset) == 0:
-        fix = (
-            "check `--dataset_name`, `--dataset_train_split` and `--max_train_samples`"
-            if cli
-            else f"pass a dataset with rows as `{name}`"
+        report.error(
+            "dataset",
+            f"`{name}` is empty (0 rows): nothing to train on; check {{fix}}.",
+            fixes=[Fix("dataset_name", api=f"that you pass a dataset with rows as `{name}`")],
         )
-        report.error("dataset", f"`{name}` is empty (0 rows): nothing to train on; {fix}.")
         return []
-    rows = _sample(dataset)
+    rows = sample_rows(dataset)
     features = getattr(dataset, "features", None)
     if features is not None:
         shown = ", ".join(f"{c} ({_feature_name(features[c])})" for c in features)
     else:
-        shown = ", ".join(f"{c} ({_type_name(v)})" for c, v in (rows[0].items() if rows else []))
+        shown = ", ".join(f"{c} ({type_name(v)})" for c, v in (rows[0].items() if rows else []))
     size = "streamed (length unknown)" if streaming else f"{len(dataset)} rows"
     report.info("dataset", f"{name}: {size}; columns: {shown or 'none'}")
     if columns is None and rows:
@@ -311,24 +252,78 @@ def inspect_dataset(
             report.info("dataset", f"{name}: no `prompt` column; each environment's `reset()` gives the prompt")
             return rows
         likely = next((c for c in ("question", "problem", "query", "input", "text") if c in columns), None)
-        fix = (
-            f"`--prompt_column {likely or '<column>'}`"
-            if cli
-            else f"`{name} = {name}.rename_column({(likely or '<column>')!r}, 'prompt')` (TRL reads prompts from the "
-            "`prompt` column)"
-        )
-        report.error("dataset", f"`{name}` has no `prompt` column (its columns: {', '.join(columns)}). Fix: {fix}.")
-        return rows
-    bad = next((r["prompt"] for r in rows if not _is_prompt(r.get("prompt"))), None)
-    if rows and bad is not None:
-        fix = "`--prompt_column`" if cli else "a `prompt` column"
+        rename = f"`{name} = {name}.rename_column({(likely or '<column>')!r}, 'prompt')` (TRL reads prompts from the "
         report.error(
             "dataset",
-            f"The `prompt` column of `{name}` holds {_type_name(bad)} values (e.g. {_short(bad)}), not text or a "
-            f"list of chat messages (`{{'role': ..., 'content': ...}}`): the tokenizer cannot read them. Use {fix} "
-            "with the prompt text.",
+            f"`{name}` has no `prompt` column (its columns: {', '.join(columns)}). Fix: {{fix}}.",
+            fixes=[Fix("prompt_column", likely or "<column>", api=rename + "`prompt` column)")],
         )
+        return rows
+    # A column of the wrong type (numbers, records); a None or empty prompt is a row's problem, named below.
+    wrong = [r["prompt"] for r in rows if not is_prompt(r.get("prompt")) and r.get("prompt") not in (None, [])]
+    if wrong and not isinstance(wrong[0], list):
+        bad = wrong[0]
+        report.error(
+            "dataset",
+            f"The `prompt` column of `{name}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not text or a "
+            f"list of chat messages (`{{'role': ..., 'content': ...}}`): the tokenizer cannot read them. Use {{fix}} "
+            "with the prompt text.",
+            fixes=[Fix("prompt_column", api="a `prompt` column")],
+        )
+        return rows
+    if rows:
+        inspect_prompt_rows(report, dataset, name)
     return rows
+
+
+def prompt_problem(prompt: Any) -> str | None:
+    """What the tokenizer or the chat template would fail on in one prompt, or None."""
+    if prompt is None:
+        return "is None"
+    if isinstance(prompt, str):
+        return "is empty" if not prompt.strip() else None
+    if not isinstance(prompt, list):
+        return f"is {type_name(prompt)}, not text or chat messages"
+    if not prompt:
+        return "is an empty list of messages"
+    for j, message in enumerate(prompt):
+        if not isinstance(message, dict):
+            return f"message {j} is {type_name(message)}, not a {{'role': ..., 'content': ...}} record"
+        keys = {k for k, v in message.items() if v is not None}  # a datasets row holds every field of the schema
+        if "role" not in keys:  # TRL's `is_conversational` reads `role`; `content` may be absent (a tool call)
+            other = sorted(keys - {"role", "content"})
+            return f"message {j} has the keys {sorted(keys)}, not `role` and `content`" + (
+                f" (a misspelling: {', '.join(map(repr, other))}?)" if other else ""
+            )
+        if not isinstance(message["role"], str):
+            return f"message {j} has the role {short_repr(message['role'])}, not a string"
+    if not any(isinstance(m.get("content"), str) and m["content"].strip() or isinstance(m.get("content"), list)
+               or m.get("tool_calls") for m in prompt):  # fmt: skip
+        return "holds only empty messages"
+    return None
+
+
+def inspect_prompt_rows(report: Report, dataset: Any, name: str) -> None:
+    """Every prompt the trainer will read (up to `PROMPT_ROWS_CHECKED`; a stream: its first rows), one by one."""
+    from datasets import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        prompts, scope = [r.get("prompt") for r in sample_rows(dataset, 64)], "the stream's first 64 rows"
+    else:
+        n = min(len(dataset), PROMPT_ROWS_CHECKED)
+        column = dataset.select(range(n))["prompt"] if n < len(dataset) else dataset["prompt"]
+        prompts, scope = list(column), (f"all {n} rows" if n == len(dataset) else f"the first {n} rows")
+    bad = [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]
+    if not bad:
+        report.info("dataset", f"prompts: {scope} checked (none None, empty or malformed)")
+        return
+    (i, problem), more = bad[0], len(bad) - 1
+    report.error(
+        "dataset",
+        f"`{name}` row {i}: the prompt {problem}" + (f" ({more} more of {scope} too)" if more else f" ({scope} "
+        "checked)") + ": the tokenizer or the chat template fails on it, or the model is trained on an empty prompt, "
+        "at the first batch that draws it. Fix or drop those rows (`dataset.filter(...)`).",
+    )  # fmt: skip
 
 
 def _feature_name(feature: Any) -> str:
@@ -345,24 +340,19 @@ def _feature_name(feature: Any) -> str:
     return type(feature).__name__
 
 
-def render_prompts(report: Report, rows: list[dict], processing_class: Any, args: Any, *, cli: bool) -> None:
+def render_prompts(report: Report, rows: list[dict], processing_class: Any, args: Any) -> None:
     """Each sample prompt as the model gets it (chat template applied) and its token length."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     chat_rows = [r for r in rows if isinstance(r.get("prompt"), list)]
     template = getattr(processing_class, "chat_template", None) or getattr(tokenizer, "chat_template", None)
     if chat_rows and not template:
-        fix = (
-            "For a base model trained on raw text pass `--chat_prompts false` (and drop `--system_prompt`): "
-            "plain-text prompts then stay text; prompts that are chat messages in the dataset need a template "
-            "whatever the flag"
-            if cli
-            else "Give plain-text prompts (strings) for a base model"
-        )
         report.error(
             "prompts",
             "The prompts are chat messages, but the tokenizer has no chat template (a base model), so they cannot be "
-            f"rendered. {fix}; or use a model with a chat template (an instruct model), or set one on the tokenizer "
-            "(`tokenizer.chat_template = ...`, then `save_pretrained`).",
+            "rendered. For a base model trained on raw text give plain-text prompts ({fix}; prompts that are chat "
+            "messages in the dataset need a template whatever the setting); or use a model with a chat template (an "
+            "instruct model), or set one on the tokenizer (`tokenizer.chat_template = ...`, then `save_pretrained`).",
+            fixes=[Fix("chat_prompts", False, api="strings in the `prompt` column")],
         )
         return
     kwargs = dict(getattr(args, "chat_template_kwargs", None) or {})
@@ -407,7 +397,7 @@ def _reward_name(func: Any) -> str:
 
 def inspect_rewards(
     report: Report, reward_funcs: Sequence[Any], names: Sequence[str], rows: list[dict], columns: Sequence[str],
-    *, cli: bool,
+    dry_call: bool = True,
 ) -> None:  # fmt: skip
     """What each reward receives for the sample rows, and its score for the reference answer."""
     columns = list(columns)
@@ -421,18 +411,18 @@ def inspect_rewards(
             continue
         missing = [c for c in reward_required_columns(func) if c not in columns]
         if missing == [REFERENCE_COLUMN]:
-            report.error("rewards", missing_reference_message(name, columns, cli=cli))
+            _missing_reference(report, name, columns)
             continue
         if missing:
-            fix = (
-                "map one with `--solution_column` (it arrives as `solution`)"
-                if cli
-                else "add them to the dataset given to the trainer"
-            )
+            import difflib
+
+            close = {m: difflib.get_close_matches(m, columns, n=1, cutoff=0.6) for m in missing}
+            hint = "; ".join(f"did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
             report.error(
                 "rewards",
                 f"Reward `{name}` needs the dataset column(s) {missing}, which the data lacks (columns: "
-                f"{', '.join(columns)}). Add them, or {fix}.",
+                f"{', '.join(columns)}){f' ({hint})' if hint else ''}. Add them to the dataset, or {{fix}}.",
+                fixes=[Fix("solution_column", api="rename the column (`dataset.rename_column(old, new)`)")],
             )
             continue
         value_range = reward_value_range(func)
@@ -445,13 +435,16 @@ def inspect_rewards(
             f"keyword lists{'' if reads else '; reads no reference'}",
         )
         if reward_needs_chat(func) and rows and isinstance(rows[0].get("prompt"), str):
-            fix = "`--chat_prompts true`, a model with a chat template" if cli else "chat-message prompts"
             report.error(
                 "rewards",
                 f"TRL's {name} read(s) chat completions (`completion[0]['content']`), and the prompts are plain text, "
-                f"so the completions will be too. Use chat prompts ({fix}), or this library's rewards, which read "
-                "both (`math_verify_01` for accuracy_reward, `format` for a format check).",
+                "so the completions will be too. Use chat prompts ({fix}, a model with a chat template), or this "
+                "library's rewards, which read both (`math_verify_01` for accuracy_reward, `format` for a format "
+                "check).",
+                fixes=[Fix("chat_prompts", True, api="chat-message prompts")],
             )
+            continue
+        if dry_call and not _dry_call(report, name, func, rows):
             continue
         if reference_completion(func, "0") is None:
             if reads is not False:
@@ -462,12 +455,101 @@ def inspect_rewards(
                 )
             for i, row in enumerate(rows):
                 if REFERENCE_COLUMN in row and reads is not False:
-                    report.info("rewards", f"  row {i}: solution={_short(row[REFERENCE_COLUMN])}")
+                    report.info("rewards", f"  row {i}: solution={short_repr(row[REFERENCE_COLUMN])}")
             continue
-        _score_references(report, name, func, rows, value_range, cli=cli)
+        _score_references(report, name, func, rows, value_range)
 
 
-def _score_references(report, name, func, rows, value_range, *, cli: bool) -> None:
+def _missing_reference(report: Report, name: str, columns: Sequence[str]) -> None:
+    columns = [c for c in columns if c not in TRAINER_KWARGS]
+    likely = likely_reference_column(columns)
+    top = (likely or "<column>").split(".")[0]
+    api = (
+        f"give the trainer a dataset whose `{REFERENCE_COLUMN}` column holds the reference answer, e.g. "
+        f"`train_dataset = train_dataset.rename_column({top!r}, {REFERENCE_COLUMN!r})`"
+        + (" (a nested field: `.map(lambda row: {'solution': row['reward_model']['ground_truth']})`)"
+           if likely and "." in likely else "")
+    )  # fmt: skip
+    report.error(
+        "rewards",
+        f"Reward `{name}` compares each completion with a reference answer, passed as the `{REFERENCE_COLUMN}` "
+        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). Name the column that holds "
+        "the reference: {fix}. Without a reference, use a reference-free reward such as `format`.",
+        fixes=[Fix("solution_column", likely or "<column>", api=api)],
+    )
+
+
+# What a made-up completion says when a reward has no reference form: a plain sentence with a number.
+MADE_UP_COMPLETION = "Let me think step by step. The answer is 42."
+
+
+def _dry_call(report: Report, name: str, func: Callable, rows: list[dict]) -> bool:
+    """Call `func` as TRL does on the sample rows with a made-up completion (the reference answer where it has one):
+    a reward that raises, returns the wrong type or length, None everywhere, NaN or inf is an error here instead of
+    at the first rollout. Returns whether the reward can go on to the reference test."""
+    from transformers import TrainerState
+
+    completions = []
+    for row in rows:
+        solution = row.get(REFERENCE_COLUMN)
+        text = reference_completion(func, solution) if solution is not None else None
+        text = MADE_UP_COMPLETION if text is None else text
+        prompt = row.get("prompt")
+        completions.append([{"role": "assistant", "content": text}] if isinstance(prompt, list) else text)
+    extra = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
+    trainer = {"completion_ids": [[0]] * len(rows), "trainer_state": TrainerState()}
+    trainer.update(log_extra=lambda *args, **kwargs: None, log_metric=lambda *args, **kwargs: None)
+    where = f"called as the trainer calls it on {len(rows)} dataset row(s) with a made-up completion"
+    try:
+        scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **trainer, **extra)
+    except Exception as error:
+        report.error("rewards", f"Reward `{name}` raised when {where}: {type(error).__name__}: {error}")
+        return False
+    if isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__"):
+        report.error(
+            "rewards",
+            f"Reward `{name}` returned {type_name(scores)} ({short_repr(scores)}) when {where}: a reward returns a "
+            "list with one float (or None) per completion.",
+        )
+        return False
+    scores = list(scores)
+    if len(scores) != len(rows):
+        report.error(
+            "rewards",
+            f"Reward `{name}` returned {len(scores)} value(s) for {len(rows)} completion(s) when {where}: a reward "
+            "returns one float (or None) per completion, in order.",
+        )
+        return False
+    values = []
+    for score in scores:
+        try:
+            values.append(None if score is None else float(score))
+        except (TypeError, ValueError):
+            report.error(
+                "rewards",
+                f"Reward `{name}` returned {type_name(score)} values ({short_repr(score)}) when {where}: a reward "
+                "returns floats (or None for a completion it cannot score).",
+            )
+            return False
+    if any(v is not None and math.isinf(v) for v in values):
+        report.error(
+            "rewards",
+            f"Reward `{name}` returned an infinite score ({short_repr(scores)}) when {where}: the group's advantages "
+            "would be NaN and the update garbage. Return a finite score (or None for a completion it cannot score).",
+        )
+        return False
+    if all(v is None or math.isnan(v) for v in values):
+        report.warning(
+            "rewards",
+            f"Reward `{name}` returned no score (None or NaN) for every completion when {where}: if it does so in "
+            "training, it gives no signal (the run stops after `max_unscorable_batches` such batches).",
+        )
+        return False
+    report.info("rewards", f"  a dry call on {len(rows)} row(s) returned {short_repr(scores)}")
+    return True
+
+
+def _score_references(report, name, func, rows, value_range) -> None:
     failures = []
     for i, row in enumerate(rows):
         solution = row.get(REFERENCE_COLUMN)
@@ -482,35 +564,40 @@ def _score_references(report, name, func, rows, value_range, *, cli: bool) -> No
         top = None if value_range is None else value_range[1]
         ok = score is not None and (top is None or abs(float(score) - top) <= 1e-6)
         mark = "top score" if ok else "NOT the top score"
-        report.info("rewards", f"  row {i}: solution={_short(solution)} -> the reference scores {score} ({mark})")
+        report.info("rewards", f"  row {i}: solution={short_repr(solution)} -> the reference scores {score} ({mark})")
         if not ok:
             failures.append((i, solution, score))
     if failures:
         i, solution, score = failures[0]
-        fix = (
-            "`--solution_column` (a dotted path reads a nested field)"
-            if cli
-            else "the `solution` column of the dataset"
-        )
         report.error(
             "rewards",
-            f"Reward `{name}` gives the reference answer itself (row {i}: solution={_short(solution)}) the score "
+            f"Reward `{name}` gives the reference answer itself (row {i}: solution={short_repr(solution)}) the score "
             f"{score}, not its top score {value_range[1]:g} ({len(failures)} of {len(rows)} rows checked): the "
-            f"reference column does not hold what this reward reads, or the reward does not fit this data, and every "
-            f"completion would be scored wrong. Check {fix} and the reward.",
+            "reference column does not hold what this reward reads, or the reward does not fit this data, and every "
+            "completion would be scored wrong. Check {fix} and the reward.",
+            fixes=[Fix("solution_column", api="the `solution` column of the dataset")],
         )
 
 
-def inspect_reward_weights(report: Report, args: Any, n_rewards: int, *, cli: bool) -> None:
+def inspect_reward_weights(report: Report, args: Any, n_rewards: int) -> None:
     weights = getattr(args, "reward_weights", None)
-    if weights is None or len(weights) == n_rewards:
+    if weights is None:
         return
-    flag = "`--reward_weights`" if cli else "`reward_weights`"
-    report.error(
-        "rewards",
-        f"{flag} has {len(weights)} value(s) ({', '.join(map(str, weights))}) for {n_rewards} reward function(s): "
-        "give one weight per reward function, in the same order, or none (all 1).",
-    )
+    if len(weights) != n_rewards:
+        report.error(
+            "rewards",
+            f"{{fix}} has {len(weights)} value(s) ({', '.join(map(str, weights))}) for {n_rewards} reward "
+            "function(s): give one weight per reward function, in the same order, or none (all 1).",
+            fixes=[Fix("reward_weights")],
+        )
+    elif not all(math.isfinite(float(w)) for w in weights):
+        finite = [w if math.isfinite(float(w)) else 1.0 for w in weights]
+        report.error(
+            "rewards",
+            f"`reward_weights` {list(weights)} holds a value that is not finite: every reward would be NaN (loss 0, "
+            "no gradient, for the whole run). Give finite weights, e.g. {fix}.",
+            fixes=[Fix("reward_weights", finite)],
+        )
 
 
 def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
@@ -518,6 +605,16 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     from .config import CEGPPO_LOSS_TYPES, is_on_policy, on_policy_message
 
     per_device, spg, ga = args.per_device_train_batch_size, args.steps_per_generation, args.gradient_accumulation_steps
+    for name, value in (("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", ga),
+                        ("steps_per_generation", spg), ("num_iterations", args.num_iterations)):  # fmt: skip
+        if value is None or value < 1:
+            report.error(
+                "batch",
+                f"`{name}={value}`: must be at least 1 (the trainer would fail after the model loads). Use e.g. {{fix}}.",
+                fixes=[Fix(name, 1)],
+            )
+    if report.errors and any(f.section == "batch" for f in report.errors):
+        return
     rollout = args.generation_batch_size or per_device * world_size * spg
     groups = rollout // args.num_generations
     steps = spg * args.num_iterations / ga
@@ -551,6 +648,68 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
         report.info("batch", "dynamic sampling: groups whose rewards are all equal are dropped from the loss")
 
 
+def _change_points(schedule: Any) -> list[Any]:
+    """The step points where a schedule's value changes (`StepPoint`s)."""
+    from .schedules import PiecewiseSchedule, WarmupSchedule, _RampSchedule
+
+    if isinstance(schedule, _RampSchedule):
+        return [schedule.window_start, schedule.window_end]
+    if isinstance(schedule, WarmupSchedule):
+        return [schedule.length]
+    if isinstance(schedule, PiecewiseSchedule):
+        return list(schedule.boundaries[1:])
+    return []
+
+
+def inspect_schedules(report: Report, args: Any) -> None:
+    """β schedules whose change lies beyond the run (`max_steps`), and a β far above the paper's range."""
+    from .schedules import parse_schedule
+
+    total = args.max_steps if args.max_steps and args.max_steps > 0 else None
+    for beta in ("gppo_beta1", "gppo_beta2"):
+        spec = getattr(args, f"{beta}_schedule", None)
+        value = getattr(args, beta)
+        field_name = f"{beta}_schedule" if spec else beta
+        try:
+            schedule = parse_schedule(spec or value)
+        except ValueError as error:
+            report.error("schedules", str(error))
+            continue
+        top = schedule.value_range[1]
+        if top > BETA_WARN_ABOVE:
+            report.warning(
+                "schedules",
+                f"`{field_name}` reaches {top:g}: the paper's betas are at most 1 (Sec. 5), and far above it the "
+                f"gradient of clipped tokens outweighs the unclipped ones (a typo?). Use e.g. {{fix}}.",
+                fixes=[Fix(beta, 1.0)],
+            )
+        if not spec:
+            continue
+        report.info("schedules", f"{field_name}: {schedule}")
+        if total is None:
+            continue
+        try:
+            schedule.check(total, field=field_name)
+        except ValueError as error:
+            report.error("schedules", str(error))
+            continue
+        points = [float(p.resolve(total)) for p in _change_points(schedule)]
+        if points and points[0] >= total:
+            report.warning(
+                "schedules",
+                f"`{field_name}={spec}` changes first at step {points[0]:g}, after the run's last step "
+                f"(`max_steps={total}`): {beta} stays {schedule.initial:g} for the whole run. Put the window inside "
+                "the run (a percentage such as `@10%-60%` follows `max_steps`), or raise {fix}.",
+                fixes=[Fix("max_steps", int(points[0]) + 1)],
+            )
+        elif any(p > total for p in points):
+            report.warning(
+                "schedules",
+                f"`{field_name}={spec}` has a step beyond the run's last step (`max_steps={total}`, points at "
+                f"{', '.join(f'{p:g}' for p in points)}): the run ends before the schedule does.",
+            )
+
+
 def inspect_engine(report: Report, args: Any) -> None:
     from .distributed import check_distributed_engine
 
@@ -572,7 +731,7 @@ def inspect_engine(report: Report, args: Any) -> None:
         report.info("engine", "generation: the training model (transformers `generate`)")
 
 
-def inspect_extras(report: Report, args: Any, *, cli: bool, quantized: bool = False) -> None:
+def inspect_extras(report: Report, args: Any, *, quantized: bool = False) -> None:
     """Optional packages the settings need and that are not installed, with this package's install line."""
     from .distributed import _flag
 
@@ -595,8 +754,46 @@ def inspect_extras(report: Report, args: Any, *, cli: bool, quantized: bool = Fa
             report.error(
                 "extras", f"{why} needs `{module}`, which is not installed. Install it with `{line}`.", ImportError
             )
+    for tracker in report_to:
+        module = TRACKERS.get(tracker)
+        if module is not None and not _installed(module):
+            needed.append(tracker)
+            report.info("extras", f"{tracker}: NOT installed (`report_to` includes {tracker}): `pip install {module}`")
+            report.error(
+                "extras",
+                f"`report_to` includes {tracker}, which needs `{module}`, not installed: transformers refuses after "
+                f"the model loads. Install it with `pip install {module}`, or drop it: {{fix}}.",
+                ImportError,
+                fixes=[Fix("report_to", [r for r in report_to if r != tracker] or ["none"])],
+            )
+    if getattr(args, "push_to_hub", False):
+        needed.append("hub")
+        _inspect_hub(report, args)
     if not needed:
         report.info("extras", "none needed by these settings")
+
+
+def _inspect_hub(report: Report, args: Any) -> None:
+    """`push_to_hub`: the trainer creates the Hub repo when it is built, so offline or without a token it fails
+    there, after the model loads (a warning)."""
+    from .data import _hub_offline
+
+    if _hub_offline():
+        why = "HF_HUB_OFFLINE=1 is set"
+    else:
+        from huggingface_hub import get_token
+
+        token = getattr(args, "hub_token", None) or get_token()
+        if token:
+            report.info("extras", f"push_to_hub: to {args.hub_model_id or os.path.basename(args.output_dir)}")
+            return
+        why = "no Hugging Face token is set (`hf auth login`, or HF_TOKEN)"
+    report.warning(  # not an error: a Hub client of your own (a mirror, a test double) may still take the push
+        "extras",
+        f"`push_to_hub=True` but {why}: the trainer creates the Hub repository when it starts, which fails without "
+        "the Hub, after the model loads. Log in (or unset HF_HUB_OFFLINE), or train without it: {fix}.",
+        fixes=[Fix("push_to_hub", False)],
+    )
 
 
 def inspect_output_dir(report: Report, args: Any) -> None:
@@ -612,6 +809,16 @@ def inspect_output_dir(report: Report, args: Any) -> None:
             FileExistsError,
         )
         return
+    resume = args.resume_from_checkpoint
+    words = (*NONE_STRINGS, "false", "true", "last")
+    if isinstance(resume, str) and resume.strip().lower() not in words and not os.path.exists(resume):
+        report.error(
+            "output_dir",
+            f"`resume_from_checkpoint={resume}` is neither `last` (or `true`: the newest checkpoint in `output_dir`) "
+            "nor an existing checkpoint folder. Use {fix}, or the path of a checkpoint folder.",
+            FileNotFoundError,
+            fixes=[Fix("resume_from_checkpoint", "last")],
+        )
     if not os.path.isdir(path):
         report.info("output_dir", f"{path}: fresh (will be created)")
         return
@@ -642,7 +849,7 @@ def _lora_targets_matched(targets: Any, module_names: Sequence[str], linear_name
     return [t for t in targets if not any(n == t or n.endswith("." + t) for n in module_names)]
 
 
-def inspect_model(report: Report, model: Any, args: Any, peft_config: Any, *, cli: bool) -> None:
+def inspect_model(report: Report, model: Any, args: Any, peft_config: Any) -> None:
     """The model's class and size from its config (meta device: no weights), and LoRA targets it lacks."""
     import torch
 
@@ -680,15 +887,22 @@ def inspect_model(report: Report, model: Any, args: Any, peft_config: Any, *, cl
     missing = _lora_targets_matched(targets, names, linear)
     suffixes = sorted({n.rsplit(".", 1)[-1] for n in linear})
     if missing:
-        flag = "`--lora_target_modules`" if cli else "`target_modules` of the `peft_config`"
         report.error(
             "model",
             f"LoRA target module(s) {missing} match no module of {type(instance).__name__}: PEFT would refuse "
-            f"after loading the model. Its linear layers are named {', '.join(suffixes)}; set {flag} to some of "
+            f"after loading the model. Its linear layers are named {', '.join(suffixes)}; set {{fix}} to some of "
             "them, or `all-linear`.",
+            fixes=[Fix("lora_target_modules", api="`target_modules` of the `peft_config`")],
         )
     else:
         report.info("model", f"LoRA targets {targets}: found (linear layers: {', '.join(suffixes)})")
+
+
+def inspect_trl(report: Report, args: Any) -> None:
+    """The installed TRL against the tested releases (`trl_compat`): the trainer refuses the same before loading."""
+    from .trl_compat import check_trl_compatibility
+
+    report.collect("engine", check_trl_compatibility, args)
 
 
 def run_checks(
@@ -702,12 +916,11 @@ def run_checks(
     peft_config: Any = None,
     processing_class: Any = None,
     quantized: bool = False,
-    cli: bool = False,
-    engine: bool = True,
     environments: bool = False,
+    engine: bool = True,
     report: Report | None = None,
 ) -> Report:
-    """The checks shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`, on what the trainer is given.
+    """The checks of what the trainer is given, shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`.
 
     Args:
         train_dataset: the dataset as the trainer sees it (`prompt` column, dataset columns as reward kwargs).
@@ -715,15 +928,15 @@ def run_checks(
         args: the `CEGPPOConfig`.
         eval_dataset: checked like `train_dataset` (rewards and columns) when given.
         reward_names: names for the messages (the CLI's `--reward_funcs`); the functions' names otherwise.
-        model: a model id or path (its config is read, the model is built on the meta device) or a model instance,
-            for the LoRA targets; None skips the model section.
+        model: a model id or path (checked to exist; with a `peft_config` its config is read and the model built on
+            the meta device) or a model instance, for the LoRA targets; None skips the model section.
         peft_config: the LoRA config, if any.
         processing_class: a tokenizer/processor to render the sample prompts with; None skips the rendering.
         quantized: 4-/8-bit loading (needs bitsandbytes).
-        cli: word the fixes as `cegppo train` flags (else as dataset / config changes for the Python API).
-        engine: check the distributed engine (the CLI checks it first, before loading the data).
-        environments: an `environment_factory` is given (the datasets need no `prompt` column).
-        report: a report to add to (the CLI's own checks come first).
+        environments: an `environment_factory` is given: no `prompt` column needed, and the rewards, which may
+            read the environments, are not dry-called.
+        engine: check the distributed engine (the command line checks it first, before loading the data).
+        report: a report to add to (the command line's own checks come first).
 
     Returns:
         The report; `report.raise_errors()` raises when it holds errors.
@@ -732,29 +945,34 @@ def run_checks(
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     funcs = [f for f in funcs if f is not None]
     names = list(reward_names) if reward_names is not None else [_reward_name(f) for f in funcs]
-    if model is not None:
-        inspect_model(report, model, args, peft_config, cli=cli)
+    if engine:  # first: a launch that would run the wrong engine, or a refused TRL, is wrong whatever else
+        inspect_trl(report, args)
+        inspect_engine(report, args)
+    if isinstance(model, str) and not any(f.section == "model" for f in report.errors):
+        report.collect("model", check_model_path, model, "model")
+    if model is not None and not any(f.section == "model" for f in report.errors):
+        if not isinstance(model, str) or peft_config is not None:
+            inspect_model(report, model, args, peft_config)
     for split, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
         if dataset is None or isinstance(dataset, dict):  # a dict of eval datasets: TRL checks each itself
             continue
         errors_before = len(report.errors)
-        rows = inspect_dataset(report, dataset, cli=cli, name=split, environments=environments)
+        rows = inspect_dataset(report, dataset, name=split, environments=environments)
         if len(report.errors) > errors_before or not rows:
             continue
-        if split == "train_dataset" and processing_class is not None:
-            render_prompts(report, rows, processing_class, args, cli=cli)
+        if split == "train_dataset" and processing_class is not None and "prompt" in rows[0]:
+            render_prompts(report, rows, processing_class, args)
         columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
         if split == "train_dataset":
-            inspect_rewards(report, funcs, names, rows, columns, cli=cli)
+            inspect_rewards(report, funcs, names, rows, columns, dry_call=not environments)
         else:  # the rewards score the evaluation rollouts too: the columns they need must be there
             sub = Report()
-            inspect_rewards(sub, funcs, names, rows, columns, cli=cli)
+            inspect_rewards(sub, funcs, names, rows, columns)
             report.findings.extend(f for f in sub.errors if f.message not in {g.message for g in report.errors})
-    inspect_reward_weights(report, args, len(funcs), cli=cli)
+    inspect_reward_weights(report, args, len(funcs))
     inspect_batch_layout(report, args, args.world_size)
-    if engine:
-        inspect_engine(report, args)
-    inspect_extras(report, args, cli=cli, quantized=quantized)
+    inspect_schedules(report, args)
+    inspect_extras(report, args, quantized=quantized)
     inspect_output_dir(report, args)
     return report
 
@@ -764,152 +982,32 @@ def run_checks(
 # ----------------------------------------------------------------------------------------------------------------
 def trainer_checks(model: Any, reward_funcs: Any, args: CEGPPOConfig, *pargs: Any, **kwargs: Any) -> Report:
     """`run_checks` on `CEGPPOTrainer`'s arguments (those of `GRPOTrainer.__init__`); logs the warnings and raises
-    the errors, before the model loads. The on-policy warning is left to the trainer, which gives it after init."""
+    the errors (fixes worded as arguments), before the model loads. The on-policy warning is left to the trainer,
+    which gives it after init."""
     import inspect
 
     from trl import GRPOTrainer
 
     bound = inspect.signature(GRPOTrainer.__init__).bind(None, model, reward_funcs, args, *pargs, **kwargs).arguments
-    quantized = bool((args.model_init_kwargs or {}).get("quantization_config"))
+    quantized = bool((args.model_init_kwargs or {}).get("quantization_config") or bound.get("quantization_config"))
     report = run_checks(
         bound.get("train_dataset"),
         reward_funcs,
         args,
         eval_dataset=bound.get("eval_dataset"),
-        model=model if bound.get("peft_config") is not None else None,
+        model=model,
         peft_config=bound.get("peft_config"),
         processing_class=bound.get("processing_class"),
         quantized=quantized,
         environments=bound.get("environment_factory") is not None,
     )
-    for finding in report.warnings:
-        if finding.code != "on_policy":
-            logger.warning(finding.message)
-    report.raise_errors()
+    log_warnings(report)
+    report.raise_errors(flags=False)
     return report
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Callers 2 and 3: the command line (`cegppo train`, `cegppo check`)
-# ----------------------------------------------------------------------------------------------------------------
-@dataclass
-class Prepared:
-    """What `cli_checks` loaded for the trainer."""
-
-    train_dataset: Any = None
-    eval_dataset: Any = None
-    reward_funcs: list = field(default_factory=list)
-    peft_config: Any = None
-
-
-def cli_checks(
-    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
-) -> tuple[Report, Prepared]:
-    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared."""
-    from trl import get_peft_config
-
-    from . import scripts
-
-    report = Report()
-    prepared = Prepared()
-    model_name = model_args.model_name_or_path
-    if model_name is None:
-        report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
-    else:
-        report.collect("model", scripts.check_model_path, model_name)
-    report.collect("extras", scripts.check_quantization, model_args)
-    report.collect("engine", scripts.check_launch, training_args)
-    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
-    for name in script_args.reward_funcs:
-        func = report.collect("rewards", scripts.get_reward_func, name)
-        if func is not None:
-            prepared.reward_funcs.append(func)
-    rewards_ok = len(prepared.reward_funcs) == len(script_args.reward_funcs)
-    dataset = report.collect("dataset", scripts.load_dataset_dict, script_args)
-    if dataset is not None and rewards_ok:
-        split = script_args.dataset_train_split
-        if split not in dataset:
-            report.error(
-                "dataset",
-                f"The dataset has no split {split!r} (splits: {list(dataset)}): name it with `--dataset_train_split`.",
-            )
-        else:
-            prepared.train_dataset = report.collect(
-                "dataset", scripts.prepare_dataset, dataset[split], script_args, prepared.reward_funcs
-            )
-        if training_args.eval_strategy != "no":
-            if script_args.dataset_test_split not in dataset:
-                strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
-                report.error(
-                    "dataset",
-                    f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
-                    f"(splits: {list(dataset)}). Name the split with `--dataset_test_split`, or `--eval_strategy no`.",
-                )
-            else:
-                prepared.eval_dataset = report.collect(
-                    "dataset",
-                    scripts.prepare_dataset,
-                    dataset[script_args.dataset_test_split],
-                    script_args,
-                    prepared.reward_funcs,
-                )
-    if prepared.train_dataset is not None:
-        report.collect("dataset", scripts.check_streaming_length, prepared.train_dataset, training_args)
-    model_ok = model_name is not None and not any(f.section == "model" for f in report.errors)
-    processing_class = None
-    if model_ok:
-        processing_class = report.collect("model", _load_processing_class, model_args, training_args)
-        model_ok = processing_class is not None
-    prepared.peft_config = report.collect("model", get_peft_config, model_args)
-    run_checks(
-        prepared.train_dataset,
-        prepared.reward_funcs,
-        training_args,
-        eval_dataset=prepared.eval_dataset,
-        reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
-        model=model_name if model_ok else None,
-        peft_config=prepared.peft_config,
-        processing_class=processing_class,
-        quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
-        cli=True,
-        engine=False,
-        report=report,
-    )
-    return report, prepared
-
-
-def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig) -> Any:
-    """The tokenizer/processor as TRL's trainer loads it (not the weights)."""
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            trust_remote_code=training_args.trust_remote_code,
-        )
-    except Exception as error:
-        raise OSError(
-            f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
-            f"{type(error).__name__}: {error}"
-        ) from error
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors, else 0."""
-    import shutil
-
-    from .quiet import quiet_unused_deepspeed
-    from .scripts import parse_args
-
-    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        script_args, training_args, model_args = parse_args(argv, prog="cegppo check")
-    except ValueError as error:
-        print(f"cegppo check: error: {error}", file=sys.stderr)
-        return 2
-    report, _ = cli_checks(script_args, training_args, model_args)
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
-    print(report.format(width))
-    return 1 if report.errors else 0
+def log_warnings(report: Report, flags: bool = False) -> None:
+    """Log the report's warnings (not the on-policy one: the trainer gives it after init, naming vLLM's correction)."""
+    for finding in report.warnings:
+        if finding.code != "on_policy":
+            logger.warning(finding.text(flags))

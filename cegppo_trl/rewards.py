@@ -508,6 +508,33 @@ def get_reward_func(name: str) -> Callable:
     return func
 
 
+def resolve_reward_names(reward_funcs: Any) -> Any:
+    """`reward_funcs` as `CEGPPOTrainer` passes it to TRL, with each string naming a reward function resolved.
+
+    TRL reads a string as a reward model's Hub id or path: `"math_verify"` would be looked up (and retried) on the
+    Hub. A registry name (`math_verify`, TRL's `accuracy_reward`, ...) is resolved here; another string without the
+    `owner/name` form of a Hub id, and no local folder of that name, is refused pointing to `get_reward_func`.
+    """
+    import os
+
+    def resolve(item: Any) -> Any:
+        if not isinstance(item, str) or os.path.isdir(os.path.expanduser(item)):
+            return item
+        if item in REWARD_FUNCS or item in TRL_REWARD_FUNCS:
+            return get_reward_func(item)
+        if item.count("/") != 1:
+            raise ValueError(
+                f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder and not a Hub "
+                f"id (`owner/name`). {_unknown_reward_message(item)} In Python pass the function itself, e.g. "
+                "`cegppo_trl.rewards.get_reward_func('math_verify')`."
+            )
+        return item
+
+    if isinstance(reward_funcs, (list, tuple)):
+        return [resolve(item) for item in reward_funcs]
+    return resolve(reward_funcs)
+
+
 # Score ranges and reference completions of TRL's rewards accepted by name (they declare neither).
 _TRL_REWARD_RANGES = {
     "accuracy_reward": (0.0, 1.0),

@@ -9,145 +9,62 @@ dataset, maps its columns onto what the rewards read, and runs `CEGPPOTrainer`.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import ModelConfig, TrlParser
 
 from .checkpoints import RESUME_COMPARED_FIELDS, start_run  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
 from .config import CEGPPOConfig
-from .distributed import CPU_DDP_LAUNCH_LINE
-from .resources import resolve_config_args
-from .rewards import (
-    REWARD_FUNCS,
-    TRL_REWARD_FUNCS,
-    check_reward_name,
-    get_reward_func,
+from .data import (  # noqa: F401 (the data helpers lived here: re-exported for callers that import them from here)
+    NONE_STRINGS,
+    CEGPPOScriptArguments,
+    check_model_path,
+    check_streaming_length,
+    load_any_dataset,
+    load_dataset_dict,
+    prepare_dataset,
 )
+from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
+from .preflight import Fix, Report, inspect_engine, inspect_trl, run_checks
+from .resources import resolve_config_args
+from .rewards import get_reward_func
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict, IterableDatasetDict
-
     from .trainer import CEGPPOTrainer
 
 logger = logging.getLogger(__name__)
 
-# Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
-_NONE_STRINGS = ("", "none", "null")
+_NONE_STRINGS = NONE_STRINGS
 CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
-
-# Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
-
-
-@dataclass
-class CEGPPOScriptArguments(ScriptArguments):
-    """
-    Script arguments for CE-GPPO training: TRL's dataset arguments plus rewards and column mapping.
-
-    Args:
-        dataset_name (`str`):
-            Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
-            `.json`/`.jsonl`/`.csv`/`.parquet` file. `dataset_streaming` streams local files and directories too.
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
-            Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
-            `gsm8k`, `gsm8k_01`, `format`), TRL's by name (`accuracy_reward`, `reasoning_accuracy_reward`,
-            `think_format_reward`), or dotted import paths. Weight them with `reward_weights`.
-        prompt_column (`str`, *optional*, defaults to `"prompt"`):
-            Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
-        solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
-            Dataset column holding the reference answer, passed to the rewards as `solution`. A dotted path reads
-            a nested field (`reward_model.ground_truth` for verl-format data). `None` for reference-free rewards.
-        prompt_template (`str` or `None`, *optional*):
-            Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
-            braces are literal, so `\\boxed{}` needs no escaping.
-        system_prompt (`str` or `None`, *optional*):
-            System message prepended to every prompt (turning plain-text prompts into chat prompts). A prompt that
-            already opens with a system message keeps its own (a warning says how many do).
-        chat_prompts (`bool`, *optional*, defaults to `True`):
-            Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
-            reasoning models). Set `False` for base models trained on raw text.
-        max_train_samples (`int` or `None`, *optional*):
-            Keep only the first N training rows (smoke tests, quick sweeps).
-    """
-
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_verify"],
-        metadata={
-            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
-            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
-        },
-    )
-    prompt_column: str = field(
-        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
-    )
-    solution_column: str | None = field(
-        default="solution",
-        metadata={
-            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
-            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
-        },
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
-    )
-    chat_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
-        },
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "deleted before training. Without it such a run is refused."
-        },
-    )
-
-    def __post_init__(self):
-        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
-        # string option, e.g. `--solution_column none` is "no reference column".
-        for name in ("solution_column", "prompt_template", "system_prompt"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value.strip().lower() in _NONE_STRINGS:
-                setattr(self, name, None)
-        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError(
-                f"`prompt_template` must contain `{{prompt}}` (where the prompt text goes), got "
-                f"{self.prompt_template!r}. Example: '{{prompt}}\\nPut your final answer within \\boxed{{}}.'; "
-                "use `system_prompt` for text that does not wrap the prompt."
-            )
-        if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(
-                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
-                "would be empty."
-            )
-        if isinstance(self.reward_funcs, str):
-            self.reward_funcs = [self.reward_funcs]
-        for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
-            check_reward_name(name)
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
-    """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support."""
+    """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support.
+
+    An argument error is one line and a pointer to `--help`: argparse's default prints the whole usage (about 220
+    lines here) before the line that matters.
+    """
     parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog)
     # argparse %-formats help strings; field help is prose (`linear:0->0.5@10%-60%`), so escape a lone `%`.
     for action in parser._actions:
         if action.help:
             action.help = re.sub(r"%%|%\(|%", lambda m: m.group() if len(m.group()) == 2 else "%%", action.help)
+    parser.error = lambda message: parser.exit(  # type: ignore[method-assign]
+        2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists every option)\n"
+    )
     return parser
+
+
+def _unknown_setting(parser: TrlParser, key: str) -> str:
+    """`key` named as an unknown setting, with the closest known one."""
+    import difflib
+
+    known = sorted({action.dest for action in parser._actions if action.dest != "help"})
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"`{key}`" + (f" (did you mean `{close[0]}`?)" if close else "")
 
 
 def parse_args(
@@ -156,229 +73,152 @@ def parse_args(
     """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped.
 
     `--config` takes a path or the name of a recipe shipped with the package (`cpu_smoke`, see `cegppo recipes`).
+    Every refusal (an unknown flag or YAML key, with a did-you-mean; a GPU setting on a machine without one) exits 2
+    with one `PROG: error: ...` line.
     """
     parser = make_parser(prog)
     try:
         args = resolve_config_args(list(sys.argv[1:] if args is None else args))
     except ValueError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")  # before anything loads; the full usage would bury it
-    return parser.parse_args_and_config(args)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------------------
-def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
-    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
-    return load_any_dataset(
-        script_args.dataset_name,
-        config=script_args.dataset_config,
-        train_split=script_args.dataset_train_split,
-        streaming=script_args.dataset_streaming,
-    )
-
-
-def load_any_dataset(
-    name: str | None, *, config: str | None = None, train_split: str = "train", streaming: bool = False
-) -> DatasetDict | IterableDatasetDict:
-    """Load `name` as a `DatasetDict`, from the Hub, a local dataset directory, a `save_to_disk` directory or a
-    single data file (whose rows become the `train_split` split).
-
-    With `streaming`, every source gives an `IterableDatasetDict`: rows are read as training consumes them (a
-    `save_to_disk` directory is memory-mapped anyway, and is wrapped with `to_iterable_dataset`).
-    """
-    from datasets import Dataset, DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
-
-    if name is None:
-        raise ValueError("`dataset_name` is required (a Hub id, a local directory, or a .json/.jsonl/.csv file).")
-    if os.path.isdir(name) and any(
-        os.path.exists(os.path.join(name, marker)) for marker in ("dataset_dict.json", "state.json")
-    ):
-        loaded = load_from_disk(name)
-        if streaming:
-            splits = loaded if isinstance(loaded, DatasetDict) else {train_split: loaded}
-            return IterableDatasetDict({split: data.to_iterable_dataset() for split, data in splits.items()})
-    elif os.path.isfile(name):
-        builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
-        if builder is None:
-            raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
-        try:
-            loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
-        except Exception as error:  # datasets fails obscurely on empty files (StopIteration, ArrowInvalid, ...)
-            if _data_file_is_empty(name, builder):
-                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
-            raise
-    else:
-        missing = _missing_local_path(name)
-        if missing is not None:
-            raise FileNotFoundError(missing)
-        try:
-            loaded = load_dataset(name, name=config, streaming=streaming)
-        except ConnectionError as error:  # offline: neither a local path nor a cached Hub dataset
-            raise FileNotFoundError(
-                f"`dataset_name`: {name!r} is not a local file or directory ({os.path.abspath(name)} does not exist), "
-                f"and not a Hub dataset available offline ({error}). Check the path, or run online once to cache it."
+        parser.error(str(error))  # before anything loads
+    try:
+        *parsed, from_config, from_flags = parser.parse_args_and_config(
+            args, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except ValueError as error:
+        if "doesn't support bf16/gpu" in str(error):  # transformers' text names `use_cpu`, not the flags that work
+            raise ValueError(
+                "`bf16`: this machine has no GPU for it (a GPU recipe run on CPU?). On CPU pass "
+                "`--use_cpu true --bf16 false` (the `cpu_smoke` recipe sets both)."
             ) from error
-    if isinstance(loaded, Dataset):
-        loaded = DatasetDict({train_split: loaded})
-    return loaded
+        raise
+    keys = [s[2:].split("=")[0] for s in from_config[::2]]
+    if keys:
+        parser.error(f"unknown key(s) in the --config YAML: {', '.join(_unknown_setting(parser, k) for k in keys)}")
+    flags = [s.lstrip("-").split("=")[0] for s in from_flags if s.startswith("-")]
+    if from_flags:
+        named = ", ".join(_unknown_setting(parser, k) for k in flags) if flags else " ".join(from_flags)
+        parser.error(f"unrecognized argument(s): {named}")
+    return tuple(parsed)  # type: ignore[return-value]
 
 
-_DATA_EXTENSIONS = (*_FILE_BUILDERS, ".txt", ".tsv", ".json.gz", ".jsonl.gz", ".zst")
+# ----------------------------------------------------------------------------------------------------------------
+# The pre-flight of a command (`cegppo train` runs it once and hands the report to the trainer; `cegppo check`
+# prints it)
+# ----------------------------------------------------------------------------------------------------------------
+@dataclass
+class Prepared:
+    """What `check_command` loaded for the trainer."""
+
+    train_dataset: Any = None
+    eval_dataset: Any = None
+    reward_funcs: list = field(default_factory=list)
+    peft_config: Any = None
 
 
-def _missing_local_path(name: str) -> str | None:
-    """Why `name`, which does not exist locally, is a mistyped local path rather than a Hub id; None if it may be
-    a Hub id.
+def check_quantization(model_args: ModelConfig) -> None:
+    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
+    import torch
 
-    A data-file extension, a `./`, `../`, `/` or `~` start, more than one `/` (a Hub id has one) or an existing
-    parent directory make it a path: `datasets` would look it up on the Hub and fail with a network error (or retry
-    for half a minute) instead of saying the file is missing.
-    """
-    expanded = os.path.expanduser(name)
-    parent = os.path.dirname(expanded.rstrip("/"))
-    looks_like_path = (
-        name.lower().endswith(_DATA_EXTENSIONS)
-        or name.startswith(("./", "../", "/", "~"))
-        or name.count("/") > 1
-        or os.sep != "/"
-        and os.sep in name
-        or (parent != "" and os.path.isdir(parent))
-    )
-    if not looks_like_path:
-        return None
-    where = os.path.abspath(expanded)
-    return (
-        f"`dataset_name`: no file or directory at {where} ({name!r} looks like a local path, not a Hub dataset id). "
-        "Give an existing .json/.jsonl/.csv/.parquet file, a dataset directory, or a Hub id such as `openai/gsm8k`."
-    )
-
-
-def _data_file_is_empty(path: str, builder: str) -> bool:
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_metadata(path).num_rows == 0
-        except Exception:
-            return False
-    with open(path, "rb") as f:
-        return not f.read(1 << 20).strip()  # nothing but whitespace in the first MiB: no rows
-
-
-def _get_path(row: dict[str, Any], path: str) -> Any:
-    value: Any = row  # a datasets row is a Mapping, not always a dict
-    for key in path.split("."):
-        try:
-            value = value[key]
-        except (KeyError, TypeError, IndexError):
-            return None
-    return value
-
-
-def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments, reward_funcs: list | None = None) -> Dataset:
-    """Give the rows the `prompt` (and `solution`) columns TRL and the rewards read, applying the prompt options.
-
-    Other columns stay and reach the reward functions as keyword arguments, as in TRL. `reward_funcs` (resolved from
-    `script_args.reward_funcs` when None) decide whether the default `solution_column` is needed: when the data has
-    no `solution` column and no selected reward reads one, none is mapped.
-    """
-    from datasets import IterableDataset
-
-    from .preflight import resolve_solution_column, source_column_problems
-
-    if reward_funcs is None:
-        reward_funcs = [get_reward_func(name) for name in script_args.reward_funcs]
-    if script_args.max_train_samples is not None:
-        if isinstance(dataset, IterableDataset):
-            dataset = dataset.take(script_args.max_train_samples)
-        else:
-            dataset = dataset.select(range(min(script_args.max_train_samples, len(dataset))))
-    if not isinstance(dataset, IterableDataset) and len(dataset) == 0:
-        limit = script_args.max_train_samples
-        after = "" if limit is None else f" after `max_train_samples={limit}`"
-        raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows{after}): nothing to train on.")
-    prompt_col = script_args.prompt_column
-    solution_col = resolve_solution_column(script_args.solution_column, dataset.column_names, reward_funcs)
-    problems = source_column_problems(
-        dataset, prompt_col, solution_col, script_args.reward_funcs[: len(reward_funcs)], reward_funcs
-    )
-    if problems:
-        raise ValueError(" ".join(problems))
-
-    def convert(row: dict[str, Any]) -> dict[str, Any]:
-        out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
-        if solution_col is not None:
-            gold = _get_path(row, solution_col)
-            out["solution"] = None if gold is None else str(gold)
-        return out
-
-    if script_args.system_prompt is not None:
-        _warn_on_own_system_messages(dataset, prompt_col)
-    unchanged = (
-        prompt_col == "prompt"
-        and solution_col in (None, "solution")
-        and script_args.prompt_template is None
-        and script_args.system_prompt is None
-        and not (script_args.chat_prompts and _first_prompt_is_text(dataset))
-    )
-    if unchanged:  # skip rewriting every row of a large dataset for nothing
-        return dataset
-    return dataset.map(convert)
-
-
-def _opens_with_system_message(prompt: Any) -> bool:
-    return (
-        isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"
-    )
-
-
-def _warn_on_own_system_messages(dataset: Dataset, prompt_col: str) -> None:
-    """`system_prompt` only fills in prompts without a system message: say how many keep their own."""
-    from datasets import IterableDataset
-
-    if isinstance(dataset, IterableDataset):  # counting would read the whole stream: look at its first row
-        first = next(iter(dataset), None)
-        if first is not None and _opens_with_system_message(_get_path(first, prompt_col)):
-            logger.warning(
-                "`system_prompt` is not used for prompts that already open with a system message (the stream's "
-                "first one does): the dataset's own system message wins; the others get `system_prompt`."
-            )
-        return
-    rows = dataset.select_columns([prompt_col.split(".")[0]])
-    own = sum(_opens_with_system_message(_get_path(row, prompt_col)) for row in rows)
-    if own:
-        logger.warning(
-            "`system_prompt` is not used for %d of %d prompts: they already open with a system message, which wins "
-            "(the other %d get `system_prompt`). To use yours everywhere, drop the system messages from the data.",
-            own,
-            len(rows),
-            len(rows) - own,
+    if model_args.load_in_4bit and not torch.cuda.is_available():
+        raise ValueError(
+            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
+            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
+            "full-precision model (`--use_peft true`)."
         )
 
 
-def _first_prompt_is_text(dataset: Dataset) -> bool:
-    from datasets import Dataset
+def check_command(
+    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
+) -> tuple[Report, Prepared]:
+    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared."""
+    from trl import get_peft_config
 
-    # Streaming datasets cannot be peeked cheaply; mapping them is lazy, so assume text.
-    return not isinstance(dataset, Dataset) or isinstance(dataset[0]["prompt"], str)
+    report = Report()
+    prepared = Prepared()
+    model_name = model_args.model_name_or_path
+    report.collect("engine", check_launch, training_args)
+    inspect_trl(report, training_args)
+    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
+    if model_name is None:
+        report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
+    else:
+        report.collect("model", check_model_path, model_name)
+    report.collect("extras", check_quantization, model_args)
+    for name in script_args.reward_funcs:
+        func = report.collect("rewards", get_reward_func, name)
+        if func is not None:
+            prepared.reward_funcs.append(func)
+    rewards_ok = len(prepared.reward_funcs) == len(script_args.reward_funcs)
+    dataset = report.collect("dataset", load_dataset_dict, script_args)
+    if dataset is not None and rewards_ok:
+        split = script_args.dataset_train_split
+        if split not in dataset:
+            report.error(
+                "dataset",
+                f"The dataset has no split {split!r} (splits: {list(dataset)}): name it with {{fix}}.",
+                fixes=[Fix("dataset_train_split", list(dataset)[0] if len(dataset) else None)],
+            )
+        else:
+            prepared.train_dataset = report.collect(
+                "dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs
+            )
+        if training_args.eval_strategy != "no":
+            if script_args.dataset_test_split not in dataset:
+                strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+                report.error(
+                    "dataset",
+                    f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
+                    f"(splits: {list(dataset)}). Name the split with {{fix}}, or {{fix1}}.",
+                    fixes=[Fix("dataset_test_split"), Fix("eval_strategy", "no")],
+                )
+            else:
+                prepared.eval_dataset = report.collect(
+                    "dataset",
+                    prepare_dataset,
+                    dataset[script_args.dataset_test_split],
+                    script_args,
+                    prepared.reward_funcs,
+                )
+    if prepared.train_dataset is not None:
+        report.collect("dataset", check_streaming_length, prepared.train_dataset, training_args)
+    model_ok = model_name is not None and not any(f.section == "model" for f in report.errors)
+    processing_class = None
+    if model_ok:
+        processing_class = report.collect("model", _load_processing_class, model_args, training_args)
+        model_ok = processing_class is not None
+    prepared.peft_config = report.collect("model", get_peft_config, model_args)
+    run_checks(
+        prepared.train_dataset,
+        prepared.reward_funcs,
+        training_args,
+        eval_dataset=prepared.eval_dataset,
+        reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
+        model=model_name if model_ok and prepared.peft_config is not None else None,
+        peft_config=prepared.peft_config,
+        processing_class=processing_class,
+        quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
+        engine=False,
+        report=report,
+    )
+    return report, prepared
 
 
-def _format_prompt(prompt: Any, script_args: CEGPPOScriptArguments) -> Any:
-    template, system = script_args.prompt_template, script_args.system_prompt
-    if isinstance(prompt, str):
-        text = template.replace("{prompt}", prompt) if template else prompt
-        if not (script_args.chat_prompts or system):
-            return text
-        messages = [{"role": "user", "content": text}]
-    else:  # conversational: a list of {"role", "content"} messages
-        messages = [dict(m) for m in prompt]
-        if template:
-            last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-            messages[last_user]["content"] = template.replace("{prompt}", messages[last_user]["content"])
-    if system and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system})
-    return messages
+def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig) -> Any:
+    """The tokenizer/processor as TRL's trainer loads it (not the weights)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=training_args.trust_remote_code,
+        )
+    except Exception as error:
+        raise OSError(
+            f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -391,26 +231,27 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     dtype), the quantization config (`--load_in_4bit` / `--load_in_8bit`) and the LoRA config (`--use_peft`).
     Model placement is TRL's: `device_map=None` under DDP/DeepSpeed, `"auto"` on one GPU.
     """
-    from .preflight import cli_checks
+    from .preflight import log_warnings
     from .quiet import log_above_progress_bars
 
     log_above_progress_bars()
     # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
-    # nothing, after it.
-    report, prepared = cli_checks(script_args, training_args, model_args)
-    report.raise_errors()
+    # nothing, after it. Checked once: the report goes to the trainer.
+    report, prepared = check_command(script_args, training_args, model_args)
+    report.raise_errors(flags=True)
+    log_warnings(report, flags=True)
     # The launch's one resume plan, before the model loads (a refusal costs nothing then); it holds the `output_dir`
     # lock until the run ends, and the trainer follows it without planning again.
     plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
                      overwrite=script_args.overwrite_output_dir)  # fmt: skip
     training_args.resume_from_checkpoint = plan.checkpoint
     try:
-        return _train(script_args, training_args, model_args, prepared, plan)
+        return _train(script_args, training_args, model_args, prepared, plan, report)
     finally:
         plan.release()
 
 
-def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrainer:
+def _train(script_args, training_args, model_args, prepared, plan, report) -> CEGPPOTrainer:
     import torch
     import transformers
     from packaging.version import Version
@@ -438,6 +279,7 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
         eval_dataset=eval_dataset,
         quantization_config=get_quantization_config(model_args),
         peft_config=prepared.peft_config,
+        preflight_report=report,  # checked once, above: the trainer does not check again
     )
     trainer.train(resume_from_checkpoint=plan)
     if not plan.finished:  # else `train()` wrote it from the checkpoint, if it was missing
@@ -458,64 +300,6 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
 # ----------------------------------------------------------------------------------------------------------------
 # Checks before loading anything heavy: each names what is wrong and the fix
 # ----------------------------------------------------------------------------------------------------------------
-def check_model_path(name: str) -> None:
-    """Refuse a path-looking model name with nothing there (the Hub would report an invalid repo id instead)."""
-    expanded = os.path.expanduser(name)
-    parent = os.path.dirname(expanded.rstrip("/"))
-    looks_like_path = name.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
-    if looks_like_path and not os.path.exists(expanded):
-        raise ValueError(
-            f"`model_name_or_path`: no model at {expanded} (a path that does not exist). Give a local directory "
-            "written by `save_pretrained` or a Hub id such as `Qwen/Qwen2.5-0.5B-Instruct`."
-        )
-
-
-def check_quantization(model_args: ModelConfig) -> None:
-    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
-    import torch
-
-    if model_args.load_in_4bit and not torch.cuda.is_available():
-        raise ValueError(
-            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
-            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
-            "full-precision model (`--use_peft true`)."
-        )
-
-
-def check_launch(training_args: CEGPPOConfig) -> None:
-    """Fail fast when a launcher started several processes but accelerate set up a single-process run in each.
-
-    Each copy would train on its own and write to the same `output_dir`. Two launches do this without GPUs:
-    `accelerate launch --multi_gpu --num_processes N` (WORLD_SIZE=N, yet accelerate finds no GPU and falls back to one
-    process) and `accelerate launch --cpu --num_processes N` (starts one process only).
-    """
-    _ = training_args.device  # sets up accelerate's distributed state
-    world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world_size > 1 and training_args.world_size == 1:
-        raise RuntimeError(
-            f"The launcher started {world_size} processes (WORLD_SIZE={world_size}, "
-            f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}) but accelerate set up a single-process run in each: they "
-            "would train independently and overwrite each other's `output_dir`. On a machine without GPUs, launch "
-            f"several CPU processes with:\n    {CPU_LAUNCH_LINE}"
-        )
-    cpu_flag = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    if cpu_flag and "MASTER_ADDR" in os.environ and "WORLD_SIZE" not in os.environ and training_args.world_size == 1:
-        # `accelerate launch --cpu --num_processes N` (N > 1) sets MASTER_ADDR but starts one plain process.
-        raise RuntimeError(
-            "`accelerate launch --cpu --num_processes N` starts only one process (MASTER_ADDR is set, WORLD_SIZE is "
-            "not). For one CPU process drop `--num_processes`; for several use:\n    " + CPU_LAUNCH_LINE
-        )
-
-
-def check_streaming_length(train_dataset: Dataset, training_args: CEGPPOConfig) -> None:
-    """A streamed dataset has no length, so the number of steps must be given."""
-    from datasets import IterableDataset
-
-    if isinstance(train_dataset, IterableDataset) and training_args.max_steps <= 0:
-        raise ValueError(
-            "`dataset_streaming` reads the rows as training goes, so the run length cannot come from "
-            "`num_train_epochs`: set `--max_steps N`, or drop `--dataset_streaming`."
-        )
 
 
 def cpu_computes_natively(dtype: str) -> bool:
@@ -571,3 +355,25 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
         name,
         CPU_LAUNCH_LINE,
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `cegppo check`
+# ----------------------------------------------------------------------------------------------------------------
+def check_main(argv: list[str] | None = None) -> int:
+    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors, else 0."""
+    import shutil
+
+    from .quiet import quiet_unused_deepspeed
+
+    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        script_args, training_args, model_args = parse_args(argv, prog="cegppo check")
+    except ValueError as error:
+        print(f"cegppo check: error: {error}", file=sys.stderr)
+        return 2
+    report, _ = check_command(script_args, training_args, model_args)
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    print(report.format(width, flags=True))
+    return 1 if report.errors else 0

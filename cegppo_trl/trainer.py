@@ -13,7 +13,6 @@ train on a mismatch, naming the method (tests/test_trl_drift.py pins the same ha
 from __future__ import annotations
 
 import os
-import textwrap
 
 import torch
 from accelerate.logging import get_logger
@@ -36,7 +35,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
 from .loss import cegppo_diagnostics, cegppo_per_token_loss
-from .modelcard import cegppo_settings, finish_trainer_card, write_model_card
+from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
@@ -47,6 +46,7 @@ from .monitoring import (
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
+from .rewards import resolve_reward_names
 from .rollouts import (
     at_rollout_batch_boundary,
     resume_inside_rollout_batch_message,
@@ -55,7 +55,6 @@ from .rollouts import (
 )
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
-from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
 
@@ -100,20 +99,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "cegppo"]
     _name = "CE-GPPO"
-    _paper = {
-        "title": "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in "
-        "Reinforcement Learning",
-        "id": "2509.20712",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{su2026cegppo,
-                title        = {{CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in Reinforcement Learning}},
-                author       = {Zhenpeng Su and Leiyu Pan and Minxuan Lv and Yuntao Li and Wenping Hu and Fuzheng Zhang and Kun Gai and Guorui Zhou},
-                booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
-                year         = 2026,
-                eprint       = {arXiv:2509.20712},
-            }"""),
-    }
+    _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if args is not None and not isinstance(args, CEGPPOConfig):
@@ -125,10 +111,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
-        report = trainer_checks(model, reward_funcs, args, *pargs, **kwargs)  # before GRPOTrainer loads the model
+        reward_funcs = resolve_reward_names(reward_funcs)
+        # Before GRPOTrainer loads the model; `cegppo train` checked the same once and hands its report over.
+        report = kwargs.pop("preflight_report", None) or trainer_checks(model, reward_funcs, args, *pargs, **kwargs)
         if report.engine != "deepspeed":
             quiet_unused_deepspeed()
-        check_trl_compatibility(args)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.
@@ -236,8 +223,7 @@ class CEGPPOTrainer(GRPOTrainer):
             if not plan.finished:
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
             # transformers would train a step past the end; a requeue of a finished run only writes the final model
-            with safe_resume_loads(plan.checkpoint):
-                self._load_from_checkpoint(plan.checkpoint)
+            self._load_from_checkpoint(plan.checkpoint)  # guarded (`safe_load`), as every checkpoint read
             state = TrainerState.load_from_json(f"{plan.checkpoint}/trainer_state.json")
             self.state.global_step = state.global_step
             if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:

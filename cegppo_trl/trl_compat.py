@@ -184,12 +184,20 @@ def _guarded_objects() -> dict[str, Any]:
     return objects
 
 
+# Fingerprints by function object: a trainer is built many times per process (tests, sweeps) and parsing TRL's
+# sources took 0.5 s each time; a patched or reloaded function is a new object and is fingerprinted afresh.
+_FINGERPRINT_CACHE: dict[Any, str] = {}
+
+
+def _fingerprint_of(obj: Any) -> str:
+    if obj not in _FINGERPRINT_CACHE:
+        _FINGERPRINT_CACHE[obj] = source_fingerprint(inspect.getsource(obj))
+    return _FINGERPRINT_CACHE[obj]
+
+
 def trl_source_fingerprints() -> dict[str, str]:
     """The fingerprint of the installed TRL's source of each of `TRL_GUARDED_SOURCES` (`"missing"`: TRL lacks it)."""
-    return {
-        name: "missing" if obj is None else source_fingerprint(inspect.getsource(obj))
-        for name, obj in _guarded_objects().items()
-    }
+    return {name: "missing" if obj is None else _fingerprint_of(obj) for name, obj in _guarded_objects().items()}
 
 
 def matching_release(installed: dict[str, str] | None = None) -> str | None:

@@ -175,8 +175,7 @@ def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_ove
 
     save = ["--save_strategy", "steps", "--save_steps", "1"]
     train(*smoke_args(model_dir, data_file, tmp_path, *save))
-    # cpu_smoke takes 2 steps per rollout batch: step 1's save is taken at the batch's end, step 2.
-    assert not (tmp_path / "checkpoint-1").exists() and (tmp_path / "checkpoint-2").is_dir()
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]  # saves at rollout-batch ends only
 
     # A new run into the same folder is refused, naming the flags; told to overwrite, it starts fresh.
     refused = r"already holds checkpoints \(latest: checkpoint-2\).*--overwrite_output_dir true"
@@ -274,3 +273,27 @@ def test_prompt_template_without_placeholder_is_refused():
 
     with pytest.raises(ValueError, match=r"`prompt_template` must contain `\{prompt\}`"):
         CEGPPOScriptArguments(dataset_name="x", prompt_template="Answer in a box.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument errors: one line and a pointer to --help, a did-you-mean for a misspelled flag or YAML key
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["train", "check"])
+def test_a_misspelled_flag_is_one_line_with_a_did_you_mean(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--config", "cpu_smoke", "--gppo_beta11", "0.5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "usage:" not in err, err
+    assert err.startswith(f"cegppo {command}: error: unrecognized argument(s): `gppo_beta11` (did you mean "
+                          f"`gppo_beta1`?) (`cegppo {command} --help` lists every option)")  # fmt: skip
+
+
+def test_a_gpu_recipe_on_cpu_gets_the_flags_that_work(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = cli.main(["train", "--config", "cpu_smoke", "--bf16", "true", "--use_cpu", "false"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert "cegppo train: error: `bf16`: this machine has no GPU for it" in err
+    assert "`--use_cpu true --bf16 false`" in err and "You need to assign use_cpu" not in err

@@ -183,6 +183,17 @@ def test_rotation_is_transformers_rule_over_committed_folders_and_keeps_the_best
     ]  # fmt: skip
 
 
+def test_only_a_folder_this_trainer_began_and_never_committed_is_cleaned_up_after_a_newer_commit(tmp_path):
+    left = _checkpoint(tmp_path, 1, world=1, commit=False)  # an earlier run's torn folder: not this trainer's
+    began = _checkpoint(tmp_path, 2, world=1, commit=False)  # this trainer's save that failed half-way
+    newer = _checkpoint(tmp_path, 4, world=1, commit=False)
+    begun = {str(began), str(newer)}
+    commit_after_save(_fake_process(newer, 0, 1, node=0), str(newer), str(tmp_path),
+                      {"save_total_limit": None, "push_to_hub": False}, begun)  # fmt: skip
+    assert left.exists() and not began.exists() and begun == set()
+    assert last_complete_checkpoint(str(tmp_path))[0] == str(newer)
+
+
 def test_a_callback_writing_into_every_checkpoint_keeps_save_total_limit_checkpoints_and_last_resumes_the_newest(
     make_trainer, tmp_path, caplog
 ):
@@ -499,6 +510,28 @@ def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_n
     assert last == str(output_dir / "checkpoint-1")
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(json.loads((Path(last) / COMMIT_FILE).read_text())["files"])
     assert skipped == {str(output_dir / "checkpoint-2"): f"{COMMIT_FILE} is missing: the run stopped before every process had written its files"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_nodes_with_their_own_local_disks_each_commit_their_checkpoints(tmp_path):
+    """Two nodes of one process each on loopback, each with its own `output_dir` (a local disk per node) and
+    `save_on_each_node`: the old commit listed the folder on process 0 and crashed on the other node's RNG state."""
+    from helpers.mp_launch import TORCHRUN, free_port, start, wait
+
+    spec = {"loss_types": ["dapo"], "save_steps": 1, "max_steps": 2, "num_iterations": 1, "save_on_each_node": True}
+    port = str(free_port())
+    procs = [start([str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
+                    "--master_addr", "127.0.0.1", "--master_port", port], tmp_path / f"node{node}", spec,
+                   ACCELERATE_USE_CPU="1") for node in (0, 1)]  # fmt: skip
+    wait(procs)
+    for node in (0, 1):
+        output_dir = tmp_path / f"node{node}" / "dapo"
+        for step in (1, 2):
+            files = json.loads((output_dir / f"checkpoint-{step}" / COMMIT_FILE).read_text())["files"]
+            assert f"rng_state_{node}.pth" in files and f"rng_state_{1 - node}.pth" not in files
+            on_disk = {p.name for p in (output_dir / f"checkpoint-{step}").iterdir()} - {COMMIT_FILE}
+            assert set(files) == on_disk  # what this node's process wrote, as it reported it
+        assert last_complete_checkpoint(str(output_dir))[0] == str(output_dir / "checkpoint-2")
 
 
 @pytest.mark.slow

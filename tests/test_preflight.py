@@ -4,6 +4,7 @@ comes before it, with the field and the fix, from `cegppo check`, `cegppo train`
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from datasets import Dataset
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl import preflight as preflight_module
 from cegppo_trl.cli import main as cegppo
+from cegppo_trl.preflight import trainer_checks
 from cegppo_trl.rewards import get_reward_func
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
@@ -221,7 +223,8 @@ def test_output_dir_with_checkpoints_is_reported(capsys, model_dir, data_file, t
          r"train_dataset.rename_column\('question', 'prompt'\)`"),
         ({"prompt": [1, 2]}, "format", ValueError, r"The `prompt` column of `train_dataset` holds int values"),
         ({"prompt": ["a"], "answer": ["#### 1"]}, "gsm8k", ValueError,
-         r"\(its columns: prompt, answer\)\. Give the trainer a dataset whose `solution` column holds the reference "
+         r"\(its columns: prompt, answer\)\. Name the column that holds the reference: give the trainer a dataset "
+         r"whose `solution` column holds the reference "
          r"answer, e.g. `train_dataset = train_dataset.rename_column\('answer', 'solution'\)`"),
         ({"prompt": ["a"], "solution": ["none"]}, "gsm8k", ValueError,
          r"Reward `gsm8k` gives the reference answer itself \(row 0: solution='none'\) the score -1.0"),
@@ -293,3 +296,221 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
     expected = [] if not raw.get("use_vllm") or preflight_module._installed("vllm") else ["ERROR [extras] `use_vllm"]
     assert [e[: len(x)] for e, x in zip(errors, expected)] == expected and len(errors) == len(expected), out
     assert status == (1 if expected else 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `check` and `train` agree: each refusal is in the report (`check` exits 1) and is `train`'s one line (exit 2),
+# before the model loads
+# ----------------------------------------------------------------------------------------------------------------
+def raising_reward(completions, **kwargs):
+    raise KeyError("score")
+
+
+def string_reward(completions, **kwargs):
+    return ["good" for _ in completions]
+
+
+def infinite_reward(completions, **kwargs):
+    return [float("inf") for _ in completions]
+
+
+def _trl_release(monkeypatch, version: str, changed: bool) -> None:
+    import torch
+    import trl
+
+    from cegppo_trl import trl_compat
+
+    monkeypatch.setattr(trl, "__version__", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if changed:  # an older release: its guarded sources differ from every tested one
+        installed = trl_compat.trl_source_fingerprints()
+        monkeypatch.setattr(trl_compat, "trl_source_fingerprints", lambda: dict.fromkeys(installed, "0" * 64))
+
+
+def _rows_file(tmp_path, prompts) -> str:
+    return _jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "solution": "1"} for p in prompts])
+
+
+REFUSALS = {
+    # Item 1: `check` said "ready to train" where `train` refused (or failed after the model loaded)
+    "trl_1_15_on_cpu": ([], lambda mp, tmp: _trl_release(mp, "1.15.0", changed=False),
+                        r"trl 1\.15\.0 computes every log-probability with a triton kernel"),
+    "trl_1_9_2": ([], lambda mp, tmp: _trl_release(mp, "1.9.2", changed=True), r"trl 1\.9\.2"),
+    "batch_size_0": (["--per_device_train_batch_size", "0"], None,
+                     r"`per_device_train_batch_size=0`: must be at least 1 .* `--per_device_train_batch_size 1`"),
+    "wandb_missing": (["--report_to", "wandb"], None,
+                      r"`report_to` includes wandb, which needs `wandb`, not installed.*`pip install wandb`.*"
+                      r"`--report_to none`"),
+    # Item 2: each was a traceback (exit 1)
+    "output_dir_a_file": (["--output_dir", "FILE"], None, r"`output_dir` .*afile is a file, not a directory"),
+    "model_folder_typo": (["--model_name_or_path", "tiny-modle"], None,
+                          r"`model_name_or_path`: no model at .*tiny-modle \('tiny-modle' is not a local directory, "
+                          r"and not a Hub id of the form `owner/name`\)"),
+    "grad_accum_0": (["--gradient_accumulation_steps", "0", "--steps_per_generation", "1"], None,
+                     r"`gradient_accumulation_steps=0`: must be at least 1"),
+    # Items 3 and 4: silent nonsense, or late and raw
+    "reward_weight_nan": (["--reward_funcs", "format", "gsm8k", "--reward_weights", "nan", "1.0"], None,
+                          r"`reward_weights` \[nan, 1\.0\] holds a value that is not finite.*"
+                          r"`--reward_weights 1\.0 1\.0`"),
+    "resume_typo": (["--resume_from_checkpoint", "lats"], None,
+                    r"`resume_from_checkpoint=lats` is neither `last` .* Use `--resume_from_checkpoint last`"),
+    "reward_raises": (["--reward_funcs", "test_preflight.raising_reward"], None,
+                      r"Reward `test_preflight.raising_reward` raised when called as the trainer calls it on 3 "
+                      r"dataset row\(s\) with a made-up completion: KeyError: 'score'"),
+    "reward_strings": (["--reward_funcs", "test_preflight.string_reward"], None,
+                       r"Reward `test_preflight.string_reward` returned str values \('good'\)"),
+    "reward_inf": (["--reward_funcs", "test_preflight.infinite_reward"], None,
+                   r"Reward `test_preflight.infinite_reward` returned an infinite score"),
+    "prompt_none": (["--dataset_name", "ROWS:none"], None,
+                    r"`train_dataset` row 2: the prompt is None \(all 4 rows checked\)"),
+    "prompt_empty": (["--dataset_name", "ROWS:empty"], None, r"`train_dataset` row 2: the prompt (is empty|holds only empty messages)"),
+    "chat_key_typo": (["--dataset_name", "ROWS:rol"], None,
+                      r"`train_dataset` row 1: the prompt message 0 has the keys \['content', 'rol'\], not `role` "
+                      r"and `content` \(a misspelling: 'rol'\?\)"),
+}  # fmt: skip
+ROW_PROMPTS = {
+    "none": ["1+1=", "2+2=", None, "3+3="],
+    "empty": ["1+1=", "2+2=", "  ", "3+3="],
+    "rol": [[{"role": "user", "content": "1+1="}], [{"rol": "user", "content": "2+2="}]],
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_check_and_train_give_the_same_verdict(
+    capsys, model_dir, data_file, tmp_path, monkeypatch, no_model_load, case
+):
+    extra, setup, message = REFUSALS[case]
+    (tmp_path / "afile").write_text("not a directory")
+    extra = [str(tmp_path / "afile") if e == "FILE" else e for e in extra]
+    extra = [_rows_file(tmp_path, ROW_PROMPTS[e[5:]]) if e.startswith("ROWS:") else e for e in extra]
+    monkeypatch.chdir(tmp_path)  # `tiny-modle` is looked up here
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # `test_preflight.<reward>` importable
+    if setup is not None:
+        setup(monkeypatch, tmp_path)
+    argv = cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format", *extra)
+    status = cegppo(["check", *argv])
+    out = " ".join(capsys.readouterr().out.split())
+    assert status == 1 and "1 error(s)" in out, out
+    assert re.search(message, out), out
+    status = cegppo(["train", *argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("cegppo train: error: ")]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(message, lines[0]), lines[0]
+
+
+def none_reward(completions, **kwargs):
+    return [None for _ in completions]
+
+
+WARNED = {
+    "schedule_beyond_run": (["--gppo_beta1_schedule", "linear:0->0.5@2000-3000"],
+                            {"gppo_beta1_schedule": "linear:0->0.5@2000-3000"}, "format",
+                            r"WARNING \[schedules\] `gppo_beta1_schedule=linear:0->0.5@2000-3000` changes first at step "
+                            r"2000, after the run's last step \(`max_steps=4`\): gppo_beta1 stays 0 for the whole run"),
+    "absurd_beta2": (["--gppo_beta2", "1e6"], {"gppo_beta2": 1e6}, "format",
+                     r"WARNING \[schedules\] `gppo_beta2` reaches 1e\+06: the paper's betas are at most 1"),
+    "push_offline": (["--push_to_hub", "true"], {"push_to_hub": True}, "format",
+                     r"WARNING \[extras\] `push_to_hub=True` but HF_HUB_OFFLINE=1 is set: the trainer creates the Hub "
+                     r"repository when it starts.*`(--push_to_hub false|push_to_hub=False)`"),
+    "reward_none_everywhere": ([], {}, "test_preflight.none_reward",
+                               r"WARNING \[rewards\] Reward `(test_preflight\.)?none_reward` returned no score \(None or "
+                               r"NaN\) for every completion"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WARNED))
+def test_check_and_the_trainer_give_the_same_warning(
+    capsys, caplog, model_dir, data_file, tmp_path, monkeypatch, case
+):
+    flags, config, reward, message = WARNED[case]
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    status = cegppo(["check", *cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", reward, *flags)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert status == 0 and re.search(message, out), out
+    func = none_reward if reward.endswith("none_reward") else get_reward_func(reward)
+    args = CEGPPOConfig(output_dir=str(tmp_path / "api"), use_cpu=True, report_to="none", max_steps=4,
+                        per_device_train_batch_size=4, num_generations=4, max_completion_length=8, **config)  # fmt: skip
+    with caplog.at_level("WARNING"):  # the API's checks, as `CEGPPOTrainer.__init__` runs them before the model loads
+        report = trainer_checks(model_dir, func, args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4}))
+    assert not report.errors
+    assert re.search(message.split("] ", 1)[1], " ".join(caplog.text.split())), caplog.text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The Python API gets the command line's messages: a missing model path, a reward named by a string
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_api_refuses_a_missing_local_model_path_with_the_cli_message(tmp_path, monkeypatch, no_model_load):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^`model`: no model at .*tiny-modle \('tiny-modle' is not a local "
+                       r"directory, and not a Hub id of the form `owner/name`\)"):  # fmt: skip
+        api("tiny-modle", Dataset.from_dict({"prompt": ["1+1="]}))
+
+
+def test_a_reward_named_by_a_string_in_the_api_is_the_built_in(model_dir, tmp_path):
+    from cegppo_trl.rewards import REWARD_FUNCS
+
+    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=8)  # fmt: skip
+    data = Dataset.from_dict({"prompt": ["1+1="] * 4, "solution": ["2"] * 4})
+    trainer = CEGPPOTrainer(model_dir, reward_funcs="math_verify", args=args, train_dataset=data)
+    assert trainer.reward_funcs == [REWARD_FUNCS["math_verify"]]
+    with pytest.raises(ValueError, match=r"`reward_funcs`: 'math_verfy' is no reward function's name.*did you mean "
+                       r"'math_verify'.*get_reward_func\('math_verify'\)"):  # fmt: skip
+        CEGPPOTrainer(model_dir, reward_funcs=["format", "math_verfy"], args=args, train_dataset=data)
+
+
+def test_a_missing_reward_column_gets_a_did_you_mean(model_dir, no_model_load):
+    def needs_difficulty(completions, difficulty, **kwargs):
+        return [0.0 for _ in completions]
+
+    args = CEGPPOConfig(output_dir="unused-out", use_cpu=True, report_to="none", per_device_train_batch_size=4,
+                        num_generations=4, max_completion_length=8)  # fmt: skip
+    with pytest.raises(ValueError, match=r"needs the dataset column\(s\) \['difficulty'\].*\(did you mean "
+                       r"`dificulty` for `difficulty`\?\)"):  # fmt: skip
+        CEGPPOTrainer(model_dir, reward_funcs=needs_difficulty, args=args,
+                      train_dataset=Dataset.from_dict({"prompt": ["a"], "dificulty": [1]}))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 5: the docs claim only what the checks do; the model card cites the paper as the README does
+# ----------------------------------------------------------------------------------------------------------------
+def test_the_usage_doc_does_not_claim_check_flags_gsm8k_answers_for_math_verify():
+    from cegppo_trl.rewards import REWARD_FUNCS
+
+    text = " ".join((ROOT / "docs" / "usage.md").read_text().split())
+    assert "GSM8K answers given to `math_verify`" not in text
+    # ... and rightly: math_verify scores a GSM8K worked answer ("#### 4") as correct, so no such error exists.
+    assert REWARD_FUNCS["math_verify"](completions=["so \\boxed{4}"], solution=["2 + 2 = 4\n#### 4"]) == [1.0]
+
+
+def test_the_model_card_eprint_is_the_readmes():
+    eprint = re.compile(r"eprint\s*=\s*\{([^}]*)\}")
+    readme = eprint.findall((ROOT / "README.md").read_text())
+    assert readme and eprint.findall(CEGPPOTrainer._paper["citation"]) == readme[:1]
+
+
+def test_cegppo_train_runs_the_checks_once_and_hands_the_report_to_the_trainer(model_dir, data_file, tmp_path,
+                                                                               monkeypatch):  # fmt: skip
+    from cegppo_trl import scripts
+
+    calls, handed = [], []
+    original = preflight_module.run_checks
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    class Stop(Exception):
+        pass
+
+    def stop(self, *args, **kwargs):
+        handed.append(self)
+        raise Stop
+
+    monkeypatch.setattr(preflight_module, "run_checks", counted)  # what `trainer_checks` calls
+    monkeypatch.setattr(scripts, "run_checks", counted)  # what `cegppo train` calls
+    monkeypatch.setattr(CEGPPOTrainer, "train", stop)  # the model has loaded: enough
+    with pytest.raises(Stop):
+        train(*parse_args(cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format")))
+    assert len(calls) == 1 and len(handed) == 1

@@ -177,11 +177,15 @@ def test_solution_column_none_from_a_flag_means_no_reference(tmp_path):
     assert script_args.solution_column is None
 
 
-def test_unknown_yaml_key_is_an_error(tmp_path):
+def test_unknown_yaml_key_is_an_error(tmp_path, capsys):
     bad = tmp_path / "typo.yaml"
     bad.write_text(PAPER_1_5B.read_text() + "\ngppo_beta_1: 0.3\n")
-    with pytest.raises(ValueError, match="gppo_beta_1"):
+    with pytest.raises(SystemExit) as exit_info:
         load_recipe(bad, tmp_path=tmp_path)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "\n" not in err  # one line, not TRL's `fail_with_unknown_args` advice
+    assert "unknown key(s) in the --config YAML: `gppo_beta_1` (did you mean `gppo_beta1`?)" in err
+    assert "fail_with_unknown_args" not in err
 
 
 # ----------------------------------------------------------------------------------------------------------------

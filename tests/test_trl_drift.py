@@ -146,6 +146,20 @@ def test_drift_in_any_guarded_source_refuses_to_train_naming_it(monkeypatch, nam
     assert not any(f"`{other}`" in message for other in others), "only the changed source is named"
 
 
+def test_a_patched_guarded_source_is_fingerprinted_afresh(monkeypatch):
+    # The fingerprints are cached per function object: a replaced method must not keep its predecessor's.
+    from trl import GRPOTrainer
+
+    before = trl_compat.trl_source_fingerprints()["GRPOTrainer._compute_loss"]
+
+    def _compute_loss(self, model, inputs):
+        return 0.0
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", _compute_loss)
+    assert trl_compat.trl_source_fingerprints()["GRPOTrainer._compute_loss"] != before
+    assert trl_compat.trl_source_changes() == ["GRPOTrainer._compute_loss"]
+
+
 def test_a_guarded_source_trl_no_longer_has_counts_as_changed(monkeypatch):
     from trl.trainer import grpo_trainer
 
@@ -359,7 +373,7 @@ def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_
     import trl.trainer.grpo_trainer as grpo_module
 
     def reward(completions, **kwargs):  # local group 0 informative (0, 1, 2, 3), local group 1 constant
-        return [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0]
+        return [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0][: len(completions)]  # the pre-flight calls it on 3 rows
 
     trainer = make_trainer(
         reward_funcs=reward, per_device_train_batch_size=8, sft_loss_coef=0.1, dynamic_sampling=True

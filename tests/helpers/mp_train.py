@@ -103,6 +103,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         save_strategy="no" if save_steps is None else "steps",
         save_steps=save_steps or 500,
         save_total_limit=spec.get("save_total_limit"),
+        save_on_each_node=spec.get("save_on_each_node", False),
         per_device_train_batch_size=GLOBAL_BATCH // world,
         num_generations=NUM_GENERATIONS,
         max_completion_length=COMPLETION_LEN,
