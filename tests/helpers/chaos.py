@@ -6,8 +6,9 @@ off-policy: `steps_per_generation` = 4 x `gradient_accumulation_steps` (4 optimi
 `save_steps=1` saves at steps 4, 8, 12: rollout-batch ends), with a callback that writes into every checkpoint in
 `on_save` (as an EMA or README callback does). Each trial draws a variant: `save_total_limit` 2 or 1,
 `load_best_model_at_end` or not (evaluating at every step), and when to SIGKILL one random process of the job (a
-worker rank or the launcher): `early` (at a random time before the first checkpoint is committed), `time` (a random
-time after it) or `save` (while a checkpoint is being written). Then it kills the rest of the job as a scheduler
+worker rank or the launcher): `early` (at a random time after the run marked `output_dir` as begun and before its
+first checkpoint is committed; a kill while the interpreter starts leaves nothing to tell the folder from a mistyped
+one), `time` (a random time after the first commit) or `save` (while a checkpoint is being written). Then it kills the rest of the job as a scheduler
 would (every process it started, whatever session it is in: torchrun's workers have sessions of their own) and
 requeues the same job with `resume_from_checkpoint="last"`, as a scheduler does, whatever the kill left. A trial
 passes when that run finishes and its final parameters equal the uninterrupted run's of the same variant:
@@ -47,7 +48,7 @@ from helpers.mp_launch import (  # noqa: E402
     start,
 )
 
-from cegppo_trl.checkpoints import COMMIT_FILE, checkpoint_folders  # noqa: E402
+from cegppo_trl.checkpoints import COMMIT_FILE, LOCK_FILE, checkpoint_folders  # noqa: E402
 
 LAUNCHES = ("single", "ddp", "zero2", "zero3")
 KILLS = ("early", "time", "save")
@@ -167,6 +168,13 @@ def _workers(proc: subprocess.Popen, out: Path, world: int) -> list[psutil.Proce
         time.sleep(0.005)
 
 
+def _wait_for_start(proc: subprocess.Popen, output_dir: Path, deadline: float) -> None:
+    """Until the run has marked `output_dir` as begun (its lock file): a kill before that, while the interpreter
+    starts, leaves nothing by which a requeue could tell the folder from a mistyped one."""
+    while time.monotonic() < deadline and proc.poll() is None and not (output_dir / LOCK_FILE).exists():
+        time.sleep(0.002)
+
+
 def _step(folder: str) -> int:
     return int(Path(folder).name.split("-")[1])
 
@@ -184,7 +192,8 @@ def trial(launch: str, out: Path, work: Path, rng: random.Random, timing: dict, 
     processes = job_processes(proc, out)  # what the scheduler knows of the job, recorded before the kill
     victim = rng.choice(workers + ([psutil.Process(proc.pid)] if world > 1 else []))
     victim_name = "launcher" if victim.pid == proc.pid and world > 1 else f"worker {workers.index(victim)}"
-    if mode == "early":  # at a random time before the first checkpoint, or as soon as its save begins
+    if mode == "early":  # once the run began in output_dir, before its first checkpoint (or as its save begins)
+        _wait_for_start(proc, output_dir, deadline)
         until = time.monotonic() + rng.uniform(0, timing["first_commit"])
         while time.monotonic() < until and proc.poll() is None and not checkpoint_folders(str(output_dir)):
             time.sleep(0.002)
@@ -256,14 +265,15 @@ def compare(reference: dict, params_file: str, atol: float) -> float | None:
 
 
 def reference_run(launch: str, work: Path, variant: dict) -> tuple[dict, dict]:
-    """The uninterrupted job's final parameters for `variant`, and its times to the first commit and from there to
-    the end (where kills land)."""
+    """The uninterrupted job's final parameters for `variant`, and its times from the run's start (its lock file) to
+    the first commit and from there to the end (where kills land)."""
     key = f"limit{variant['save_total_limit']}-best{int(variant['load_best'])}"
     out = work / f"{launch}-reference-{key}"
     shutil.rmtree(out, ignore_errors=True)
     prefix, env, extra = launcher(launch, work)
-    began = time.monotonic()
     proc = start(prefix, out, {**variant_spec(variant), **extra}, **env)
+    _wait_for_start(proc, out / "dapo", time.monotonic() + 300)
+    began = time.monotonic()
     while proc.poll() is None and not _committed(out / "dapo"):
         time.sleep(0.005)
     first_commit = time.monotonic()
