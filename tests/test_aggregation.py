@@ -176,6 +176,7 @@ def _logged_and_autograd_share(trainer, batch) -> tuple[float, float]:
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("loss_type", AGGREGATION_LOSS_TYPES)
+@pytest.mark.slow
 def test_trainer_grad_share_is_that_of_the_gradient_the_model_receives(make_trainer, loss_type, level):
     # Before the aggregation weights reached the diagnostics, grpo at token level (1 / |o_i| per sequence) and every
     # other rule at sequence level (a sequence's tokens each carry its weight) logged another share.

@@ -158,12 +158,14 @@ def test_accelerate_launch_cpu_num_processes_trap_fails_fast(model_dir, data_fil
 # ----------------------------------------------------------------------------------------------------------------
 # The CPU smoke recipe end to end, and safe resume
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cpu_smoke_recipe_trains_and_saves(model_dir, data_file, tmp_path):
     trainer = train(*smoke_args(model_dir, data_file, tmp_path))
     assert trainer.state.global_step == 2
     assert (tmp_path / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_overwrite(
     model_dir, data_file, tmp_path, caplog
 ):

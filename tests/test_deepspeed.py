@@ -319,6 +319,7 @@ print(json.dumps({"engine": engine, "runs": accelerator.state.distributed_type.n
 
 
 @pytest.mark.parametrize("value", ["1", "yes"])
+@pytest.mark.slow
 def test_accelerate_use_deepspeed_as_any_true_word_runs_deepspeed_and_is_let_through(tmp_path, value):
     import os
     import subprocess

@@ -339,7 +339,13 @@ CONFIG_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CONFIG_CASES))
+# The quick loop (`-m "not slow"`) runs the plain off-policy script; the full suite runs every case.
+QUICK_CASES = ("train",)
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in QUICK_CASES else pytest.mark.slow) for c in CONFIG_CASES]
+)
 def test_same_outcome(tmp_path, model_dir, case):
     kwargs = {k: model_dir if v == "MODEL_DIR" else v for k, v in CONFIG_CASES[case].items()}
     grpo, cegppo = differential(tmp_path, **kwargs)
@@ -380,6 +386,7 @@ def test_evaluate_before_train(tmp_path, kind):
     ],
     ids=["evaluate_after_train", "eval_strategy_steps", "eval_on_start"],
 )
+@pytest.mark.slow
 def test_evaluation_during_and_after_training(tmp_path, settings):
     grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(eval_dataset=prompts(4)), **settings)
     assert grpo.error is None, grpo.message
@@ -417,6 +424,7 @@ TOOL_CASES = {
 
 
 @pytest.mark.parametrize("case", list(TOOL_CASES))
+@pytest.mark.slow
 def test_tools_and_environments(tmp_path, monkeypatch, case):
     """Tool rollouts for real: the tool was called, in both runs alike, and the outcomes are the same."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's note that environments are experimental
@@ -489,6 +497,7 @@ def reward_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("given", ["path", "instance"])
+@pytest.mark.slow
 def test_reward_model(tmp_path, reward_model_dir, given):
     """A reward model by path (TRL loads it and its tokenizer) or by instance with `reward_processing_classes`."""
     if given == "path":
@@ -503,6 +512,7 @@ def test_reward_model(tmp_path, reward_model_dir, given):
     assert_same(grpo, cegppo)
 
 
+@pytest.mark.slow
 def test_peft_lora(tmp_path):
     from peft import LoraConfig
 
@@ -535,6 +545,7 @@ class RecordingCallback(TrainerCallback):
         self.events.append(("train_end", state.global_step))
 
 
+@pytest.mark.slow
 def test_callbacks_and_checkpoints(tmp_path):
     """A callback sees the same events, and the file it writes into each checkpoint in `on_save` is there. The saves
     fall at rollout-batch ends (2 optimizer steps per batch): CE-GPPO moves a save inside a batch to its end
@@ -556,6 +567,7 @@ def test_callbacks_and_checkpoints(tmp_path):
     assert grpo_notes == cegppo_notes == ["checkpoint-2", "checkpoint-4"]
 
 
+@pytest.mark.slow
 def test_push_to_hub_offline(tmp_path, monkeypatch):
     """`push_to_hub=True` and `trainer.push_to_hub()` as far as they go offline: the repository is created at init
     and the same files are uploaded (the Hub client is replaced by a recorder)."""
@@ -595,6 +607,7 @@ def test_push_to_hub_offline(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------
 # A second train(), and the stop after unscorable batches
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_twice(tmp_path):
     """A second `train()` on the same trainer object trains again, as in TRL (nothing saved in between)."""
     grpo, cegppo = differential(tmp_path, script=("train", "train"))
@@ -603,6 +616,7 @@ def test_train_twice(tmp_path):
     assert grpo.trainer.state.global_step == cegppo.trainer.state.global_step == 2
 
 
+@pytest.mark.slow
 def test_train_twice_with_checkpoints(tmp_path):
     """A second `train()` on the same trainer object after the first saved checkpoints: TRL trains again (a fresh
     run, no resume); so does CE-GPPO: the checkpoints are its own trainer's, not another run's."""
@@ -625,6 +639,7 @@ def test_unscorable_stop_is_a_clean_stop(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 # The harness can tell: at beta > 0, off-policy, CE-GPPO's parameters differ from GRPO's
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_comparison_detects_a_different_objective(tmp_path):
     grpo, cegppo = differential(tmp_path, gppo_beta1=0.5, gppo_beta2=1.0, learning_rate=0.5)
     assert grpo.error is None and cegppo.error is None
@@ -733,6 +748,7 @@ def test_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
     assert "`train_dataset` has no `prompt` column (its columns: input_ids)" in cegppo.message
 
 
+@pytest.mark.slow
 def test_fresh_train_into_checkpoints_of_another_run_is_refused(tmp_path):
     """GRPOTrainer starts afresh beside the old checkpoints; CEGPPOTrainer refuses, naming the ways out."""
     for trainer_cls, config_cls in PAIR:

@@ -584,6 +584,7 @@ def test_sign_flip_p_past_max_exact_is_a_seeded_estimate_of_the_exact_binomial_t
     assert p == stats.sign_flip_p(d) and abs(p - exact) < 4 * math.sqrt(exact / stats.SAMPLES) + 1e-4
 
 
+@pytest.mark.slow
 def test_stability_plot_wraps_many_arms_into_rows(tmp_path):
     import matplotlib
 

@@ -145,6 +145,7 @@ def test_lora_adapter_saves_and_reloads(make_trainer, tmp_path, tokenizer, promp
     assert out.shape == (1, 7)
 
 
+@pytest.mark.slow
 def test_tensorboard_event_file_holds_cegppo_scalars(make_trainer, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

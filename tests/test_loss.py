@@ -351,6 +351,7 @@ def _compile_or_skip(fn):
 
 
 @pytest.mark.parametrize("delta", [None, 2.5])
+@pytest.mark.slow
 def test_compiles_in_one_graph_and_matches_eager(delta):
     # fullgraph=True: the forward and the custom backward trace into one graph (no graph break); AOT autograd runs
     # the backward of the compiled graph. (Host synchronisation is checked separately below: torch 2.13 captures
@@ -390,6 +391,7 @@ def _host_syncing_ops(fn, *args) -> set[str]:
     }
 
 
+@pytest.mark.slow
 def test_forward_and_backward_need_no_host_sync():
     # On a GPU a value read or a data-dependent shape stalls the stream every step. The traced forward + backward
     # must contain none; the authors' boolean-mask assignment shows what the check catches.

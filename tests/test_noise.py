@@ -102,6 +102,7 @@ def test_a_bug_keeps_its_traceback():
     assert isinstance(refusal, RuntimeError) and _is_user_error(refusal)  # the package's own refusal
 
 
+@pytest.mark.slow
 def test_cegppo_check_on_a_good_command_prints_the_report_and_exits_0(model_dir, data_file, tmp_path):
     # From the installed entry point, as a user runs it; a check trains nothing, so DeepSpeed's device notice is noise.
     result = subprocess.run(

@@ -194,6 +194,7 @@ def test_only_a_folder_this_trainer_began_and_never_committed_is_cleaned_up_afte
     assert last_complete_checkpoint(str(tmp_path))[0] == str(newer)
 
 
+@pytest.mark.slow
 def test_a_callback_writing_into_every_checkpoint_keeps_save_total_limit_checkpoints_and_last_resumes_the_newest(
     make_trainer, tmp_path, caplog
 ):
@@ -240,6 +241,7 @@ FRESH_REFUSED = (
 )
 
 
+@pytest.mark.slow
 def test_a_new_trainer_into_a_folder_with_checkpoints_is_refused_naming_the_way_out(make_trainer, tmp_path):
     make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
     with pytest.raises(ValueError, match=FRESH_REFUSED):
@@ -253,6 +255,7 @@ def test_a_new_trainer_into_a_folder_with_checkpoints_is_refused_naming_the_way_
     assert (tmp_path / "checkpoint-1" / COMMIT_FILE).exists()  # this run's
 
 
+@pytest.mark.slow
 def test_a_second_train_on_the_same_trainer_is_allowed_as_in_trl(make_trainer, tmp_path):
     trainer = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
     trainer.train()
@@ -282,6 +285,7 @@ def test_resuming_with_later_checkpoints_is_refused_or_they_are_moved_aside_with
     assert _plan(tmp_path, str(moved))[0].checkpoint == str(moved)  # resumable by its path
 
 
+@pytest.mark.slow
 def test_nothing_the_safety_layer_writes_reaches_the_hub(make_trainer, tmp_path, monkeypatch):
     """transformers' own push (`_push_from_checkpoint`, then `push_to_hub`) with the upload recorded: the files it
     would send, filtered by huggingface_hub's own rule, hold no lock and no moved-aside checkpoint."""

@@ -80,6 +80,7 @@ TINY_WARMUP = WarmupSettings(
 )
 
 
+@pytest.mark.slow
 def test_default_model_is_rebuilt_bit_for_bit_and_then_loaded_from_the_cache(tmp_path):
     model, _, info = build_default_model(TINY_WARMUP, cache_dir=tmp_path, log=None)
     assert not info["cached"] and info["steps"] == 10

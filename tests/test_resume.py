@@ -58,6 +58,7 @@ class _RunsCodeWhenUnpickled:
 # ----------------------------------------------------------------------------------------------------------------
 # Resuming never unpickles anything from the checkpoint
 # ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_path, caplog):
     first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
@@ -153,6 +154,7 @@ def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_messag
     assert "no settings to compare, and it counts as complete because its trainer_state.json is readable" in message
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_settings_is_recorded_and_the_model_card_says_at_which_step(make_trainer, tmp_path):
     make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
     resumed = make_trainer(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=2, epsilon=0.3)
@@ -171,6 +173,7 @@ def _fresh_controller_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "holds no entropy-controller state" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_fresh(
     model_dir, data_file, tmp_path, caplog, monkeypatch
 ):
@@ -199,6 +202,7 @@ def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_
     assert state["num_updates"] == 1 and state["offset_beta1"] == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
     make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
     with_controller = make_trainer(num_iterations=2, max_steps=2, entropy_controller="band=1-2")
@@ -222,6 +226,7 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(CEGPPOTrainer, "__init__", refuse)
 
 
+@pytest.mark.slow
 def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
     model_dir, data_file, tmp_path, caplog
 ):
@@ -265,6 +270,7 @@ def test_a_cli_requeue_after_the_last_checkpoint_exits_cleanly_and_writes_the_fi
     assert final == (tmp_path / "checkpoint-1" / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow
 def test_the_cli_plans_once_and_says_which_checkpoint_it_resumed(model_dir, data_file, tmp_path, caplog, monkeypatch):
     from cegppo_trl import checkpoints
 

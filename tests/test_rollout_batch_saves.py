@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import torch
 from helpers.batches import base_config_kwargs, count_ones_reward
 
@@ -30,6 +31,7 @@ def _params(trainer) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_checkpoints_are_taken_at_rollout_batch_ends_and_each_resumes_the_run_bit_for_bit(
     tmp_path, tokenizer, prompt_dataset, one_torch_thread
 ):
@@ -50,6 +52,7 @@ def test_checkpoints_are_taken_at_rollout_batch_ends_and_each_resumes_the_run_bi
     assert any(not torch.equal(v, p) for v, p in zip(final.values(), build_tiny_llama(tokenizer, seed=0).parameters()))
 
 
+@pytest.mark.slow
 def test_a_save_inside_a_rollout_batch_is_taken_at_its_end_and_max_steps_is_kept(tmp_path, tokenizer, prompt_dataset):
     # 4 optimizer steps per rollout batch (steps_per_generation 8, 2 micro-batches a step): save_steps=3 asks for
     # 3 (inside the first batch: taken at 4) and 6 (inside the second: taken at 8); max_steps=9 is saved as is.
@@ -61,6 +64,7 @@ def test_a_save_inside_a_rollout_batch_is_taken_at_its_end_and_max_steps_is_kept
     assert sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*")) == [4, 8, 9]
 
 
+@pytest.mark.slow
 def test_a_requeue_after_the_last_checkpoint_writes_the_best_model_with_load_best_model_at_end(
     tmp_path, tokenizer, prompt_dataset
 ):

@@ -355,6 +355,7 @@ def test_an_epoch_holds_the_micro_batches_resume_offset_assumes(make_trainer, st
     assert len(trainer.get_train_dataloader()) == rollout_batches * steps_per_generation * num_iterations
 
 
+@pytest.mark.slow
 def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(
     make_trainer, tmp_path, caplog, monkeypatch
 ):

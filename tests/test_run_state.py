@@ -13,6 +13,7 @@ import json
 import logging
 import math
 
+import pytest
 import torch
 from datasets import Dataset
 
@@ -83,6 +84,7 @@ def _after(history: list[dict], step: int) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path):
     logger = logging.getLogger("cegppo_trl.trainer")
     log, resumed_log = _StepLog(), _StepLog()

@@ -94,6 +94,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("loss_type", list(CASES))
+@pytest.mark.slow
 def test_one_optimizer_step_is_the_same_for_every_split(tmp_path, tokenizer, loss_type):
     extra, fixed_length = CASES[loss_type]
     config = dict(loss_type=loss_type, sft_loss_coef=1.0, **extra)

@@ -107,6 +107,7 @@ def test_logged_betas_follow_the_documented_rule_written_out_independently(make_
     assert expected[-1][0] == 0.9  # the bound was reached
 
 
+@pytest.mark.slow
 def test_step_and_percent_window_resolves_against_the_real_run_length(make_trainer):
     # 'linear:0->1@5-50%' is empty for a 1-step run (step 5 .. 0.5) but valid for 14 steps (steps 5 .. 7). Before
     # training the run length is unknown: construction with a controller and a read of the betas give the step-0
@@ -131,6 +132,7 @@ def test_controller_composes_with_a_schedule_as_an_offset(make_trainer):
     assert [h["cegppo/beta1"] for h in _step_logs(trainer)] == pytest.approx([0.0, 0.1, 0.7, 0.8])
 
 
+@pytest.mark.slow
 def test_resume_reproduces_betas_and_losses(make_trainer, tmp_path):
     kwargs = dict(
         num_iterations=2, max_steps=8, gppo_beta1_schedule="linear:0->0.5", save_strategy="steps", save_steps=4,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import math
 
+import pytest
+
 from cegppo_trl import CEGPPOConfig
 
 
@@ -28,6 +30,7 @@ def test_all_none_and_nan_rewards_stop_cleanly_with_a_message_naming_the_reward_
     assert message in caplog.text
 
 
+@pytest.mark.slow
 def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_trainer):
     calls = []
 
@@ -46,6 +49,7 @@ def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_train
     assert trainer.state.global_step == 2  # both unscorable batches took their (zero-gradient) steps
 
 
+@pytest.mark.slow
 def test_partially_scorable_batches_and_max_unscorable_batches_0_keep_training(make_trainer):
     def half(completions, **kwargs):
         return [None if i % 2 else float(c.count("1")) for i, c in enumerate(completions)]

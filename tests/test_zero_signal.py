@@ -78,6 +78,7 @@ def test_the_stop_waits_for_the_end_of_the_optimizer_step_and_saves_per_the_save
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == []  # step 1 is inside its rollout batch
 
 
+@pytest.mark.slow
 def test_a_second_train_starts_without_the_previous_stop(make_trainer):
     trainer = make_trainer(reward_funcs=_constant(1.0), max_steps=2, max_zero_signal_batches=1)
     trainer.train()
@@ -113,6 +114,7 @@ def test_every_completion_masked_out_of_the_loss_counts_as_no_signal(make_traine
     assert trainer.state.global_step == 2
 
 
+@pytest.mark.slow
 def test_a_batch_with_signal_resets_the_streak_and_0_never_stops(make_trainer):
     calls = []
 
@@ -191,6 +193,7 @@ def test_unscorable_batches_count_in_the_monitor_and_do_not_count_as_zero_signal
     assert trainer.reward_monitor.unscorable_batches == 2 and trainer.reward_monitor.zero_signal_batches == 0
 
 
+@pytest.mark.slow
 def test_the_default_does_not_stop_trls_own_constant_reward_test_layout(tmp_path, tokenizer):
     # TRL's `test_reward_metric_reflects_reward_weights` (tests/test_grpo_trainer.py, TRL 1.16): two constant rewards
     # weighted 0.7/0.3 on the 17 training prompts of `trl-internal-testing/zen`, 3 prompt completions per batch, 3
