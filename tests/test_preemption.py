@@ -478,7 +478,7 @@ def test_the_lock_excludes_a_run_in_another_pid_namespace_and_dies_with_its_hold
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# A real 2-process save with a slow process, and the chaos trial
+# A real 2-process save with a slow process (the kill-and-requeue trials: tests/test_chaos.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_nor_is_resumed(tmp_path):
@@ -536,16 +536,6 @@ def test_two_nodes_with_their_own_local_disks_each_commit_their_checkpoints(tmp_
             on_disk = {p.name for p in (output_dir / f"checkpoint-{step}").iterdir()} - {COMMIT_FILE}
             assert set(files) == on_disk  # what this node's process wrote, as it reported it
         assert last_complete_checkpoint(str(output_dir))[0] == str(output_dir / "checkpoint-2")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("launch", ["single", "ddp"])
-def test_chaos_kill_and_resume_last_ends_bit_identical(launch, tmp_path):
-    from helpers.chaos import campaign
-
-    results = campaign([launch], 1, tmp_path, seed=1)[launch]
-    assert all("error" not in r for r in results), results
-    assert all(r["max_abs_diff"] == 0.0 for r in results)
 
 
 def test_two_moves_aside_within_one_second_keep_both_copies(tmp_path, monkeypatch):
