@@ -18,6 +18,18 @@ import argparse
 import re
 import sys
 
+# `cegppo --help` and `cegppo train --help` end with these (docs/usage.md has the same table).
+TRAIN_EXIT_STATUSES = """\
+exit status of `cegppo train` (the final model and its card are saved in each case but 2):
+  0  trained to the end, with a learning signal
+  2  a refused setting, before training (one line says what to change)
+  3  nothing to learn: `max_zero_signal_batches` rollout batches in a row, or every rollout batch of a shorter run,
+     gave every completion of a prompt the same reward (a solved task, a constant, infinite or NaN reward: the
+     message names the kind)
+  4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row, or every rollout batch
+     of a shorter run, got no reward (None or NaN everywhere)
+"""
+
 
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
@@ -32,20 +44,15 @@ examples:
   cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
       --config takes a shipped recipe's name (`cegppo recipes` lists them) or a YAML path; flags override it.
   cegppo check --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
-      the same command, checked in seconds before any GPU time: a report, exit status 1 on any error.
+      the same command, checked in seconds before any GPU time: a report, exit status 1 on any error (an
+      argument error too); no reward of yours is called unless you add --call_rewards.
   accelerate launch --config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train --config RECIPE
       several GPUs (launchers take the module form `-m cegppo_trl.cli`); the shipped configs are in
       {accelerate_configs_dir()}.
   ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config RECIPE ...
       two CPU processes. Any CPU run: add --use_cpu true --bf16 false (the cpu_smoke recipe sets both).
 
-exit status of `cegppo train` (the final model and its card are saved in each case but 2):
-  0  trained to the end
-  2  a refused setting, before training (one line says what to change)
-  3  stopped: nothing left to learn: `max_zero_signal_batches` rollout batches in a row gave every completion of a
-     prompt the same reward (e.g. a solved task: every reward at the top; the message names the kind)
-  4  stopped: the reward cannot score this data: `max_unscorable_batches` rollout batches in a row got no reward
-""",
+{TRAIN_EXIT_STATUSES}""",
     )
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -61,7 +68,7 @@ exit status of `cegppo train` (the final model and its card are saved in each ca
         add_help=False,
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
         "gets them, what each reward receives, the batch layout, the engine and extras; no GPU, no model weights; "
-        "exits 1 on any error",
+        "exits 1 on any error; --call_rewards also calls your rewards on real rows",
     )
     commands.add_parser(
         "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import parse_args
 
         try:
-            trainer = train(*parse_args(argv[1:], prog="cegppo train"))
+            trainer = train(*parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES))
         except (ValueError, RuntimeError, OSError, ImportError) as error:
             if not _is_user_error(error):
                 raise

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 # Values a flag or YAML uses to mean "unset" for an optional string option (a flag cannot spell None).
 NONE_STRINGS = ("", "none", "null")
 SAMPLE_ROWS = 3
+# What a model folder holds its weights in (transformers' and PEFT's files, sharded or not, and GGUF).
+WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -183,50 +185,11 @@ def load_any_dataset(
             if _data_file_is_empty(name, builder):
                 raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
             raise
-    else:
-        missing = _missing_local_path(name)
-        if missing is not None:
-            raise FileNotFoundError(missing)
-        try:
-            loaded = load_dataset(name, name=config, streaming=streaming)
-        except ConnectionError as error:  # offline: neither a local path nor a cached Hub dataset
-            raise FileNotFoundError(
-                f"`dataset_name`: {name!r} is not a local file or directory ({os.path.abspath(name)} does not exist), "
-                f"and not a Hub dataset available offline ({error}). Check the path, or run online once to cache it."
-            ) from error
+    else:  # a Hub id, or a path that is not there: datasets' own error says which
+        loaded = load_dataset(name, name=config, streaming=streaming)
     if isinstance(loaded, Dataset):
         loaded = DatasetDict({train_split: loaded})
     return loaded
-
-
-_DATA_EXTENSIONS = (*_FILE_BUILDERS, ".txt", ".tsv", ".json.gz", ".jsonl.gz", ".zst")
-
-
-def _missing_local_path(name: str) -> str | None:
-    """Why `name`, which does not exist locally, is a mistyped local path rather than a Hub id; None if it may be
-    a Hub id.
-
-    A data-file extension, a `./`, `../`, `/` or `~` start, more than one `/` (a Hub id has one) or an existing
-    parent directory make it a path: `datasets` would look it up on the Hub and fail with a network error (or retry
-    for half a minute) instead of saying the file is missing.
-    """
-    expanded = os.path.expanduser(name)
-    parent = os.path.dirname(expanded.rstrip("/"))
-    looks_like_path = (
-        name.lower().endswith(_DATA_EXTENSIONS)
-        or name.startswith(("./", "../", "/", "~"))
-        or name.count("/") > 1
-        or os.sep != "/"
-        and os.sep in name
-        or (parent != "" and os.path.isdir(parent))
-    )
-    if not looks_like_path:
-        return None
-    where = os.path.abspath(expanded)
-    return (
-        f"`dataset_name`: no file or directory at {where} ({name!r} looks like a local path, not a Hub dataset id). "
-        "Give an existing .json/.jsonl/.csv/.parquet file, a dataset directory, or a Hub id such as `openai/gsm8k`."
-    )
 
 
 def _data_file_is_empty(path: str, builder: str) -> bool:
@@ -498,7 +461,8 @@ def _in_hub_cache(repo_id: str) -> bool:
 
 
 def check_model_path(name: str, field: str = "model_name_or_path") -> None:
-    """Refuse a model name that is neither a local directory nor reachable as a Hub id, before any download.
+    """Refuse a model name that is neither a local directory nor reachable as a Hub id, before any download, and a
+    local directory without a weights file.
 
     A missing path that looks like one (`./`, `../`, `/`, `~`, an existing parent folder) or a name without the
     `owner/name` form of a Hub id, that the local cache does not hold, is a mistyped local folder: transformers would
@@ -506,6 +470,15 @@ def check_model_path(name: str, field: str = "model_name_or_path") -> None:
     cached is refused the same way.
     """
     expanded = os.path.expanduser(name)
+    if os.path.isdir(expanded):
+        weights = [f for f in os.listdir(expanded) if f.endswith(WEIGHTS_SUFFIXES)]
+        if not weights:  # transformers fails the same after the trainer starts: its type (OSError), its words
+            raise OSError(
+                f"`{field}`: no file named model.safetensors or pytorch_model.bin (or another weights file: "
+                f"{', '.join(WEIGHTS_SUFFIXES)}) found in directory {expanded}: the model cannot load. Point to the "
+                "folder `save_pretrained` wrote, or finish copying it."
+            )
+        return
     if os.path.exists(expanded):
         return
     parent = os.path.dirname(expanded.rstrip("/"))

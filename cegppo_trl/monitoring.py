@@ -26,6 +26,10 @@ rewards and TRL's by name declare them) when every reward declares one; otherwis
 the run has seen so far in training, this batch included (a batch whose every value equals both is `"equal"`: a run
 that has only ever seen one value cannot tell).
 
+A run that ends with no learning signal at all (no training rollout batch had reward spread in a group, whatever
+the run's length: a short run never reaches either limit) is not a success either: at the end of `train()` the
+monitor records `"unscorable"` when no batch got any reward, else `"zero_signal"` (`end_of_run`).
+
 A stop is not an exception: the monitor records `stop_reason` (`"zero_signal"` or `"unscorable"`) and its message,
 and `StopWhenNothingToLearn`, a transformers callback, sets `control.should_training_stop` at the end of that optimizer
 step, so transformers finishes the step, saves per the save strategy and runs `on_train_end`, `train()` returns, and
@@ -44,6 +48,7 @@ save to the end of its rollout batch (`rollouts.at_rollout_batch_boundary`), the
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,6 +60,8 @@ from transformers.trainer_utils import SaveStrategy
 from .controller import EntropyController
 from .loss import CEGPPODiagnostics, cegppo_diagnostics
 from .rollouts import at_rollout_batch_boundary, informative_groups
+
+logger = logging.getLogger(__name__)
 
 ZERO_SIGNAL_KINDS = ("top", "lowest", "equal", "mixed", "nonfinite", "masked")
 # `cegppo train`'s exit status after each stop (0: training ran to its end; 2: a refused setting).
@@ -118,6 +125,9 @@ class RewardSignalMonitor:
         self.zero_signal_kind: str | None = None  # kind of the last zero-signal batch
         self.observed_min: float | None = None  # extremes of the total reward seen in training (finite ones)
         self.observed_max: float | None = None
+        # Whether a training rollout batch of this run got a reward / had a learning signal (`end_of_run`)
+        self.scored = False
+        self.learned = False
         # Set when a limit is reached (`STOP_EXIT_STATUS`' keys); not saved: a resumed streak reaches it again.
         self.stop_reason: str | None = None
         self.stop_message: str | None = None
@@ -145,6 +155,7 @@ class RewardSignalMonitor:
             `max_unscorable_batches`-th in a row, which also sets `stop_reason = "unscorable"`), else None.
         """
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
+        self.scored = self.scored or not unscorable
         self.unscorable_batches = self.unscorable_batches + 1 if unscorable else 0
         if not unscorable or not self.max_unscorable_batches:
             return None
@@ -195,10 +206,11 @@ class RewardSignalMonitor:
             self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
         masked = trained is not None and not bool(trained.any())
         if not masked and bool(informative_groups(advantages, num_generations).any()):
-            self.zero_signal_batches, self.zero_signal_kind = 0, None
+            self.zero_signal_batches, self.zero_signal_kind, self.learned = 0, None, True
             return None
         self.zero_signal_batches += 1
         kind, values = ("masked", []) if masked else self.classify(rewards, num_generations)
+        self._last_values = values
         first = self.zero_signal_batches == 1 or kind != self.zero_signal_kind
         self.zero_signal_kind = kind
         limit = self.max_zero_signal_batches
@@ -220,6 +232,25 @@ class RewardSignalMonitor:
         return (
             f"No learning signal in this rollout batch: in every group all completions got the same reward, or none "
             f"is trained (zero policy gradient); {self._advice(kind, values)} ({stop}.)"
+        )
+
+    def end_of_run(self, steps: int) -> str | None:
+        """At the end of `train()`: a run of `steps` optimizer steps in which no rollout batch had a learning signal
+        ends with a stop reason (and its message, returned), however short it was."""
+        if self.stop_reason is not None or steps < 1 or self.learned:
+            return None
+        if not self.scored:
+            return self._stop(
+                "unscorable",
+                f"No completion of this run got a reward: every reward function ({', '.join(self.reward_names)}) "
+                "returned None or NaN for every completion, so no optimizer step had a gradient. Check that they can "
+                "score this task (`cegppo check --call_rewards` calls them on real rows).",
+            )
+        kind, values = self.zero_signal_kind or "equal", getattr(self, "_last_values", [])
+        return self._stop(
+            "zero_signal",
+            "No optimizer step of this run had a learning signal: in every rollout batch all completions of each "
+            f"prompt got the same reward, or none was trained. In the last one {self._advice(kind, values)}",
         )
 
     def _stop(self, reason: str, message: str) -> str:
@@ -269,6 +300,8 @@ class RewardSignalMonitor:
             "zero_signal_kind": self.zero_signal_kind,
             "observed_min": self.observed_min,
             "observed_max": self.observed_max,
+            "scored": self.scored,
+            "learned": self.learned,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -276,6 +309,8 @@ class RewardSignalMonitor:
         for key in ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "observed_min", "observed_max"):
             if key in state:
                 setattr(self, key, state[key])
+        # A checkpoint written before these were saved came from a run that was not stopped: assume it learned.
+        self.scored, self.learned = state.get("scored", True), state.get("learned", True)
 
 
 class StopWhenNothingToLearn(TrainerCallback):
@@ -290,10 +325,17 @@ class StopWhenNothingToLearn(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.monitor.stop_reason = self.monitor.stop_message = None  # a second `train()` starts without a stop
+        if state.global_step == 0:  # a fresh run (a resume restored what its checkpoint saw)
+            self.monitor.scored = self.monitor.learned = False
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.monitor.stop_reason is not None:
             control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        message = self.monitor.end_of_run(state.global_step)
+        if message is not None and state.is_world_process_zero:
+            logger.warning(message)
 
 
 class SaveAtRolloutBatchEnd(TrainerCallback):

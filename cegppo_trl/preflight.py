@@ -1,19 +1,18 @@
-"""Pre-flight checks: everything knowable before the model loads, in one report.
+"""Pre-flight checks: what only a check before the model loads can tell, in one report.
 
-A layer below both callers, over what the trainer will be given (datasets, rewards, config, tokenizer, peft config,
-world size): `run_checks` returns a `Report` of findings, each with its fix as data (`Fix`: the setting and the value
-that works), and the caller words the fixes once:
+A layer below both callers, over what the trainer will be given (datasets, rewards, config, tokenizer, world size):
+`run_checks` returns a `Report` of findings, each with its fix as data (`Fix`: the setting and the value that works),
+and the caller words the fixes once (`cegppo check`/`train` as flags, `CEGPPOTrainer.__init__` as arguments). The
+rules, in the order the checks run:
 
-- `cegppo check` and `cegppo train` (`cegppo_trl.scripts.check_command`): the command's data loaded and mapped
-  (`cegppo_trl.data`), then `run_checks`; fixes read as flags (`--solution_column answer`). `cegppo
-  train` hands the report to the trainer, which then does not check again;
-- the Python API: `CEGPPOTrainer.__init__` runs `trainer_checks` on its arguments before `GRPOTrainer` loads the
-  model; fixes read as arguments (`solution_column='answer'`, a dataset change).
-
-Every refusal the trainer makes before the model loads is a finding here, so `check` and `train` cannot disagree.
-The report holds, per section, what the trainer will see (the dataset's rows, columns and types, a few prompts as
-the model gets them and their token lengths, what each reward receives and returns, how it scores the reference
-answer, the batch layout, the engine, the extras and the output directory) and the findings (`error`, `warning`).
+1. Keep what only the pre-flight can tell before the model loads: the prompt and reward columns, the chat template,
+   the batch layout (on- or off-policy), the output folder, the launch and what is missing for it.
+2. Where TRL, transformers, PEFT or datasets refuse clearly, theirs stands. A host check is run here only where it
+   saves a model load, by calling the host's own validator (`GenerationConfig`, the tracker callbacks) or raising
+   the host's exception type with its words.
+3. No user reward is called: its signature says which columns it reads. The package's own rewards (and TRL's by
+   name) score the reference answer. `cegppo check --call_rewards` opts in to calling every reward on a rollout
+   batch of real rows.
 """
 
 from __future__ import annotations
@@ -26,16 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .data import (
-    NONE_STRINGS,
-    check_model_path,
-    is_prompt,
-    sample_rows,
-    short_repr,
-    type_name,
-)
+from .data import NONE_STRINGS, check_model_path, is_prompt, sample_rows, short_repr, type_name
 from .rewards import (
     REFERENCE_COLUMN,
+    REWARD_FUNCS,
     TRAINER_KWARGS,
     likely_reference_column,
     reference_completion,
@@ -54,7 +47,7 @@ SECTIONS = {
     "model": "Model",
     "dataset": "Dataset (as the trainer sees it)",
     "prompts": "Prompts (as the model gets them)",
-    "rewards": "Rewards (what each receives for those rows, what it returns, and its score for the reference answer)",
+    "rewards": "Rewards (what each receives, read from its signature; the reference answer's score)",
     "batch": "Batch layout",
     "schedules": "Schedules",
     "engine": "Engine",
@@ -64,26 +57,6 @@ SECTIONS = {
 # Rows whose prompts are checked one by one (None, empty, malformed chat messages): every row up to this many, else
 # the first this many (reading one column of 100k rows takes well under a second).
 PROMPT_ROWS_CHECKED = 100_000
-# Optional packages a setting needs: (module, install line).
-EXTRAS = {
-    "vllm": ("vllm", 'pip install "cegppo-trl[vllm]"'),
-    "tensorboard": ("tensorboard", 'pip install "cegppo-trl[tensorboard]"'),
-    "bitsandbytes": ("bitsandbytes", 'pip install "cegppo-trl[quant]"'),
-    "deepspeed": ("deepspeed", 'pip install "cegppo-trl[deepspeed]"'),
-}
-# `report_to` integrations and the module transformers needs for each (it refuses at `Trainer.__init__` otherwise).
-TRACKERS = {
-    "wandb": "wandb",
-    "mlflow": "mlflow",
-    "comet_ml": "comet_ml",
-    "clearml": "clearml",
-    "trackio": "trackio",
-    "swanlab": "swanlab",
-    "dvclive": "dvclive",
-    "neptune": "neptune",
-    "codecarbon": "codecarbon",
-    "azure_ml": "azureml",
-}
 BETA_WARN_ABOVE = 10.0  # the paper's betas are at most 1.0 (Sec. 5); far above it the clipped tokens dominate
 
 
@@ -159,10 +132,10 @@ class Report:
     def warning(self, section: str, message: str, code: str = "", fixes=()) -> None:
         self.findings.append(Finding("warning", section, message, code=code, fixes=tuple(fixes)))
 
-    def collect(self, section: str, check: Callable, *args: Any) -> Any:
+    def collect(self, section: str, check: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run a check that raises; record what it raises as an error (with its exception type)."""
         try:
-            return check(*args)
+            return check(*args, **kwargs)
         except (ValueError, RuntimeError, ImportError, OSError, TypeError) as error:
             self.error(section, str(error), type(error))
             return None
@@ -396,19 +369,24 @@ def _reward_name(func: Any) -> str:
     return getattr(func, "__name__", type(func).__name__)
 
 
+def is_own_reward(func: Any) -> bool:
+    """This package's rewards and TRL's by name: the pre-flight may call them (no side effects, no user code)."""
+    return any(func is own for own in REWARD_FUNCS.values()) or getattr(func, "__module__", "").startswith(
+        "trl.rewards"
+    )
+
+
 def inspect_rewards(
     report: Report, reward_funcs: Sequence[Any], names: Sequence[str], rows: list[dict], columns: Sequence[str],
-    dry_call: bool = True,
+    call: list[dict] | None = None,
 ) -> None:  # fmt: skip
-    """What each reward receives for the sample rows, and its score for the reference answer."""
+    """What each reward receives (read from its signature, not by calling it), and the reference answer's score for
+    the rewards the package may call. `call` (the opt-in of `cegppo check --call_rewards`): a rollout batch of real
+    rows on which every reward is called as TRL calls it."""
     columns = list(columns)
     for name, func in zip(names, reward_funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
-            report.info(
-                "rewards",
-                f"{name}: a reward model (scores prompt + completion with its own tokenizer); the reference test does "
-                "not apply",
-            )
+            report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
             continue
         missing = [c for c in reward_required_columns(func) if c not in columns]
         if missing == [REFERENCE_COLUMN]:
@@ -428,11 +406,12 @@ def inspect_rewards(
             continue
         value_range = reward_value_range(func)
         span = "range not declared" if value_range is None else f"scores {value_range[0]:g} to {value_range[1]:g}"
-        kwargs = [c for c in columns if c != "prompt"]
+        kind = "async, " if _is_async(func) else ""
         reads = reward_reads_reference(func)
+        kwargs = [c for c in columns if c != "prompt"]
         report.info(
             "rewards",
-            f"{name} ({span}): receives prompts, completions and the columns {', '.join(kwargs) or '(none)'} as "
+            f"{name} ({kind}{span}): receives prompts, completions and the columns {', '.join(kwargs) or '(none)'} as "
             f"keyword lists{'' if reads else '; reads no reference'}",
         )
         if reward_needs_chat(func) and rows and isinstance(rows[0].get("prompt"), str):
@@ -445,20 +424,24 @@ def inspect_rewards(
                 fixes=[Fix("chat_prompts", True, api="chat-message prompts")],
             )
             continue
-        if dry_call and not _dry_call(report, name, func, rows):
+        own = is_own_reward(func)
+        if call is not None and not _call_reward(report, name, func, call):
+            continue
+        if not own and call is None:
+            report.info("rewards", "  not called (your code: `cegppo check --call_rewards` calls it on real rows)")
             continue
         if reference_completion(func, "0") is None:
             if reads is not False:
-                report.info(
-                    "rewards",
-                    f"  the reference test does not apply: {name} does not say how a completion stating the reference "
-                    "looks (define `reference_completion(solution)` on it to include it)",
-                )
-            for i, row in enumerate(rows):
-                if REFERENCE_COLUMN in row and reads is not False:
-                    report.info("rewards", f"  row {i}: solution={short_repr(row[REFERENCE_COLUMN])}")
+                report.info("rewards", f"  the reference test does not apply: {name} does not say how a completion "
+                            "stating the reference looks (define `reference_completion(solution)` on it)")  # fmt: skip
             continue
         _score_references(report, name, func, rows, value_range)
+
+
+def _is_async(func: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
 def _missing_reference(report: Report, name: str, columns: Sequence[str]) -> None:
@@ -484,10 +467,19 @@ def _missing_reference(report: Report, name: str, columns: Sequence[str]) -> Non
 MADE_UP_COMPLETION = "Let me think step by step. The answer is 42."
 
 
-def _dry_call(report: Report, name: str, func: Callable, rows: list[dict]) -> bool:
-    """Call `func` as TRL does on the sample rows with a made-up completion (the reference answer where it has one):
-    a reward that raises, returns the wrong type or length, None everywhere, NaN or inf is an error here instead of
-    at the first rollout. Returns whether the reward can go on to the reference test."""
+def rollout_rows(dataset: Any, args: Any) -> list[dict]:
+    """A rollout batch as TRL draws it: `generation_batch_size / num_generations` real rows, each `num_generations`
+    times (for `cegppo check --call_rewards`)."""
+    size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
+    rows = sample_rows(dataset, max(1, size // args.num_generations))
+    return [row for row in rows for _ in range(args.num_generations)]
+
+
+def _call_reward(report: Report, name: str, func: Callable, rows: list[dict]) -> bool:
+    """The opt-in call: `func` on a rollout batch of real rows, as TRL calls it (a made-up completion, or the
+    reference where the reward says how one looks). Whatever would fail or train on nothing is an error."""
+    import asyncio
+
     from transformers import TrainerState
 
     completions = []
@@ -495,58 +487,32 @@ def _dry_call(report: Report, name: str, func: Callable, rows: list[dict]) -> bo
         solution = row.get(REFERENCE_COLUMN)
         text = reference_completion(func, solution) if solution is not None else None
         text = MADE_UP_COMPLETION if text is None else text
-        prompt = row.get("prompt")
-        completions.append([{"role": "assistant", "content": text}] if isinstance(prompt, list) else text)
+        completions.append([{"role": "assistant", "content": text}] if isinstance(row.get("prompt"), list) else text)
     extra = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
-    trainer = {"completion_ids": [[0]] * len(rows), "trainer_state": TrainerState()}
-    trainer.update(log_extra=lambda *args, **kwargs: None, log_metric=lambda *args, **kwargs: None)
-    where = f"called as the trainer calls it on {len(rows)} dataset row(s) with a made-up completion"
+    trainer = dict(completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=lambda *a, **k: None,
+                   log_metric=lambda *a, **k: None)  # fmt: skip
+    where = f"called (`--call_rewards`) on a rollout batch of {len(rows)} completions of real rows"
     try:
         scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **trainer, **extra)
+        if asyncio.iscoroutine(scores):  # TRL awaits async rewards
+            scores = asyncio.run(scores)
+        values = [None if s is None else float(s) for s in scores]
     except Exception as error:
-        report.error("rewards", f"Reward `{name}` raised when {where}: {type(error).__name__}: {error}")
+        report.error("rewards", f"Reward `{name}` failed when {where}: {type(error).__name__}: {error}")
         return False
-    if isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__"):
-        report.error(
-            "rewards",
-            f"Reward `{name}` returned {type_name(scores)} ({short_repr(scores)}) when {where}: a reward returns a "
-            "list with one float (or None) per completion.",
+    problem = None
+    if len(values) != len(rows):
+        problem = (
+            f"returned {len(values)} value(s) for {len(rows)} completions (a reward returns one float or None each)"
         )
+    elif any(v is not None and math.isinf(v) for v in values):
+        problem = "returned an infinite score: the group's advantages would be NaN"
+    elif all(v is None or math.isnan(v) for v in values):
+        problem = "returned no score (None or NaN) for any completion: nothing would train"
+    if problem:
+        report.error("rewards", f"Reward `{name}`, {where}, {problem} ({short_repr(list(scores))}).")
         return False
-    scores = list(scores)
-    if len(scores) != len(rows):
-        report.error(
-            "rewards",
-            f"Reward `{name}` returned {len(scores)} value(s) for {len(rows)} completion(s) when {where}: a reward "
-            "returns one float (or None) per completion, in order.",
-        )
-        return False
-    values = []
-    for score in scores:
-        try:
-            values.append(None if score is None else float(score))
-        except (TypeError, ValueError):
-            report.error(
-                "rewards",
-                f"Reward `{name}` returned {type_name(score)} values ({short_repr(score)}) when {where}: a reward "
-                "returns floats (or None for a completion it cannot score).",
-            )
-            return False
-    if any(v is not None and math.isinf(v) for v in values):
-        report.error(
-            "rewards",
-            f"Reward `{name}` returned an infinite score ({short_repr(scores)}) when {where}: the group's advantages "
-            "would be NaN and the update garbage. Return a finite score (or None for a completion it cannot score).",
-        )
-        return False
-    if all(v is None or math.isnan(v) for v in values):
-        report.warning(
-            "rewards",
-            f"Reward `{name}` returned no score (None or NaN) for every completion when {where}: if it does so in "
-            "training, it gives no signal (the run stops after `max_unscorable_batches` such batches).",
-        )
-        return False
-    report.info("rewards", f"  a dry call on {len(rows)} row(s) returned {short_repr(scores)}")
+    report.info("rewards", f"  {where}: {short_repr(values)}")
     return True
 
 
@@ -580,18 +546,10 @@ def _score_references(report, name, func, rows, value_range) -> None:
         )
 
 
-def inspect_reward_weights(report: Report, args: Any, n_rewards: int) -> None:
+def inspect_reward_weights(report: Report, args: Any) -> None:
+    """A weight that is not finite makes every reward NaN: no run learns (TRL checks their count itself)."""
     weights = getattr(args, "reward_weights", None)
-    if weights is None:
-        return
-    if len(weights) != n_rewards:
-        report.error(
-            "rewards",
-            f"{{fix}} has {len(weights)} value(s) ({', '.join(map(str, weights))}) for {n_rewards} reward "
-            "function(s): give one weight per reward function, in the same order, or none (all 1).",
-            fixes=[Fix("reward_weights")],
-        )
-    elif not all(math.isfinite(float(w)) for w in weights):
+    if weights is not None and not all(math.isfinite(float(w)) for w in weights):
         finite = [w if math.isfinite(float(w)) else 1.0 for w in weights]
         report.error(
             "rewards",
@@ -712,6 +670,9 @@ def inspect_schedules(report: Report, args: Any) -> None:
 
 
 def inspect_engine(report: Report, args: Any) -> None:
+    """The engine the launch will really run (`distributed`), its mixed precision, and how completions are made."""
+    from transformers import GenerationConfig
+
     from .distributed import check_distributed_engine
 
     try:
@@ -720,85 +681,92 @@ def inspect_engine(report: Report, args: Any) -> None:
         report.error("engine", str(error), RuntimeError)
         return
     report.engine = engine
-    world_size = args.world_size
-    device = args.device.type
-    if engine is None and world_size == 1:
-        report.info("engine", f"one process on {device}")
+    if engine is None and args.world_size == 1:
+        report.info("engine", f"one process on {args.device.type}")
     else:
-        report.info("engine", f"{engine or 'DDP'} on {device}, {world_size} processes")
-    if args.use_vllm:
-        report.info("engine", f"generation: vLLM ({args.vllm_mode})")
-    else:
-        report.info("engine", "generation: the training model (transformers `generate`)")
+        report.info("engine", f"{engine or 'DDP'} on {args.device.type}, {args.world_size} processes")
+    # transformers takes the launch's mixed precision (ACCELERATE_MIXED_PRECISION, from the accelerate config) when
+    # the config sets neither bf16 nor fp16: a GPU launch config on a float32 recipe trains under autocast, silently.
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if not (args.bf16 or args.fp16) and launched in ("bf16", "fp16"):
+        report.warning(
+            "engine",
+            f"The launch asks for {launched} mixed precision (ACCELERATE_MIXED_PRECISION={launched}: "
+            f"`mixed_precision: {launched}` in the accelerate config) and the training config for none (`bf16` and "
+            f"`fp16` false): transformers follows the launch, so this run trains under {launched} autocast. To train "
+            f"in float32 set `mixed_precision: 'no'` in the accelerate config (or launch with `--mixed_precision no`); "
+            "to mean it, {fix}.",
+            code="mixed_precision",
+            fixes=[Fix(launched, True)],
+        )
+    # transformers' own validation of what TRL builds at init (e.g. `max_new_tokens` must be > 0), without the model
+    try:
+        GenerationConfig(max_new_tokens=args.max_completion_length)
+    except ValueError as error:
+        report.error(
+            "engine", f"`max_completion_length={args.max_completion_length}` (TRL's `max_new_tokens`): {error}"
+        )
+    generation = f"vLLM ({args.vllm_mode})" if args.use_vllm else "the training model (transformers `generate`)"
+    report.info("engine", f"generation: {generation}, up to {args.max_completion_length} tokens a completion")
 
 
 def inspect_extras(report: Report, args: Any, *, quantized: bool = False) -> None:
-    """Optional packages the settings need and that are not installed, with this package's install line."""
+    """Packages the settings need: TRL and transformers refuse a missing one only after the model loads; here it is
+    refused before, with their exception types (ImportError; a tracker's own callback raises RuntimeError)."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
     from .distributed import _flag
 
-    needed = []
-    if args.use_vllm:
-        needed.append(("vllm", "`use_vllm=True`"))
-    report_to = args.report_to if isinstance(args.report_to, list) else [args.report_to]
-    if "tensorboard" in report_to:
-        needed.append(("tensorboard", "`report_to` includes tensorboard"))
-    if quantized:
-        needed.append(("bitsandbytes", "4-/8-bit loading (`load_in_4bit` / `load_in_8bit`)"))
-    if getattr(args, "deepspeed", None) or _flag(os.environ, "ACCELERATE_USE_DEEPSPEED"):
-        needed.append(("deepspeed", "a DeepSpeed launch"))
-    for extra, why in needed:
-        module, line = EXTRAS[extra]
+    deepspeed = bool(getattr(args, "deepspeed", None) or _flag(os.environ, "ACCELERATE_USE_DEEPSPEED"))
+    for wanted, module, why, line in (
+        (args.use_vllm, "vllm", "`use_vllm=True`", 'pip install "cegppo-trl[vllm]"'),
+        (getattr(args, "use_liger_kernel", False), "liger_kernel", "`use_liger_kernel=True`", "pip install liger-kernel"),
+        (quantized, "bitsandbytes", "4-/8-bit loading", 'pip install "cegppo-trl[quant]"'),
+        (deepspeed, "deepspeed", "a DeepSpeed launch", 'pip install "cegppo-trl[deepspeed]"'),
+    ):  # fmt: skip
+        if not wanted:
+            continue
         if _installed(module):
-            report.info("extras", f"{extra}: installed ({why})")
+            report.info("extras", f"{module}: installed ({why})")
         else:
-            report.info("extras", f"{extra}: NOT installed ({why}): `{line}`")
-            report.error(
-                "extras", f"{why} needs `{module}`, which is not installed. Install it with `{line}`.", ImportError
-            )
-    for tracker in report_to:
-        module = TRACKERS.get(tracker)
-        if module is not None and not _installed(module):
-            needed.append(tracker)
-            report.info("extras", f"{tracker}: NOT installed (`report_to` includes {tracker}): `pip install {module}`")
-            report.error(
-                "extras",
-                f"`report_to` includes {tracker}, which needs `{module}`, not installed: transformers refuses after "
-                f"the model loads. Install it with `pip install {module}`, or drop it: {{fix}}.",
-                ImportError,
-                fixes=[Fix("report_to", [r for r in report_to if r != tracker] or ["none"])],
-            )
-    if getattr(args, "push_to_hub", False):
-        needed.append("hub")
-        _inspect_hub(report, args)
-    if not needed:
+            report.error("extras", f"{why} needs `{module}`, which is not installed: `{line}`.", ImportError)
+    # Each tracker's callback checks its package when built (transformers builds them at `Trainer.__init__`)
+    for callback in report.collect("extras", get_reporting_integration_callbacks, args.report_to) or []:
+        if report.collect("extras", callback) is not None:
+            report.info("extras", f"report_to: {callback.__name__} ready")
+    if "extras" not in report.lines and not any(f.section == "extras" for f in report.findings):
         report.info("extras", "none needed by these settings")
 
 
-def _inspect_hub(report: Report, args: Any) -> None:
-    """`push_to_hub`: the trainer creates the Hub repo when it is built, so offline or without a token it fails
-    there, after the model loads (a warning)."""
+def inspect_hub(report: Report, args: Any) -> None:
+    """`push_to_hub`: the trainer creates the Hub repository when it is built, after the model loads; offline or
+    without a token that fails (huggingface_hub's `OfflineModeIsEnabled`, an `OSError`). The command line's check
+    (the API may be given a Hub client of its own)."""
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
     from .data import _hub_offline
 
+    if not getattr(args, "push_to_hub", False):
+        return
     if _hub_offline():
-        why = "HF_HUB_OFFLINE=1 is set"
+        why, kind = "HF_HUB_OFFLINE=1 is set", OfflineModeIsEnabled
+    elif not (getattr(args, "hub_token", None) or get_token()):
+        why, kind = "no Hugging Face token is set (`hf auth login`, or HF_TOKEN)", OSError
     else:
-        from huggingface_hub import get_token
-
-        token = getattr(args, "hub_token", None) or get_token()
-        if token:
-            report.info("extras", f"push_to_hub: to {args.hub_model_id or os.path.basename(args.output_dir)}")
-            return
-        why = "no Hugging Face token is set (`hf auth login`, or HF_TOKEN)"
-    report.warning(  # not an error: a Hub client of your own (a mirror, a test double) may still take the push
+        report.info("extras", f"push_to_hub: to {args.hub_model_id or os.path.basename(args.output_dir)}")
+        return
+    report.error(
         "extras",
         f"`push_to_hub=True` but {why}: the trainer creates the Hub repository when it starts, which fails without "
         "the Hub, after the model loads. Log in (or unset HF_HUB_OFFLINE), or train without it: {fix}.",
+        kind,
         fixes=[Fix("push_to_hub", False)],
     )
 
 
 def inspect_output_dir(report: Report, args: Any) -> None:
-    """Fresh, holds checkpoints, or a file (the checkpoint rules themselves are `checkpoints`' and `scripts`')."""
+    """Fresh, holds checkpoints, or a file (an error: the trainer writes into it)."""
     path = args.output_dir
     if path is None:
         return
@@ -810,93 +778,65 @@ def inspect_output_dir(report: Report, args: Any) -> None:
             FileExistsError,
         )
         return
-    resume = args.resume_from_checkpoint
-    words = (*NONE_STRINGS, "false", "true", "last")
-    if isinstance(resume, str) and resume.strip().lower() not in words and not os.path.exists(resume):
-        report.error(
-            "output_dir",
-            f"`resume_from_checkpoint={resume}` is neither `last` (or `true`: the newest checkpoint in `output_dir`) "
-            "nor an existing checkpoint folder. Use {fix}, or the path of a checkpoint folder.",
-            FileNotFoundError,
-            fixes=[Fix("resume_from_checkpoint", "last")],
-        )
     if not os.path.isdir(path):
         report.info("output_dir", f"{path}: fresh (will be created)")
         return
     from .checkpoints import checkpoint_folders
 
-    checkpoints = [os.path.basename(folder) for folder in checkpoint_folders(path)]
-    if checkpoints:
-        report.info(
-            "output_dir",
-            f"{path}: holds checkpoints ({', '.join(checkpoints[-3:])}{', ...' if len(checkpoints) > 3 else ''}); "
-            f"resume_from_checkpoint={args.resume_from_checkpoint!r}",
-        )
-    else:
-        report.info("output_dir", f"{path}: exists, no checkpoints{'' if os.listdir(path) else ' (empty)'}")
+    names = [os.path.basename(folder) for folder in checkpoint_folders(path)]
+    shown = f"holds checkpoints ({', '.join(names[-3:])}{', ...' if len(names) > 3 else ''})" if names else None
+    report.info(
+        "output_dir", f"{path}: {shown or 'exists, no checkpoints' + ('' if os.listdir(path) else ' (empty)')}"
+    )
 
 
-def _lora_targets_matched(targets: Any, module_names: Sequence[str], linear_names: Sequence[str]) -> list[str]:
-    """The LoRA targets no module of the model matches (PEFT's rules: a list matches a name or a `.name` suffix, a
-    string is a full-match regex, `all-linear` every linear layer)."""
-    import re
+def inspect_resume(report: Report, args: Any, overwrite: bool = False) -> None:
+    """The resume `cegppo train` will plan (`checkpoints.plan_resume`, without its lock or moves): what it refuses
+    (a finished run, another run's checkpoints, a torn folder) is refused here; a path that is not there is refused
+    in transformers' words. The command line only: the API is told the resume at `train()`."""
+    from .checkpoints import plan_resume
 
-    if targets is None:
-        return []
-    if isinstance(targets, str):
-        if targets == "all-linear":
-            return [] if linear_names else [targets]
-        return [] if any(re.fullmatch(targets, n) for n in module_names) else [targets]
-    return [t for t in targets if not any(n == t or n.endswith("." + t) for n in module_names)]
-
-
-def inspect_model(report: Report, model: Any, args: Any, peft_config: Any) -> None:
-    """The model's class and size from its config (meta device: no weights), and LoRA targets it lacks."""
-    import torch
-
-    if isinstance(model, str):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        init = args.model_init_kwargs or {}
-        try:
-            config = AutoConfig.from_pretrained(
-                model, revision=init.get("revision"), trust_remote_code=args.trust_remote_code
-            )
-        except Exception as error:  # the model load reports it with its own message; the CLI checks the path first
-            report.error("model", f"Cannot read the config of `{model}`: {type(error).__name__}: {error}", OSError)
-            return
-        if peft_config is None:
-            report.info(
-                "model", f"{model}: {', '.join(getattr(config, 'architectures', None) or [config.model_type])}"
-            )
-            return
-        try:
-            with torch.device("meta"):
-                instance = AutoModelForCausalLM.from_config(config, trust_remote_code=args.trust_remote_code)
-        except Exception as error:
-            logger.debug("inspect_model: cannot build %s on the meta device: %s", model, error)
-            return
-    else:
-        instance = model
-    names = [n for n, _ in instance.named_modules() if n]
-    linear = [n for n, m in instance.named_modules() if isinstance(m, torch.nn.Linear)]
-    params = sum(p.numel() for p in instance.parameters())
-    report.info("model", f"{type(instance).__name__}: {params:,} parameters, {len(linear)} linear layers")
-    if peft_config is None:
+    if args.output_dir is None or os.path.isfile(args.output_dir):
         return
-    targets = getattr(peft_config, "target_modules", None)
-    missing = _lora_targets_matched(targets, names, linear)
-    suffixes = sorted({n.rsplit(".", 1)[-1] for n in linear})
-    if missing:
+    resume = args.resume_from_checkpoint
+    fresh = resume is None or str(resume).strip().lower() in (*NONE_STRINGS, "false")
+    mode = "delete" if overwrite and fresh else getattr(args, "later_checkpoints", "refuse")
+    plan = report.collect("output_dir", plan_resume, args.output_dir, resume, args, mode)
+    if plan is None:
+        return
+    checkpoint = plan[0].checkpoint
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        report.error("output_dir", f"Can't find a valid checkpoint at {checkpoint}")  # transformers' ValueError
+    elif checkpoint is not None:
+        report.info("output_dir", f"resumes {checkpoint}" + (" (nothing left to train)" if plan[0].finished else ""))
+
+
+def inspect_model(report: Report, model: Any, args: Any, field: str = "model") -> None:
+    """A path or Hub id: there, with weights (`data.check_model_path`), and its architecture from the config (no
+    weights read); an instance: its class and size."""
+    if not isinstance(model, str):
+        params = sum(p.numel() for p in model.parameters())
+        report.info("model", f"{type(model).__name__}: {params:,} parameters")
+        return
+    errors = len(report.errors)
+    report.collect("model", check_model_path, model, field)
+    if len(report.errors) > errors:
+        return
+    from transformers import AutoConfig
+
+    init = args.model_init_kwargs or {}
+    try:
+        config = AutoConfig.from_pretrained(
+            model, revision=init.get("revision"), trust_remote_code=args.trust_remote_code
+        )
+    except Exception as error:  # the model load fails on the same: its exception type and words
         report.error(
             "model",
-            f"LoRA target module(s) {missing} match no module of {type(instance).__name__}: PEFT would refuse "
-            f"after loading the model. Its linear layers are named {', '.join(suffixes)}; set {{fix}} to some of "
-            "them, or `all-linear`.",
-            fixes=[Fix("lora_target_modules", api="`target_modules` of the `peft_config`")],
+            f"Cannot read the config of `{model}`: {error}",
+            type(error) if isinstance(error, OSError) else OSError,
         )
-    else:
-        report.info("model", f"LoRA targets {targets}: found (linear layers: {', '.join(suffixes)})")
+        return
+    report.info("model", f"{model}: {', '.join(getattr(config, 'architectures', None) or [config.model_type])}")
 
 
 def inspect_trl(report: Report, args: Any) -> None:
@@ -914,11 +854,11 @@ def run_checks(
     eval_dataset: Any = None,
     reward_names: Sequence[str] | None = None,
     model: Any = None,
-    peft_config: Any = None,
     processing_class: Any = None,
     quantized: bool = False,
     environments: bool = False,
     engine: bool = True,
+    call_rewards: bool = False,
     report: Report | None = None,
 ) -> Report:
     """The checks of what the trainer is given, shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`.
@@ -929,14 +869,12 @@ def run_checks(
         args: the `CEGPPOConfig`.
         eval_dataset: checked like `train_dataset` (rewards and columns) when given.
         reward_names: names for the messages (the CLI's `--reward_funcs`); the functions' names otherwise.
-        model: a model id or path (checked to exist; with a `peft_config` its config is read and the model built on
-            the meta device) or a model instance, for the LoRA targets; None skips the model section.
-        peft_config: the LoRA config, if any.
+        model: a model id or path (there, with weights; its config read) or an instance; None skips the section.
         processing_class: a tokenizer/processor to render the sample prompts with; None skips the rendering.
         quantized: 4-/8-bit loading (needs bitsandbytes).
-        environments: an `environment_factory` is given: no `prompt` column needed, and the rewards, which may
-            read the environments, are not dry-called.
-        engine: check the distributed engine (the command line checks it first, before loading the data).
+        environments: an `environment_factory` is given: no `prompt` column needed.
+        engine: check TRL and the distributed engine (the command line checks them first, before loading the data).
+        call_rewards: call every reward on a rollout batch of real rows (`cegppo check --call_rewards`).
         report: a report to add to (the command line's own checks come first).
 
     Returns:
@@ -949,11 +887,8 @@ def run_checks(
     if engine:  # first: a launch that would run the wrong engine, or a refused TRL, is wrong whatever else
         inspect_trl(report, args)
         inspect_engine(report, args)
-    if isinstance(model, str) and not any(f.section == "model" for f in report.errors):
-        report.collect("model", check_model_path, model, "model")
-    if model is not None and not any(f.section == "model" for f in report.errors):
-        if not isinstance(model, str) or peft_config is not None:
-            inspect_model(report, model, args, peft_config)
+    if model is not None:
+        inspect_model(report, model, args)
     for split, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
         if dataset is None or isinstance(dataset, dict):  # a dict of eval datasets: TRL checks each itself
             continue
@@ -965,12 +900,13 @@ def run_checks(
             render_prompts(report, rows, processing_class, args)
         columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
         if split == "train_dataset":
-            inspect_rewards(report, funcs, names, rows, columns, dry_call=not environments)
+            call = rollout_rows(dataset, args) if call_rewards else None
+            inspect_rewards(report, funcs, names, rows, columns, call)
         else:  # the rewards score the evaluation rollouts too: the columns they need must be there
             sub = Report()
             inspect_rewards(sub, funcs, names, rows, columns)
             report.findings.extend(f for f in sub.errors if f.message not in {g.message for g in report.errors})
-    inspect_reward_weights(report, args, len(funcs))
+    inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     inspect_schedules(report, args)
     inspect_extras(report, args, quantized=quantized)
@@ -997,7 +933,6 @@ def trainer_checks(model: Any, reward_funcs: Any, args: CEGPPOConfig, *pargs: An
         args,
         eval_dataset=bound.get("eval_dataset"),
         model=model,
-        peft_config=bound.get("peft_config"),
         processing_class=bound.get("processing_class"),
         quantized=quantized,
         environments=bound.get("environment_factory") is not None,

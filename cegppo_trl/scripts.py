@@ -28,7 +28,7 @@ from .data import (  # noqa: F401 (the data helpers lived here: re-exported for 
     prepare_dataset,
 )
 from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
-from .preflight import Fix, Report, inspect_engine, inspect_trl, run_checks
+from .preflight import Fix, Report, inspect_engine, inspect_hub, inspect_model, inspect_resume, inspect_trl, run_checks
 from .resources import resolve_config_args
 from .rewards import get_reward_func
 
@@ -41,13 +41,20 @@ _NONE_STRINGS = NONE_STRINGS
 CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
 
 
-def make_parser(prog: str | None = None) -> TrlParser:
+def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
     """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support.
 
     An argument error is one line and a pointer to `--help`: argparse's default prints the whole usage (about 220
-    lines here) before the line that matters.
+    lines here) before the line that matters. `epilog` ends `--help` (`cegppo train`'s exit statuses).
     """
-    parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog)
+    import argparse
+
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
+
+    parser = TrlParser(
+        (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog, formatter_class=Formatter
+    )
     # argparse %-formats help strings; field help is prose (`linear:0->0.5@10%-60%`), so escape a lone `%`.
     for action in parser._actions:
         if action.help:
@@ -68,7 +75,7 @@ def _unknown_setting(parser: TrlParser, key: str) -> str:
 
 
 def parse_args(
-    args: list[str] | None = None, prog: str | None = None
+    args: list[str] | None = None, prog: str | None = None, epilog: str | None = None
 ) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
     """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped.
 
@@ -76,7 +83,7 @@ def parse_args(
     Every refusal (an unknown flag or YAML key, with a did-you-mean; a GPU setting on a machine without one) exits 2
     with one `PROG: error: ...` line.
     """
-    parser = make_parser(prog)
+    parser = make_parser(prog, epilog)
     try:
         args = resolve_config_args(list(sys.argv[1:] if args is None else args))
     except ValueError as error:
@@ -129,9 +136,13 @@ def check_quantization(model_args: ModelConfig) -> None:
 
 
 def check_command(
-    script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig
+    script_args: CEGPPOScriptArguments,
+    training_args: CEGPPOConfig,
+    model_args: ModelConfig,
+    call_rewards: bool = False,
 ) -> tuple[Report, Prepared]:
-    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared."""
+    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared.
+    `call_rewards`: `cegppo check --call_rewards` (every reward called on a rollout batch of real rows)."""
     from trl import get_peft_config
 
     report = Report()
@@ -143,7 +154,7 @@ def check_command(
     if model_name is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
-        report.collect("model", check_model_path, model_name)
+        inspect_model(report, model_name, training_args, "model_name_or_path")
     report.collect("extras", check_quantization, model_args)
     for name in script_args.reward_funcs:
         func = report.collect("rewards", get_reward_func, name)
@@ -182,11 +193,9 @@ def check_command(
                 )
     if prepared.train_dataset is not None:
         report.collect("dataset", check_streaming_length, prepared.train_dataset, training_args)
-    model_ok = model_name is not None and not any(f.section == "model" for f in report.errors)
     processing_class = None
-    if model_ok:
+    if model_name is not None and not any(f.section == "model" for f in report.errors):
         processing_class = report.collect("model", _load_processing_class, model_args, training_args)
-        model_ok = processing_class is not None
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
     run_checks(
         prepared.train_dataset,
@@ -194,13 +203,16 @@ def check_command(
         training_args,
         eval_dataset=prepared.eval_dataset,
         reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
-        model=model_name if model_ok and prepared.peft_config is not None else None,
-        peft_config=prepared.peft_config,
         processing_class=processing_class,
         quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
         engine=False,
+        call_rewards=call_rewards,
         report=report,
     )
+    # What the command line knows before the model loads and the API only later: the Hub (the API may bring a
+    # client of its own) and the resume (the API is told it at `train()`).
+    inspect_hub(report, training_args)
+    inspect_resume(report, training_args, script_args.overwrite_output_dir)
     return report, prepared
 
 
@@ -361,19 +373,25 @@ def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> Non
 # `cegppo check`
 # ----------------------------------------------------------------------------------------------------------------
 def check_main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors, else 0."""
+    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
+    refused (one line), else 0. `--call_rewards`, this command's own flag, calls every reward on a rollout batch of
+    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
     import shutil
 
     from .quiet import quiet_unused_deepspeed
 
     quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
     argv = list(sys.argv[1:] if argv is None else argv)
+    call_rewards = "--call_rewards" in argv
+    argv = [a for a in argv if a != "--call_rewards"]
     try:
         script_args, training_args, model_args = parse_args(argv, prog="cegppo check")
+    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
+        return 1 if exit.code else 0
     except ValueError as error:
         print(f"cegppo check: error: {error}", file=sys.stderr)
-        return 2
-    report, _ = check_command(script_args, training_args, model_args)
+        return 1
+    report, _ = check_command(script_args, training_args, model_args, call_rewards=call_rewards)
     width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
     print(report.format(width, flags=True))
     return 1 if report.errors else 0

@@ -293,16 +293,11 @@ class CEGPPOTrainer(GRPOTrainer):
         # TRL's `_generate_and_score_completions` computes these (gathered over all processes) but does not return
         # them; handing them over through an attribute is the only way short of copying that 400-line method.
         self._last_rewards_per_func = rewards_per_func
-        self._check_unscorable_rewards(rewards_per_func)
+        # A training batch without any reward counts towards the unscorable stop (gathered: every process decides
+        # alike); evaluation batches do not train, so they neither count nor reset it.
+        if self.model.training and (warning := self.reward_monitor.observe_rewards(rewards_per_func)) is not None:
+            logger.warning(warning, main_process_only=True)
         return rewards_per_func
-
-    def _check_unscorable_rewards(self, rewards_per_func: torch.Tensor) -> None:
-        """Count a training batch without any reward (`RewardSignalMonitor.observe_rewards`; gathered, so every
-        process decides alike); evaluation batches do not train, so neither count nor reset the count."""
-        if self.model.training:
-            warning = self.reward_monitor.observe_rewards(rewards_per_func)
-            if warning is not None:
-                logger.warning(warning, main_process_only=True)
 
     def _generate_and_score_completions(self, inputs):
         with trl_deprecated_model_calls():
