@@ -498,7 +498,7 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict]) ->
             scores = asyncio.run(scores)
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
-        report.error("rewards", f"Reward `{name}` failed when {where}: {type(error).__name__}: {error}")
+        report.error("rewards", f"Reward `{name}`, {where}, failed: {type(error).__name__}: {error}")
         return False
     problem = None
     if len(values) != len(rows):
@@ -726,9 +726,8 @@ def inspect_extras(report: Report, args: Any, *, quantized: bool = False) -> Non
     ):  # fmt: skip
         if not wanted:
             continue
-        if _installed(module):
-            report.info("extras", f"{module}: installed ({why})")
-        else:
+        report.info("extras", f"{module}: {'installed' if _installed(module) else 'NOT installed'} ({why})")
+        if not _installed(module):
             report.error("extras", f"{why} needs `{module}`, which is not installed: `{line}`.", ImportError)
     # Each tracker's callback checks its package when built (transformers builds them at `Trainer.__init__`)
     for callback in report.collect("extras", get_reporting_integration_callbacks, args.report_to) or []:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -280,14 +281,28 @@ def test_prompt_template_without_placeholder_is_refused():
 # ----------------------------------------------------------------------------------------------------------------
 # Argument errors: one line and a pointer to --help, a did-you-mean for a misspelled flag or YAML key
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["train", "check"])
-def test_a_misspelled_flag_is_one_line_with_a_did_you_mean(capsys, command):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main([command, "--config", "cpu_smoke", "--gppo_beta11", "0.5"])
+@pytest.mark.parametrize(("command", "status"), [("train", 2), ("check", 1)])
+def test_a_misspelled_flag_is_one_line_with_a_did_you_mean_and_the_documented_status(capsys, command, status):
+    """`cegppo train` exits 2 on a refused setting, `cegppo check` 1 on any error (docs/usage.md)."""
+    try:
+        code = cli.main([command, "--config", "cpu_smoke", "--gppo_beta11", "0.5"])
+    except SystemExit as exit_info:
+        code = exit_info.code
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and "usage:" not in err, err
+    assert code == status and err.count("\n") == 1 and "usage:" not in err, err
     assert err.startswith(f"cegppo {command}: error: unrecognized argument(s): `gppo_beta11` (did you mean "
                           f"`gppo_beta1`?) (`cegppo {command} --help` lists every option)")  # fmt: skip
+    usage = " ".join((ROOT / "docs" / "usage.md").read_text().split())
+    assert "exits 1 when it finds an error, an argument error included (0 otherwise)" in usage
+
+
+def test_cegppo_train_help_lists_the_documented_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    help_text = capsys.readouterr().out
+    table = re.findall(r"^\| (\d) \| ", (ROOT / "docs" / "usage.md").read_text(), re.MULTILINE)
+    listed = re.findall(r"^  (\d)  ", help_text.split("exit status of `cegppo train`", 1)[1], re.MULTILINE)
+    assert table == listed == ["0", "2", "3", "4"]
 
 
 def test_a_gpu_recipe_on_cpu_gets_the_flags_that_work(capsys, monkeypatch):
