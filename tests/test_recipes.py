@@ -323,7 +323,9 @@ def test_cli_train_runs_the_paper_recipe_end_to_end_on_a_tiny_model(tiny_model_d
     argv = ["train", "--config", str(PAPER_1_5B), "--model_name_or_path", tiny_model_dir]
     argv += ["--dataset_name", str(data), "--output_dir", str(output_dir), "--use_cpu", "true", *TINY_RUN]
     argv += ["--gppo_beta1", "0.75"]
-    assert cli.main(argv) == 0
+    # A random tiny model answers no sum right: math_verify gives every completion -1, no step has a learning
+    # signal, so the run ends with the "nothing to learn" status, its model saved.
+    assert cli.main(argv) == 3
     assert (output_dir / "model.safetensors").exists() and (output_dir / "config.json").exists()
     (trainer,) = trainers
     assert trainer.state.global_step == 2

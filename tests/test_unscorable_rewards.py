@@ -84,17 +84,27 @@ def test_a_sustained_run_of_unscorable_batches_stops_with_the_message(make_train
     assert trainer.reward_monitor.stop_message.startswith("No completion of the last 3 rollout batch(es) got a reward")
 
 
+def _score(trainer, rewards_per_func):
+    """The trainer's `_calculate_rewards` hook on a batch whose rewards TRL computed as `rewards_per_func`."""
+    from unittest import mock
+
+    from trl import GRPOTrainer
+
+    with mock.patch.object(GRPOTrainer, "_calculate_rewards", lambda *args: rewards_per_func):
+        trainer._calculate_rewards(None, None, None, None)
+
+
 def test_evaluation_batches_neither_count_nor_reset_the_run_of_unscorable_training_batches(make_trainer):
     import torch
 
     trainer = make_trainer(max_unscorable_batches=2)
     unscorable, scorable = torch.full((8, 1), math.nan), torch.ones(8, 1)
     trainer.model.train()
-    trainer._check_unscorable_rewards(unscorable)  # 1 of 2
+    _score(trainer, unscorable)  # 1 of 2
     trainer.model.eval()
-    trainer._check_unscorable_rewards(unscorable)  # an unscorable evaluation batch does not add to the count
-    trainer._check_unscorable_rewards(scorable)  # nor does a scorable one reset it
+    _score(trainer, unscorable)  # an unscorable evaluation batch does not add to the count
+    _score(trainer, scorable)  # nor does a scorable one reset it
     trainer.model.train()
     assert trainer.stop_reason is None
-    trainer._check_unscorable_rewards(unscorable)
+    _score(trainer, unscorable)
     assert trainer.stop_reason == "unscorable" and "last 2 rollout batch" in trainer.reward_monitor.stop_message
