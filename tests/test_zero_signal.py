@@ -21,7 +21,7 @@ def _constant(value: float, declared: bool = True):
     def reward(completions, **kwargs):
         return [value] * len(completions)
 
-    reward.__name__ = f"constant_{value:g}"
+    reward.__name__ = f"constant_{value}"
     if declared:
         reward.reward_range = (0.0, 1.0)
     return reward
@@ -85,7 +85,8 @@ def test_a_second_train_starts_without_the_previous_stop(make_trainer):
     assert trainer.stop_reason == "zero_signal"
     trainer.reward_monitor.max_zero_signal_batches = 0
     trainer.train()
-    assert trainer.stop_reason is None and trainer.state.global_step == 2
+    assert trainer.state.global_step == 2  # not stopped at step 1 again; a run without signal still says so at its end
+    assert trainer.reward_monitor.stop_message.startswith("No optimizer step of this run had a learning signal")
 
 
 def test_a_batch_without_a_trained_token_or_with_an_infinite_reward_has_no_signal_and_says_which():
@@ -244,7 +245,7 @@ def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_
 
     assert STOP_EXIT_STATUS == {"zero_signal": 3, "unscorable": 4}
     epilog = _build_parser().epilog
-    assert "3  stopped: nothing left to learn" in epilog and "4  stopped: the reward cannot score this data" in epilog
+    assert "3  nothing to learn" in epilog and "4  the reward cannot score this data" in epilog
     out = tmp_path / "run"
     code = cli(["train", "--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data_file,
                 "--output_dir", str(out), "--reward_funcs", reward, limit, "2", "--max_steps", "6",
@@ -253,3 +254,29 @@ def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_
     stderr = capsys.readouterr().err
     assert "cegppo train: stopped at step 3: " in stderr and needle in stderr  # 2 steps per rollout batch
     assert (out / "model.safetensors").exists() and "CE-GPPO" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("reward", "reason"),
+    [(_constant(1.0), "zero_signal"), (_constant(float("inf")), "zero_signal"), (_constant(None), "unscorable")],
+)
+def test_a_run_too_short_for_either_limit_without_any_signal_does_not_end_as_a_success(make_trainer, reward, reason):
+    """Two steps, far below both limits: no optimizer step had a learning signal, so the run ends with a reason."""
+    trainer = make_trainer(reward_funcs=reward, max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.stop_reason == reason
+    assert "this run" in trainer.reward_monitor.stop_message
+
+
+def test_one_batch_with_signal_makes_the_run_a_success_and_a_resume_keeps_what_it_saw():
+    monitor = RewardSignalMonitor(reward_range=(0.0, 1.0))
+    flat, spread = torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([0.0, 1.0, 1.0, 0.0])
+    monitor.observe_rewards(flat.unsqueeze(1))  # scored, every group flat
+    monitor.observe_signal(flat, torch.zeros(4), 2)
+    assert monitor.end_of_run(steps=1) is not None and monitor.stop_reason == "zero_signal"
+    monitor = RewardSignalMonitor(reward_range=(0.0, 1.0))
+    monitor.observe_signal(spread, torch.tensor([-1.0, 1.0, 1.0, -1.0]), 2)
+    monitor.observe_signal(flat, torch.zeros(4), 2)
+    resumed = RewardSignalMonitor(reward_range=(0.0, 1.0))
+    resumed.load_state_dict(json.loads(json.dumps(monitor.state_dict())))
+    assert resumed.end_of_run(steps=2) is None and resumed.stop_reason is None
