@@ -1,0 +1,196 @@
+"""docs/drop-in.md's table of deliberate differences, walked: each row names where `CEGPPOTrainer` differs from
+`GRPOTrainer`, and `SHOWN_BY` names the test that runs the same script through both and shows the difference is
+real. A row without a test, or a test that does not run `GRPOTrainer`, fails here; so does a test listed for a row
+the table no longer has.
+
+The table's format (kept for every row, parsed below): a Markdown table under `## Deliberate differences` with the
+header `| Where | GRPOTrainer | CEGPPOTrainer | Why | Way out |`, one difference per row; the first cell is the key.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from pathlib import Path
+
+import pytest
+from test_drop_in import PAIR, assert_same, differential, none_reward, ones_reward, prompts, run_script
+from trl import GRPOConfig, GRPOTrainer
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+CLIPPING = dict(learning_rate=0.2, steps_per_generation=4, gradient_accumulation_steps=1, max_steps=4)
+
+# The first cell of each row -> `file::test` that runs the row's script through both trainers.
+SHOWN_BY = {
+    "`args` is a `GRPOConfig`": "test_drop_in_table.py::test_a_grpo_config",
+    "`args=None`": "test_drop_in_table.py::test_args_none_names_the_output_dir_after_the_trainer",
+    "Inputs TRL fails on late": "test_drop_in.py::test_dataset_without_prompts_is_refused_before_the_model_loads",
+    "`delta` at or below `1 + epsilon_high` with a CE-GPPO `loss_type`": "test_drop_in_table.py::test_a_delta_inside_the_clip_range",
+    "TRL whose copied internals differ from every tested release": "test_drop_in_table.py::test_a_trl_whose_internals_changed",
+    "A launch whose distributed engine would silently fall back to DDP": "test_drop_in_table.py::test_an_fsdp_launch_that_would_run_ddp",
+    "A launch whose mixed precision differs from the configuration's": "test_drop_in_table.py::test_a_launch_in_another_mixed_precision",
+    "On-policy settings": "test_drop_in_table.py::test_on_policy_settings_warn",
+    "No completion of a rollout batch gets a reward": "test_drop_in_table.py::test_runs_without_a_learning_signal",
+    "Every group of a rollout batch has one reward (zero advantages)": "test_drop_in_table.py::test_runs_without_a_learning_signal",
+    "No rollout batch of a run had a learning signal": "test_drop_in_table.py::test_runs_without_a_learning_signal",
+    "Left-clipped tokens drift far below the rollout policy": "test_drop_in_table.py::test_left_clipped_drift_warns",
+    "A fresh `train()` into an `output_dir` holding checkpoints of another run": "test_drop_in.py::test_fresh_train_into_checkpoints_of_another_run_is_refused",
+    "Checkpoint loads": "test_safe_load.py::test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model",
+    "The logged `loss` (and `train_loss`, `policy_loss`) when tokens are clipped": "test_drop_in_table.py::test_the_logged_loss_of_clipped_tokens",
+    "A micro-batch with no token in the loss": "test_drop_in.py::test_same_outcome",
+    "Loss at β1, β2 > 0 (off-policy)": "test_drop_in.py::test_the_comparison_detects_a_different_objective",
+    "Model card (`README.md`)": "test_drop_in_table.py::test_the_model_card",
+}  # fmt: skip
+# Rows of issue 42's checkpoint rework (another branch): each needs its test here once that branch lands.
+PENDING = {
+    "A second live run into the same `output_dir`",
+    "`resume_from_checkpoint=True`",
+    "Resuming a finished run (`global_step >= max_steps`)",
+    '`save_strategy="steps"` with a save step inside a rollout batch (off-policy)',
+    "Resuming a checkpoint inside a rollout batch (written by another trainer or an older version)",
+    "Checkpoint folders",
+}
+
+
+def table_rows() -> list[list[str]]:
+    """The cells of each row of the table of deliberate differences in docs/drop-in.md."""
+    text = (REPO / "docs" / "drop-in.md").read_text().split("## Deliberate differences", 1)[1]
+    lines = [line for line in text.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    header, rule, *rows = lines
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "Where", "`GRPOTrainer`", "`CEGPPOTrainer`", "Why", "Way out",
+    ] and set(rule) <= set("|-")  # fmt: skip
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows]
+
+
+def _key(where: str) -> str:
+    """A row's key: its first cell up to the first colon or parenthesis that lists cases (`Inputs ... late (...)`)."""
+    return next((k for k in [*SHOWN_BY, *PENDING] if where == k or where.startswith(k + " ")), where)
+
+
+def test_every_row_of_the_table_is_shown_by_a_test_that_runs_grpo_trainer():
+    rows = table_rows()
+    assert all(len(r) == 5 for r in rows), [r[0] for r in rows if len(r) != 5]
+    keys = [_key(r[0]) for r in rows]
+    assert sorted(set(keys)) == sorted({*SHOWN_BY, *PENDING}), set(keys) ^ {*SHOWN_BY, *PENDING}
+    for key, node in SHOWN_BY.items():
+        path, name = node.split("::")
+        module = importlib.import_module(path.removesuffix(".py"))
+        source = inspect.getsource(getattr(module, name))
+        assert any(s in source for s in ("GRPOTrainer", "differential(", "PAIR")), (key, node)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The rows' scripts, each through both trainers
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_grpo_config(tmp_path):
+    grpo = run_script(GRPOTrainer, GRPOConfig, tmp_path, script=())
+    cegppo = run_script(CEGPPOTrainer, GRPOConfig, tmp_path, script=())
+    assert grpo.error is None and cegppo.error is TypeError
+    assert "CEGPPOConfig.from_grpo_config(your_grpo_config" in cegppo.message
+
+
+def test_args_none_names_the_output_dir_after_the_trainer(tmp_path, model_dir, monkeypatch):
+    original = GRPOConfig.__post_init__
+
+    def on_cpu(self):  # the default config asks for bf16, which this CPU-only machine refuses
+        self.bf16, self.use_cpu = False, True
+        original(self)
+
+    monkeypatch.setattr(GRPOConfig, "__post_init__", on_cpu)
+    monkeypatch.chdir(tmp_path)
+    dirs = [cls(model_dir, ones_reward, train_dataset=prompts()).args.output_dir for cls, _ in PAIR]
+    assert [Path(d).name for d in dirs] == [f"{Path(model_dir).name}-GRPO", f"{Path(model_dir).name}-CE-GPPO"]
+
+
+@pytest.mark.slow
+def test_a_delta_inside_the_clip_range(tmp_path):
+    grpo, cegppo = differential(tmp_path, delta=1.1)
+    assert grpo.error is None and cegppo.error is ValueError
+    assert "`delta` must be > 1 + epsilon_high" in cegppo.message
+
+
+def test_a_trl_whose_internals_changed(tmp_path, monkeypatch):
+    from cegppo_trl import trl_compat
+
+    installed = trl_compat.trl_source_fingerprints()
+    monkeypatch.setattr(trl_compat, "trl_source_fingerprints", lambda: dict.fromkeys(installed, "0" * 64))
+    grpo, cegppo = differential(tmp_path, script=())
+    assert grpo.error is None and cegppo.error is RuntimeError
+
+
+def test_an_fsdp_launch_that_would_run_ddp(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # an FSDP launch config on a machine without GPUs
+    grpo, cegppo = differential(tmp_path, script=())
+    assert grpo.error is None and cegppo.error is RuntimeError
+
+
+def test_a_launch_in_another_mixed_precision(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # `mixed_precision: bf16` in the accelerate config
+    with caplog.at_level(logging.WARNING):
+        grpo = run_script(GRPOTrainer, GRPOConfig, tmp_path, script=(), bf16=False)
+        said_by_grpo = "mixed precision" in caplog.text
+        cegppo = run_script(CEGPPOTrainer, CEGPPOConfig, tmp_path, script=(), bf16=False)
+    assert grpo.error is None and cegppo.error is None
+    assert grpo.trainer.args.mixed_precision == "bf16" and not grpo.trainer.args.bf16  # autocast, silently
+    assert not said_by_grpo and "The launch asks for bf16 mixed precision" in caplog.text
+
+
+def test_on_policy_settings_warn(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        run_script(GRPOTrainer, GRPOConfig, tmp_path, script=(), steps_per_generation=1)
+        said_by_grpo = "identical to GRPO" in caplog.text
+        run_script(CEGPPOTrainer, CEGPPOConfig, tmp_path, script=(), steps_per_generation=1)
+    assert not said_by_grpo and "CE-GPPO is identical to GRPO with this configuration" in caplog.text
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("reward", "limits", "reason", "steps"),
+    [
+        (none_reward, dict(max_unscorable_batches=1), "unscorable", 1),  # a stop at the first batch's first step
+        (constant_reward, dict(max_zero_signal_batches=1), "zero_signal", 1),
+        (constant_reward, {}, "zero_signal", 4),  # too short for the limits: no stop, a reason at the end
+    ],
+)
+def test_runs_without_a_learning_signal(tmp_path, reward, limits, reason, steps):
+    grpo = run_script(GRPOTrainer, GRPOConfig, tmp_path, reward_funcs=reward, max_steps=4)
+    cegppo = run_script(CEGPPOTrainer, CEGPPOConfig, tmp_path, reward_funcs=reward, max_steps=4, **limits)
+    assert grpo.error is None and cegppo.error is None
+    assert grpo.trainer.state.global_step == 4 and not hasattr(grpo.trainer, "stop_reason")
+    assert cegppo.trainer.state.global_step == steps and cegppo.trainer.stop_reason == reason
+
+
+@pytest.mark.slow
+def test_left_clipped_drift_warns(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        grpo = run_script(GRPOTrainer, GRPOConfig, tmp_path, **CLIPPING)
+        said_by_grpo = "left_drift_warning" in caplog.text
+        cegppo = run_script(CEGPPOTrainer, CEGPPOConfig, tmp_path, left_drift_warning=-0.25, gppo_beta1=0.5,
+                            gppo_beta2=1.0, **CLIPPING)  # fmt: skip
+    assert grpo.error is None and cegppo.error is None
+    assert any(entry.get("clip_ratio/low_mean", 0) > 0 for entry in grpo.log_history)  # left-clipped tokens
+    assert not said_by_grpo and "left_drift_warning" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_logged_loss_of_clipped_tokens(tmp_path):
+    grpo, cegppo = differential(tmp_path, **CLIPPING)
+    assert_same(grpo, cegppo)  # the same parameters: at beta = 0 the gradients are PPO's
+    assert any(entry.get("clip_ratio/region_mean", 0) > 0 for entry in grpo.log_history)
+    losses = [(g["loss"], c["loss"]) for g, c in zip(grpo.log_history, cegppo.log_history) if "loss" in g]
+    assert any(g != c for g, c in losses), losses  # the value of a clipped token's term differs
+
+
+def test_the_model_card(tmp_path):
+    grpo, cegppo = differential(tmp_path, script=(lambda trainer: trainer.save_model(),))
+    cards = [Path(o.trainer.args.output_dir) / "README.md" for o in (grpo, cegppo)]
+    assert not cards[0].exists() or "## CE-GPPO settings" not in cards[0].read_text()  # TRL's, if any
+    assert "## CE-GPPO settings" in cards[1].read_text()
