@@ -305,12 +305,7 @@ class CEGPPOConfig(GRPOConfig):
                 f"`beta` (TRL's KL coefficient) must be a finite number >= 0, got {self.beta!r}: a negative value "
                 "rewards moving away from the reference model. Use `beta=0.0` for no KL term (the authors' setting)."
             )
-        temperature = self.temperature
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-            raise ValueError(
-                f"`temperature` must be a finite number > 0, got {self.temperature!r}: the rollouts are sampled and "
-                "the log-probabilities are divided by it. The authors use `temperature=1.0`."
-            )
+        # `temperature <= 0` is refused by transformers' generation config (a `ValueError` at the first batch).
         # `num_generations < 2` is refused by GRPOConfig itself.
         if self.num_iterations < 1:
             raise ValueError(

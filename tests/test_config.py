@@ -58,8 +58,6 @@ def test_zero_betas_are_valid(tmp_path):
     [
         ("beta", -0.1, "Use `beta=0.0` for no KL term"),
         ("beta", float("nan"), "finite number >= 0"),
-        ("temperature", 0.0, "finite number > 0"),
-        ("temperature", -1.0, "finite number > 0"),
         ("num_iterations", 0, "must be >= 1"),
         ("steps_per_generation", 0, "must be >= 1 or None"),
         ("max_unscorable_batches", -1, "0 never stops"),

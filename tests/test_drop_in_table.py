@@ -29,6 +29,7 @@ SHOWN_BY = {
     "`args=None`": "test_drop_in_table.py::test_args_none_names_the_output_dir_after_the_trainer",
     "Inputs TRL fails on late": "test_drop_in.py::test_dataset_without_prompts_is_refused_before_the_model_loads",
     "`delta` at or below `1 + epsilon_high` with a CE-GPPO `loss_type`": "test_drop_in_table.py::test_a_delta_inside_the_clip_range",
+    "Settings TRL accepts that corrupt a run": "test_drop_in_table.py::test_settings_that_corrupt_a_run",
     "TRL whose copied internals differ from every tested release": "test_drop_in_table.py::test_a_trl_whose_internals_changed",
     "A launch whose distributed engine would silently fall back to DDP": "test_drop_in_table.py::test_an_fsdp_launch_that_would_run_ddp",
     "A launch whose mixed precision differs from the configuration's": "test_drop_in_table.py::test_a_launch_in_another_mixed_precision",
@@ -68,7 +69,7 @@ def table_rows() -> list[list[str]]:
 
 def _key(where: str) -> str:
     """A row's key: its first cell up to the first colon or parenthesis that lists cases (`Inputs ... late (...)`)."""
-    return next((k for k in [*SHOWN_BY, *PENDING] if where == k or where.startswith(k + " ")), where)
+    return next((k for k in [*SHOWN_BY, *PENDING] if where == k or where.startswith((k + " ", k + ":"))), where)
 
 
 def test_every_row_of_the_table_is_shown_by_a_test_that_runs_grpo_trainer():
@@ -194,3 +195,13 @@ def test_the_model_card(tmp_path):
     cards = [Path(o.trainer.args.output_dir) / "README.md" for o in (grpo, cegppo)]
     assert not cards[0].exists() or "## CE-GPPO settings" not in cards[0].read_text()  # TRL's, if any
     assert "## CE-GPPO settings" in cards[1].read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [dict(beta=-0.1), dict(max_steps=0)])
+def test_settings_that_corrupt_a_run(tmp_path, model_dir, setting):
+    # by path: TRL loads the KL reference from it
+    grpo = run_script(GRPOTrainer, GRPOConfig, tmp_path, model=model_dir, **setting)
+    assert grpo.error is None and grpo.trainer.state.global_step >= 1  # trains
+    with pytest.raises(ValueError):  # refused at configuration, before any trainer
+        CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, **setting)
