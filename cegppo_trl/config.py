@@ -298,6 +298,21 @@ class CEGPPOConfig(GRPOConfig):
                 )
         return cls(**{**values, **overrides})
 
+    @classmethod
+    def for_trainer(cls, model: Any, args: Any) -> CEGPPOConfig:
+        """`CEGPPOTrainer`'s `args`: a `CEGPPOConfig` as given, TRL's default for None (named `<model>-CE-GPPO`);
+        a `GRPOConfig` is refused (the CE-GPPO fields would be missing), naming the conversion."""
+        if args is None:
+            model_name = model if isinstance(model, str) else model.config._name_or_path
+            return cls(f"{model_name.split('/')[-1]}-CE-GPPO")
+        if not isinstance(args, cls):
+            raise TypeError(
+                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Convert it with "
+                "`CEGPPOConfig.from_grpo_config(your_grpo_config, gppo_beta1=..., gppo_beta2=...)`, or build a "
+                "`CEGPPOConfig` directly (it takes every GRPOConfig field)."
+            )
+        return args
+
     def _validate_inherited(self) -> None:
         """GRPOConfig fields whose bad values TRL accepts but that silently corrupt a CE-GPPO run."""
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta >= 0):

@@ -1,5 +1,5 @@
-"""The run's inputs, below both the pre-flight and the CLI: the script's dataset arguments, loading a dataset by name
-or path, mapping its columns onto what TRL and the rewards read (prompt templates, the reference column), and the
+"""The run's inputs, below both the pre-flight and the CLI: loading a dataset by name or path, mapping its columns onto
+what TRL and the rewards read (prompt templates, the reference column, from the CLI's script arguments), and the
 model-path check.
 
 `cegppo_trl.scripts` (the CLI) and `cegppo_trl.preflight` both read from here; `offline` builds its tasks from the
@@ -11,27 +11,15 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trl import ScriptArguments
-
-from .rewards import (
-    REFERENCE_COLUMN,
-    REWARD_FUNCS,
-    TRL_REWARD_FUNCS,
-    check_reward_name,
-    get_reward_func,
-    likely_reference_column,
-    reward_reads_reference,
-)
+from .rewards import REFERENCE_COLUMN, get_reward_func, likely_reference_column, reward_reads_reference
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from datasets import Dataset, DatasetDict, IterableDatasetDict
 
-    from .config import CEGPPOConfig
 
 logger = logging.getLogger(__name__)
 
@@ -43,116 +31,6 @@ WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 # Files `datasets.load_dataset` reads with a packaged builder (a bare file path is not a dataset name).
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
-
-
-@dataclass
-class CEGPPOScriptArguments(ScriptArguments):
-    """
-    Script arguments for CE-GPPO training: TRL's dataset arguments plus rewards and column mapping.
-
-    Args:
-        dataset_name (`str`):
-            Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
-            `.json`/`.jsonl`/`.csv`/`.parquet` file. `dataset_streaming` streams local files and directories too.
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
-            Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
-            `gsm8k`, `gsm8k_01`, `format`), TRL's by name (`accuracy_reward`, `reasoning_accuracy_reward`,
-            `think_format_reward`), or dotted import paths. Weight them with `reward_weights`.
-        prompt_column (`str`, *optional*, defaults to `"prompt"`):
-            Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
-        solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
-            Dataset column holding the reference answer, passed to the rewards as `solution`. A dotted path reads
-            a nested field (`reward_model.ground_truth` for verl-format data). `None` for reference-free rewards.
-        prompt_template (`str` or `None`, *optional*):
-            Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
-            braces are literal, so `\\boxed{}` needs no escaping.
-        system_prompt (`str` or `None`, *optional*):
-            System message prepended to every prompt (turning plain-text prompts into chat prompts). A prompt that
-            already opens with a system message keeps its own (a warning says how many do).
-        chat_prompts (`bool`, *optional*, defaults to `True`):
-            Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
-            reasoning models). Set `False` for base models trained on raw text.
-        max_train_samples (`int` or `None`, *optional*):
-            Keep only the first N training rows (smoke tests, quick sweeps).
-    """
-
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_verify"],
-        metadata={
-            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
-            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
-        },
-    )
-    prompt_column: str = field(
-        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
-    )
-    solution_column: str | None = field(
-        default="solution",
-        metadata={
-            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
-            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
-        },
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
-    )
-    chat_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
-        },
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "deleted before training. Without it such a run is refused."
-        },
-    )
-
-    def __post_init__(self):
-        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
-        # string option, e.g. `--solution_column none` is "no reference column".
-        for name in ("solution_column", "prompt_template", "system_prompt"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value.strip().lower() in NONE_STRINGS:
-                setattr(self, name, None)
-        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError(
-                f"`prompt_template` must contain `{{prompt}}` (where the prompt text goes), got "
-                f"{self.prompt_template!r}. Example: '{{prompt}}\\nPut your final answer within \\boxed{{}}.'; "
-                "use `system_prompt` for text that does not wrap the prompt."
-            )
-        if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(
-                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
-                "would be empty."
-            )
-        if isinstance(self.reward_funcs, str):
-            self.reward_funcs = [self.reward_funcs]
-        for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
-            check_reward_name(name)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------------------
-def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
-    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
-    return load_any_dataset(
-        script_args.dataset_name,
-        config=script_args.dataset_config,
-        train_split=script_args.dataset_train_split,
-        streaming=script_args.dataset_streaming,
-    )
 
 
 def load_any_dataset(
@@ -214,7 +92,7 @@ def _get_path(row: dict[str, Any], path: str) -> Any:
     return value
 
 
-def prepare_dataset(dataset: Dataset, script_args: CEGPPOScriptArguments, reward_funcs: list | None = None) -> Dataset:
+def prepare_dataset(dataset: Dataset, script_args: Any, reward_funcs: list | None = None) -> Dataset:
     """Give the rows the `prompt` (and `solution`) columns TRL and the rewards read, applying the prompt options.
 
     Other columns stay and reach the reward functions as keyword arguments, as in TRL. `reward_funcs` (resolved from
@@ -300,7 +178,7 @@ def _first_prompt_is_text(dataset: Dataset) -> bool:
     return not isinstance(dataset, Dataset) or isinstance(dataset[0]["prompt"], str)
 
 
-def _format_prompt(prompt: Any, script_args: CEGPPOScriptArguments) -> Any:
+def _format_prompt(prompt: Any, script_args: Any) -> Any:
     template, system = script_args.prompt_template, script_args.system_prompt
     if prompt is None or (isinstance(prompt, list) and not prompt):
         return prompt  # left for the pre-flight to name the row
@@ -494,15 +372,4 @@ def check_model_path(name: str, field: str = "model_name_or_path") -> None:
         raise ValueError(
             f"`{field}`: {name!r} is not a local directory, and HF_HUB_OFFLINE=1 while the Hub cache does not hold "
             "it. Check the path, or run once online (unset HF_HUB_OFFLINE) to download it."
-        )
-
-
-def check_streaming_length(train_dataset: Dataset, training_args: CEGPPOConfig) -> None:
-    """A streamed dataset has no length, so the number of steps must be given."""
-    from datasets import IterableDataset
-
-    if isinstance(train_dataset, IterableDataset) and training_args.max_steps <= 0:
-        raise ValueError(
-            "`dataset_streaming` reads the rows as training goes, so the run length cannot come from "
-            "`num_train_epochs`: set `--max_steps N`, or drop `--dataset_streaming`."
         )

@@ -57,7 +57,6 @@ SECTIONS = {
 # Rows whose prompts are checked one by one (None, empty, malformed chat messages): every row up to this many, else
 # the first this many (reading one column of 100k rows takes well under a second).
 PROMPT_ROWS_CHECKED = 100_000
-BETA_WARN_ABOVE = 10.0  # the paper's betas are at most 1.0 (Sec. 5); far above it the clipped tokens dominate
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -607,66 +606,11 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
         report.info("batch", "dynamic sampling: groups whose rewards are all equal are dropped from the loss")
 
 
-def _change_points(schedule: Any) -> list[Any]:
-    """The step points where a schedule's value changes (`StepPoint`s)."""
-    from .schedules import PiecewiseSchedule, WarmupSchedule, _RampSchedule
-
-    if isinstance(schedule, _RampSchedule):
-        return [schedule.window_start, schedule.window_end]
-    if isinstance(schedule, WarmupSchedule):
-        return [schedule.length]
-    if isinstance(schedule, PiecewiseSchedule):
-        return list(schedule.boundaries[1:])
-    return []
-
-
 def inspect_schedules(report: Report, args: Any) -> None:
-    """β schedules whose change lies beyond the run (`max_steps`), and a β far above the paper's range."""
-    from .schedules import parse_schedule
-
-    total = args.max_steps if args.max_steps and args.max_steps > 0 else None
+    """Each β schedule (`CEGPPOConfig` has refused a malformed one, or one whose window `max_steps` leaves empty)."""
     for beta in ("gppo_beta1", "gppo_beta2"):
-        spec = getattr(args, f"{beta}_schedule", None)
-        value = getattr(args, beta)
-        field_name = f"{beta}_schedule" if spec else beta
-        try:
-            schedule = parse_schedule(spec or value)
-        except ValueError as error:
-            report.error("schedules", str(error))
-            continue
-        top = schedule.value_range[1]
-        if top > BETA_WARN_ABOVE:
-            report.warning(
-                "schedules",
-                f"`{field_name}` reaches {top:g}: the paper's betas are at most 1 (Sec. 5), and far above it the "
-                f"gradient of clipped tokens outweighs the unclipped ones (a typo?). Use e.g. {{fix}}.",
-                fixes=[Fix(beta, 1.0)],
-            )
-        if not spec:
-            continue
-        report.info("schedules", f"{field_name}: {schedule}")
-        if total is None:
-            continue
-        try:
-            schedule.check(total, field=field_name)
-        except ValueError as error:
-            report.error("schedules", str(error))
-            continue
-        points = [float(p.resolve(total)) for p in _change_points(schedule)]
-        if points and points[0] >= total:
-            report.warning(
-                "schedules",
-                f"`{field_name}={spec}` changes first at step {points[0]:g}, after the run's last step "
-                f"(`max_steps={total}`): {beta} stays {schedule.initial:g} for the whole run. Put the window inside "
-                "the run (a percentage such as `@10%-60%` follows `max_steps`), or raise {fix}.",
-                fixes=[Fix("max_steps", int(points[0]) + 1)],
-            )
-        elif any(p > total for p in points):
-            report.warning(
-                "schedules",
-                f"`{field_name}={spec}` has a step beyond the run's last step (`max_steps={total}`, points at "
-                f"{', '.join(f'{p:g}' for p in points)}): the run ends before the schedule does.",
-            )
+        if spec := getattr(args, f"{beta}_schedule", None):
+            report.info("schedules", f"{beta}_schedule: {spec}")
 
 
 def inspect_engine(report: Report, args: Any) -> None:
@@ -862,22 +806,12 @@ def run_checks(
 ) -> Report:
     """The checks of what the trainer is given, shared by `cegppo check`, `cegppo train` and `CEGPPOTrainer`.
 
-    Args:
-        train_dataset: the dataset as the trainer sees it (`prompt` column, dataset columns as reward kwargs).
-        reward_funcs: a reward function, model id or model, or a list of them.
-        args: the `CEGPPOConfig`.
-        eval_dataset: checked like `train_dataset` (rewards and columns) when given.
-        reward_names: names for the messages (the CLI's `--reward_funcs`); the functions' names otherwise.
-        model: a model id or path (there, with weights; its config read) or an instance; None skips the section.
-        processing_class: a tokenizer/processor to render the sample prompts with; None skips the rendering.
-        quantized: 4-/8-bit loading (needs bitsandbytes).
-        environments: an `environment_factory` is given: no `prompt` column needed.
-        engine: check TRL and the distributed engine (the command line checks them first, before loading the data).
-        call_rewards: call every reward on a rollout batch of real rows (`cegppo check --call_rewards`).
-        report: a report to add to (the command line's own checks come first).
-
-    Returns:
-        The report; `report.raise_errors()` raises when it holds errors.
+    `train_dataset` / `eval_dataset` as the trainer sees them; `reward_funcs` as TRL takes them (`reward_names` for
+    the messages); `model` a path or Hub id (there, with weights, its config read) or an instance; a
+    `processing_class` renders the sample prompts; `quantized`: 4-/8-bit loading; `environments`: an
+    `environment_factory` is given (no `prompt` column needed); `engine`: check TRL and the launch (the command line
+    does it first); `call_rewards`: `cegppo check --call_rewards`; `report`: one to add to. Returns the report
+    (`report.raise_errors()` raises its errors).
     """
     report = Report() if report is None else report
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]

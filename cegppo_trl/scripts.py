@@ -14,31 +14,140 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trl import ModelConfig, TrlParser
+from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .checkpoints import RESUME_COMPARED_FIELDS, start_run  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
 from .config import CEGPPOConfig
 from .data import (  # noqa: F401 (the data helpers lived here: re-exported for callers that import them from here)
     NONE_STRINGS,
-    CEGPPOScriptArguments,
     check_model_path,
-    check_streaming_length,
     load_any_dataset,
-    load_dataset_dict,
     prepare_dataset,
 )
 from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
 from .preflight import Fix, Report, inspect_engine, inspect_hub, inspect_model, inspect_resume, inspect_trl, run_checks
 from .resources import resolve_config_args
-from .rewards import get_reward_func
+from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
 
 if TYPE_CHECKING:
+    from datasets import DatasetDict
+
     from .trainer import CEGPPOTrainer
 
 logger = logging.getLogger(__name__)
 
 _NONE_STRINGS = NONE_STRINGS
 CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
+
+
+@dataclass
+class CEGPPOScriptArguments(ScriptArguments):
+    """
+    Script arguments for CE-GPPO training: TRL's dataset arguments plus rewards and column mapping.
+
+    Args:
+        dataset_name (`str`):
+            Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
+            `.json`/`.jsonl`/`.csv`/`.parquet` file. `dataset_streaming` streams local files and directories too.
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
+            Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
+            `gsm8k`, `gsm8k_01`, `format`), TRL's by name (`accuracy_reward`, `reasoning_accuracy_reward`,
+            `think_format_reward`), or dotted import paths. Weight them with `reward_weights`.
+        prompt_column (`str`, *optional*, defaults to `"prompt"`):
+            Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
+        solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
+            Dataset column holding the reference answer, passed to the rewards as `solution`. A dotted path reads
+            a nested field (`reward_model.ground_truth` for verl-format data). `None` for reference-free rewards.
+        prompt_template (`str` or `None`, *optional*):
+            Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
+            braces are literal, so `\\boxed{}` needs no escaping.
+        system_prompt (`str` or `None`, *optional*):
+            System message prepended to every prompt (turning plain-text prompts into chat prompts). A prompt that
+            already opens with a system message keeps its own (a warning says how many do).
+        chat_prompts (`bool`, *optional*, defaults to `True`):
+            Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
+            reasoning models). Set `False` for base models trained on raw text.
+        max_train_samples (`int` or `None`, *optional*):
+            Keep only the first N training rows (smoke tests, quick sweeps).
+    """
+
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_verify"],
+        metadata={
+            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
+            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
+        },
+    )
+    prompt_column: str = field(
+        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
+    )
+    solution_column: str | None = field(
+        default="solution",
+        metadata={
+            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
+            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
+        },
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
+    )
+    chat_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
+            "deleted before training. Without it such a run is refused."
+        },
+    )
+
+    def __post_init__(self):
+        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
+        # string option, e.g. `--solution_column none` is "no reference column".
+        for name in ("solution_column", "prompt_template", "system_prompt"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().lower() in NONE_STRINGS:
+                setattr(self, name, None)
+        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
+            raise ValueError(
+                f"`prompt_template` must contain `{{prompt}}` (where the prompt text goes), got "
+                f"{self.prompt_template!r}. Example: '{{prompt}}\\nPut your final answer within \\boxed{{}}.'; "
+                "use `system_prompt` for text that does not wrap the prompt."
+            )
+        if self.max_train_samples is not None and self.max_train_samples < 1:
+            raise ValueError(
+                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
+                "would be empty."
+            )
+        if isinstance(self.reward_funcs, str):
+            self.reward_funcs = [self.reward_funcs]
+        for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
+            check_reward_name(name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
+    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
+    return load_any_dataset(
+        script_args.dataset_name,
+        config=script_args.dataset_config,
+        train_split=script_args.dataset_train_split,
+        streaming=script_args.dataset_streaming,
+    )
 
 
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
@@ -191,8 +300,6 @@ def check_command(
                     script_args,
                     prepared.reward_funcs,
                 )
-    if prepared.train_dataset is not None:
-        report.collect("dataset", check_streaming_length, prepared.train_dataset, training_args)
     processing_class = None
     if model_name is not None and not any(f.section == "model" for f in report.errors):
         processing_class = report.collect("model", _load_processing_class, model_args, training_args)

@@ -76,22 +76,16 @@ class CEGPPOTrainer(GRPOTrainer):
     _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
-        if args is not None and not isinstance(args, CEGPPOConfig):
-            raise TypeError(
-                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Convert it with "
-                "`CEGPPOConfig.from_grpo_config(your_grpo_config, gppo_beta1=..., gppo_beta2=...)`, or build a "
-                "`CEGPPOConfig` directly (it takes every GRPOConfig field)."
-            )
-        if args is None:
-            model_name = model if isinstance(model, str) else model.config._name_or_path
-            args = CEGPPOConfig(f"{model_name.split('/')[-1]}-CE-GPPO")
+        args = CEGPPOConfig.for_trainer(model, args)
         reward_funcs = resolve_reward_names(reward_funcs)
         # Before GRPOTrainer loads the model; `cegppo train` checked the same once and hands its report over.
         report = kwargs.pop("preflight_report", None) or trainer_checks(model, reward_funcs, args, *pargs, **kwargs)
         if report.engine != "deepspeed":
             quiet_unused_deepspeed()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        self._warn_if_on_policy()
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if (message := on_policy_message(args, vllm_correction)) is not None:  # CE-GPPO is GRPO on-policy
+            logger.warning(message, main_process_only=True)
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.
         self.beta1_schedule = parse_schedule(args.gppo_beta1_schedule or args.gppo_beta1)
         self.beta2_schedule = parse_schedule(args.gppo_beta2_schedule or args.gppo_beta2)
@@ -112,14 +106,6 @@ class CEGPPOTrainer(GRPOTrainer):
         self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
         self._committed: set[str] = set()  # checkpoints this trainer committed (a second `train()` moves them aside)
         self._begun: set[str] = set()  # checkpoints this trainer began and has not committed
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Configuration checks
-    # ------------------------------------------------------------------------------------------------------------
-    def _warn_if_on_policy(self) -> None:
-        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-        if (message := on_policy_message(self.args, vllm_correction)) is not None:
-            logger.warning(message, main_process_only=True)
 
     @property
     def stop_reason(self) -> str | None:

@@ -16,7 +16,6 @@ from cegppo_trl import CEGPPOConfig
 from cegppo_trl.scripts import (
     CEGPPOScriptArguments,
     check_cpu_dtype,
-    check_streaming_length,
     load_any_dataset,
     parse_args,
     prepare_dataset,
@@ -239,9 +238,7 @@ def test_dataset_streaming_streams_local_files_and_saved_datasets(data_file, tmp
     streamed = load_any_dataset(str(saved), streaming=True)
     assert isinstance(streamed["train"], IterableDataset) and [r["prompt"] for r in streamed["train"]] == ["a", "b"]
     assert isinstance(load_any_dataset(data_file)["train"], Dataset)  # without the flag, in memory as before
-    # A stream has no length: the run length must be max_steps.
-    with pytest.raises(ValueError, match=r"`dataset_streaming` .* set `--max_steps N`"):
-        check_streaming_length(streamed["train"], CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
+    # A stream has no length: transformers' own refusal (`max_steps` must be set) stands, not re-checked here.
 
 
 @pytest.mark.slow
