@@ -83,9 +83,7 @@ class CEGPPOTrainer(GRPOTrainer):
         if report.engine != "deepspeed":
             quiet_unused_deepspeed()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-        if (message := on_policy_message(args, vllm_correction)) is not None:  # CE-GPPO is GRPO on-policy
-            logger.warning(message, main_process_only=True)
+        self._warn_if_on_policy()
         # beta1 / beta2: a schedule each (a constant unless configured) and an optional entropy controller.
         self.beta1_schedule = parse_schedule(args.gppo_beta1_schedule or args.gppo_beta1)
         self.beta2_schedule = parse_schedule(args.gppo_beta2_schedule or args.gppo_beta2)
@@ -106,6 +104,11 @@ class CEGPPOTrainer(GRPOTrainer):
         self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
         self._committed: set[str] = set()  # checkpoints this trainer committed (a second `train()` moves them aside)
         self._begun: set[str] = set()  # checkpoints this trainer began and has not committed
+
+    def _warn_if_on_policy(self) -> None:  # CE-GPPO is GRPO on-policy
+        vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if (message := on_policy_message(self.args, vllm_correction)) is not None:
+            logger.warning(message, main_process_only=True)
 
     @property
     def stop_reason(self) -> str | None:
