@@ -45,7 +45,7 @@ SHOWN_BY = {
     "Loss at β1, β2 > 0 (off-policy)": "test_drop_in.py::test_the_comparison_detects_a_different_objective",
     "Model card (`README.md`)": "test_drop_in_table.py::test_the_model_card",
 }  # fmt: skip
-# Rows of issue 42's checkpoint rework (another branch): each needs its test here once that branch lands.
+# Checkpoint rows being reworked (resume, locks, saves inside a rollout batch): each needs its test here.
 PENDING = {
     "A second live run into the same `output_dir`",
     "`resume_from_checkpoint=True`",

@@ -364,7 +364,7 @@ REFUSALS = {
     "chat_key_typo": (["--dataset_name", "ROWS:rol"], None,
                       r"`train_dataset` row 1: the prompt message 0 has the keys \['content', 'rol'\], not `role` "
                       r"and `content` \(a misspelling: 'rol'\?\)"),
-    # issue 43: each was "ready to train" in `check` and a failure in `train`
+    # each was "ready to train" in `check` and a failure in `train`
     "liger_missing": (["--use_liger_kernel", "true"], None,
                       r"`use_liger_kernel=True` needs `liger_kernel`, which is not installed: `pip install liger-kernel`"),
     "model_without_weights": (["--model_name_or_path", "NOWEIGHTS"], None,
