@@ -737,14 +737,15 @@ def inspect_resume(report: Report, args: Any, overwrite: bool = False) -> None:
     """The resume `cegppo train` will plan (`checkpoints.plan_resume`, without its lock or moves): what it refuses
     (a finished run, another run's checkpoints, a torn folder) is refused here; a path that is not there is refused
     in transformers' words. The command line only: the API is told the resume at `train()`."""
-    from .checkpoints import plan_resume
+    from .checkpoints import LOCK_FILE, plan_resume
 
     if args.output_dir is None or os.path.isfile(args.output_dir):
         return
     resume = args.resume_from_checkpoint
     fresh = resume is None or str(resume).strip().lower() in (*NONE_STRINGS, "false")
     mode = "delete" if overwrite and fresh else getattr(args, "later_checkpoints", "refuse")
-    plan = report.collect("output_dir", plan_resume, args.output_dir, resume, args, mode)
+    began_here = os.path.exists(os.path.join(args.output_dir, LOCK_FILE))  # as `start_run` reads it: a requeue
+    plan = report.collect("output_dir", plan_resume, args.output_dir, resume, args, mode, None, began_here)
     if plan is None:
         return
     checkpoint = plan[0].checkpoint

@@ -427,6 +427,20 @@ def test_check_and_train_refuse_a_resume_below_the_checkpoints_step(capsys, mode
     assert train_status == 2 and re.search(message, err) and "Traceback" not in err, err
 
 
+def test_check_plans_the_resume_as_train_does_a_requeue_before_the_first_checkpoint_starts_fresh(
+    capsys, model_dir, data_file, tmp_path
+):
+    from cegppo_trl.checkpoints import acquire_lock, release_lock
+
+    out = tmp_path / "out"
+    argv = cli_args(model_dir, data_file, out, "--reward_funcs", "format", "--resume_from_checkpoint", "last")
+    status, text = check(capsys, *argv)  # a mistyped folder: no run ever started there
+    assert status == 1 and "no run ever started there" in " ".join(text.split()), text
+    release_lock(acquire_lock(str(out))[0])  # a run started there and was killed before its first checkpoint
+    status, text = check(capsys, *argv)
+    assert status == 0, text
+
+
 # Rewards whose behaviour only a call shows: `check` calls no reward of yours unless asked (`--call_rewards`), so
 # by default it says "not called"; asked, its verdict is `train`'s: a failure at the first batch (TRL's error), or
 # a run that learns nothing (exit 3, or 4 when no completion got a reward).
