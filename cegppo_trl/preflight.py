@@ -749,10 +749,17 @@ def inspect_resume(report: Report, args: Any, overwrite: bool = False) -> None:
     if plan is None:
         return
     checkpoint = plan[0].checkpoint
-    if checkpoint is not None and not os.path.isdir(checkpoint):
-        report.error("output_dir", f"Can't find a valid checkpoint at {checkpoint}")  # transformers' ValueError
+    if (missing := missing_checkpoint(checkpoint)) is not None:
+        report.error("output_dir", missing)
     elif checkpoint is not None:
         report.info("output_dir", f"resumes {checkpoint}" + (" (nothing left to train)" if plan[0].finished else ""))
+
+
+def missing_checkpoint(checkpoint: str | None) -> str | None:
+    """transformers' refusal (a `ValueError`, after the model loads) of a resume path that is not a folder."""
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        return f"Can't find a valid checkpoint at {checkpoint}"
+    return None
 
 
 def inspect_model(report: Report, model: Any, args: Any, field: str = "model") -> None:

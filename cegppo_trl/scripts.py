@@ -25,7 +25,17 @@ from .data import (  # noqa: F401 (the data helpers lived here: re-exported for 
     prepare_dataset,
 )
 from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
-from .preflight import Fix, Report, inspect_engine, inspect_hub, inspect_model, inspect_resume, inspect_trl, run_checks
+from .preflight import (
+    Fix,
+    Report,
+    inspect_engine,
+    inspect_hub,
+    inspect_model,
+    inspect_resume,
+    inspect_trl,
+    missing_checkpoint,
+    run_checks,
+)
 from .resources import resolve_config_args
 from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
 
@@ -317,9 +327,9 @@ def check_command(
         report=report,
     )
     # What the command line knows before the model loads and the API only later: the Hub (the API may bring a
-    # client of its own) and the resume (the API is told it at `train()`).
+    # client of its own) and the resume (the API is told it at `train()`; `cegppo train` plans it once, in
+    # `start_run`, and `cegppo check` makes the same plan, `inspect_resume`).
     inspect_hub(report, training_args)
-    inspect_resume(report, training_args, script_args.overwrite_output_dir)
     return report, prepared
 
 
@@ -365,6 +375,8 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
                      overwrite=script_args.overwrite_output_dir)  # fmt: skip
     training_args.resume_from_checkpoint = plan.checkpoint
     try:
+        if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load
+            raise ValueError(missing)
         return _train(script_args, training_args, model_args, prepared, plan, report)
     finally:
         plan.release()
@@ -499,6 +511,7 @@ def check_main(argv: list[str] | None = None) -> int:
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
     report, _ = check_command(script_args, training_args, model_args, call_rewards=call_rewards)
+    inspect_resume(report, training_args, script_args.overwrite_output_dir)  # the plan `cegppo train` makes
     width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
     print(report.format(width, flags=True))
     return 1 if report.errors else 0
