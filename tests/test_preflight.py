@@ -300,9 +300,9 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
     data = _jsonl(tmp_path / "data.jsonl", rows)
     status, out = check(capsys, "--config", str(recipe), "--model_name_or_path", model_dir, "--dataset_name", data,
                         "--output_dir", str(tmp_path / "out"), "--use_cpu", "true")  # fmt: skip
-    for title in ("Dataset (as the trainer sees it)", "Prompts (as the model gets them)", "Rewards", "Batch layout",
-                  "Engine", "Extras", "Output directory"):  # fmt: skip
-        assert title in out, out
+    for title in ("Model", "Dataset (as the trainer sees it)", "Prompts (as the model gets them)", "Rewards",
+                  "Batch layout", "Engine", "Extras", "Output directory"):  # fmt: skip
+        assert f"\n{title}" in "\n" + out, out
     assert "the reference scores 1.0 (top score)" in out or "reads no reference" in out
     errors = [line for line in out.splitlines() if line.startswith("ERROR")]
     expected = [] if not raw.get("use_vllm") or preflight_module._installed("vllm") else ["ERROR [extras] `use_vllm"]
@@ -594,3 +594,11 @@ def test_cegppo_train_runs_the_checks_once_and_hands_the_report_to_the_trainer(m
     with pytest.raises(Stop):
         train(*parse_args(cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format")))
     assert len(calls) == 1 and len(handed) == 1
+
+
+def test_the_report_sections_are_the_documented_ones():
+    """docs/usage.md lists the report's sections (`- **Model**: ...`), in the report's order."""
+    text = (ROOT / "docs" / "usage.md").read_text()
+    section = text.split("## Pre-flight: `cegppo check`", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^- \*\*([A-Z][a-z]+(?: [a-z]+)?)\*\*:", section, re.MULTILINE)
+    assert documented == [title.split(" (")[0] for title in preflight_module.SECTIONS.values()]
