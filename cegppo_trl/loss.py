@@ -150,7 +150,7 @@ def _regions(
     return CEGPPORegions(left, right, dual, guard)
 
 
-def _value_and_grad_weight(
+def _value_and_grad_factors(
     ratio: torch.Tensor,
     adv: torch.Tensor,
     regions: CEGPPORegions,
@@ -162,8 +162,14 @@ def _value_and_grad_weight(
     delta: float | None,
     delta_low: float | None,
     delta_low_mode: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The module table, row by row: the loss value and d(value)/d(logp) per token."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The module table, row by row: the loss value, and d(value)/d(logp) per token as two factors ``outer * inner``.
+
+    The backward multiplies the incoming gradient by ``outer`` first, then by ``inner``: autograd's order for the
+    definition's ``-r * A`` (``(g * -A) * r``) and for TRL's ``-min(r * A, clip(r) * A)``, so that with beta1 =
+    beta2 = 0 the gradient is TRL's bit for bit, whatever gradient the aggregation sends in. (One product
+    ``g * (-r * A)`` rounds differently: 1 ulp on about a quarter of the tokens, which training amplifies.)
+    """
     left, right, dual, guard = regions
     # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
     # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
@@ -171,21 +177,23 @@ def _value_and_grad_weight(
     cap = torch.where(
         adv < 0, adv.new_tensor(math.inf if delta is None else delta), adv.new_tensor(torch.finfo(adv.dtype).max)
     )  # [B, 1]
-    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
+    capped = torch.minimum(ratio, cap)  # [B, T]
     # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
     # beta * bound * A * r / sg(r), evaluated without dividing by r). `left` needs A < 0 and `right` A > 0, so one
     # select with the row's constant serves both.
     clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
-    value = torch.where(left | right, clipped, value)  # [B, T]
-    grad_weight = value
+    preserved = left | right  # [B, T]
+    value = torch.where(preserved, clipped, capped * -adv)  # [B, T]
+    outer = torch.where(preserved, clipped, -adv)  # [B, T]
+    inner = torch.where(preserved, 1.0, capped)  # [B, T]
     cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
     if guard is not None and delta_low_mode == "cutoff":
         cut = guard if cut is None else cut | guard
     if cut is not None:
-        grad_weight = torch.where(cut, 0.0, grad_weight)
+        inner = torch.where(cut, 0.0, inner)
     if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
-        grad_weight = torch.where(guard, clipped * (ratio / delta_low), grad_weight)
-    return value, grad_weight
+        inner = torch.where(guard, ratio / delta_low, inner)
+    return value, outer, inner
 
 
 @torch.no_grad()
@@ -217,7 +225,7 @@ def cegppo_regions(
 
 
 class _CEGPPOLoss(torch.autograd.Function):
-    """Single pass: forward returns the value and saves only d(value)/d(logp); backward is one multiply."""
+    """Single pass: forward returns the value and saves d(value)/d(logp) as two factors; backward is two multiplies."""
 
     @staticmethod
     def forward(ctx, per_token_logps, old_per_token_logps, advantages, settings):
@@ -230,17 +238,17 @@ class _CEGPPOLoss(torch.autograd.Function):
             delta=settings["delta"],
             delta_low=settings["delta_low"],
         )
-        value, grad_weight = _value_and_grad_weight(ratio, adv, regions, **settings)
-        ctx.save_for_backward(grad_weight)
+        value, outer, inner = _value_and_grad_factors(ratio, adv, regions, **settings)
+        ctx.save_for_backward(outer, inner)
         ctx.logp_dtype = per_token_logps.dtype
         ctx.logp_shape = per_token_logps.shape
         return value
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # the saved weight is a constant: no double backward
+    @torch.autograd.function.once_differentiable  # the saved factors are constants: no double backward
     def backward(ctx, grad_value):
-        (grad_weight,) = ctx.saved_tensors
-        grad_logps = grad_value * grad_weight
+        outer, inner = ctx.saved_tensors
+        grad_logps = grad_value * outer * inner  # in this order: see `_value_and_grad_factors`
         if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
             grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
         # Old log-probs and advantages are constants of the surrogate, as in PPO.
@@ -370,10 +378,10 @@ def cegppo_diagnostics(
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
     settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
     regions = _regions(ratio, adv, **settings)
-    _, grad_weight = _value_and_grad_weight(
+    _, outer, inner = _value_and_grad_factors(
         ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
-    grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
+    grad_weight = (outer * inner).abs()  # [B, T] (or [B, 1])
     coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
