@@ -611,8 +611,9 @@ def test_reward_model(tmp_path, reward_model_dir, given):
 def test_peft_lora(tmp_path):
     from peft import LoraConfig
 
-    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    kwargs = dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)))
+    # every linear layer but the head, at lr 0.2: adapters that start at 0 need both to clip on both sides
+    lora = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    kwargs = dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=0.2)
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
     assert any("lora_" in n for n in grpo.params)
