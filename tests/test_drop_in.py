@@ -381,7 +381,9 @@ CONFIG_CASES = {
         num_generations_eval=2, script=("train", "evaluate"), trainer_kwargs=dict(eval_dataset=prompts(4))
     ),
     "several_rewards_weighted": dict(reward_funcs=[spread_reward, ones_reward], reward_weights=[1.0, 0.5]),
-    "normalize_then_sum": dict(reward_funcs=[spread_reward, ones_reward], multi_objective_aggregation="normalize_then_sum"),
+    "normalize_then_sum": dict(
+        reward_funcs=[spread_reward, ones_reward], multi_objective_aggregation="normalize_then_sum"
+    ),
     "rewards_none_for_some_rows": dict(reward_funcs=[spread_reward, some_none_reward]),
     "use_adaptive_entropy": dict(use_adaptive_entropy=True),
     "entropy_coef": dict(entropy_coef=0.01),
@@ -419,6 +421,26 @@ def test_same_outcome_where_tokens_are_clipped(tmp_path, model_dir, case):
     assert grpo.error is None, grpo.message
     assert_same(grpo, cegppo)
     assert_clipped_on_both_sides(grpo, cegppo)
+    assert_betas_tell_apart(grpo, tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.slow
+def test_two_rollout_batches_bit_identical_in_float32_and_float64(tmp_path, dtype):
+    """Four steps (two rollout batches, still in epoch 1), lr 0.2: errors have time to grow, and in float64 a
+    difference could not hide in float32 rounding. Bit-identical at beta = 0 in both dtypes, clipped on both sides in
+    both off-policy steps."""
+    kwargs = dict(
+        model=lambda tokenizer: build_tiny_llama(tokenizer, seed=0).to(dtype),
+        train_dataset=prompts(16),
+        max_steps=4,
+        learning_rate=0.2,
+    )
+    grpo, cegppo = differential(tmp_path, **kwargs)
+    assert grpo.error is None, grpo.message
+    assert all(p.dtype == dtype for p in grpo.params.values())
+    assert_same(grpo, cegppo)
+    assert len(assert_clipped_on_both_sides(grpo, cegppo)) == 2
     assert_betas_tell_apart(grpo, tmp_path, **kwargs)
 
 
@@ -740,7 +762,8 @@ def test_unscorable_stop_is_a_clean_stop(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_comparison_detects_a_different_objective(tmp_path):
-    grpo, cegppo = differential(tmp_path, gppo_beta1=0.5, gppo_beta2=1.0, learning_rate=0.5)
+    """At the script's own settings (every training case checks the same with `assert_betas_tell_apart`)."""
+    grpo, cegppo = differential(tmp_path, **BETAS)
     assert grpo.error is None and cegppo.error is None
     with pytest.raises(AssertionError, match="parameters differ"):
         assert_same(grpo, cegppo)
