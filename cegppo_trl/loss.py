@@ -183,9 +183,9 @@ def _value_and_grad_factors(
     # select with the row's constant serves both.
     clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
     preserved = left | right  # [B, T]
-    value = torch.where(preserved, clipped, capped * -adv)  # [B, T]
     outer = torch.where(preserved, clipped, -adv)  # [B, T]
     inner = torch.where(preserved, 1.0, capped)  # [B, T]
+    value = outer * inner  # [B, T]: the clipped constant, or -A * min(r, cap) (the gradient before any cut)
     cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
     if guard is not None and delta_low_mode == "cutoff":
         cut = guard if cut is None else cut | guard
@@ -248,7 +248,7 @@ class _CEGPPOLoss(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # the saved factors are constants: no double backward
     def backward(ctx, grad_value):
         outer, inner = ctx.saved_tensors
-        grad_logps = grad_value * outer * inner  # in this order: see `_value_and_grad_factors`
+        grad_logps = (grad_value * outer).mul_(inner)  # in this order: see `_value_and_grad_factors`
         if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
             grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
         # Old log-probs and advantages are constants of the surrogate, as in PPO.
