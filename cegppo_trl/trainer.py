@@ -628,13 +628,13 @@ class CEGPPOTrainer(GRPOTrainer):
         kl_sum = (per_token_kl * mask).sum() if self.beta != 0.0 else entropies.new_zeros(())
         totals = torch.stack([(entropies * mask).sum(), kl_sum, mask.sum().float()]).detach()
         totals = self.accelerator.reduce(totals, reduction="sum")
-        num_tokens = totals[2].item()
+        means = totals[:2] / totals[2].clamp(min=1.0)  # elementwise: each the same division as TRL's
+        entropy_sum, _, num_tokens, entropy_mean, kl_mean = torch.cat([totals, means]).tolist()  # one host sync
         if num_tokens > 0:
             if self.beta != 0.0:
-                self._metrics[mode]["kl"].append((totals[1] / totals[2]).item())
-            self._metrics[mode]["entropy"].append((totals[0] / totals[2]).item())
+                self._metrics[mode]["kl"].append(kl_mean)
+            self._metrics[mode]["entropy"].append(entropy_mean)
         if self.entropy_controller is not None and mode == "train":
-            entropy_sum = totals[0].item()
             self.entropy_controller.observe(entropy_sum, num_tokens, step_end=self.accelerator.sync_gradients)
         # --- CE-GPPO end ---
 
