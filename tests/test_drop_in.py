@@ -52,7 +52,7 @@ CEGPPO_METRICS = {
 }
 PAIR = [(GRPOTrainer, GRPOConfig), (CEGPPOTrainer, CEGPPOConfig)]
 # Off-policy and clipping by default: a rollout batch of 4 prompts x 4 completions, two optimizer steps on it (one
-# rollout batch of the 8 prompts: the run stays in epoch 1). At lr 0.1 the first step moves the policy so that the
+# rollout batch, half of the 8 prompts: the run stays in epoch 1). At lr 0.1 the first step moves the policy so that the
 # second clips tokens on both sides (the former lr 5e-2, with 2 prompts a step, clipped none in the plain script).
 SCRIPT_DEFAULTS = dict(
     per_device_train_batch_size=8,
