@@ -68,12 +68,13 @@ def cegppo_objective(
         guarded = 0.0 if delta_low_mode == "cutoff" else r.detach() / delta_low
         keep = torch.where(na_lp & (r < delta_low), guarded, keep)
 
-    def preserve(w):  # the paper's r / sg(r) in log space: value 1, gradient w (never divides by r)
-        return torch.exp(w * (log_r - log_r.detach()))
+    def preserved(bound, keep=1.0):  # the paper's -bound * A * r / sg(r): value -bound * A, gradient -bound * keep * A
+        # log r - sg(log r) is 0 with gradient 1, so the second term adds nothing to the value (and never divides by r)
+        return -A * bound + -A * ((bound * keep) * (log_r - log_r.detach()))
 
     loss = -r * A
-    loss = torch.where(na_lp, -beta1 * (1 - epsilon_low) * A * preserve(keep), loss)
-    loss = torch.where(pa_lp, -beta2 * (1 + epsilon_high) * A * preserve(1.0), loss)
+    loss = torch.where(na_lp, preserved(beta1 * (1 - epsilon_low), keep), loss)
+    loss = torch.where(pa_lp, preserved(beta2 * (1 + epsilon_high)), loss)
     if delta is not None:  # the authors' dual clip: a constant, no gradient
         loss = torch.where((A < 0) & (r > delta), (-delta * A).expand_as(loss), loss)
     return loss
@@ -165,37 +166,35 @@ def _value_and_grad_factors(
     delta_low: float | None,
     delta_low_mode: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The module table, row by row: the loss value, and d(value)/d(logp) per token as two factors ``outer * inner``.
+    """The module table, row by row: the loss value, and d(value)/d(logp) per token as ``-A * weight``.
 
-    The backward multiplies the incoming gradient by ``outer`` first, then by ``inner``: autograd's order for the
-    definition's ``-r * A`` (``(g * -A) * r``) and for TRL's ``-min(r * A, clip(r) * A)``, so that with beta1 =
-    beta2 = 0 the gradient is TRL's bit for bit, whatever gradient the aggregation sends in. (One product
-    ``g * (-r * A)`` rounds differently: 1 ulp on about a quarter of the tokens, which training amplifies.)
+    Returns ``(value, -A, weight)``. The backward multiplies the incoming gradient by ``-A`` first, then by ``weight``
+    (``r``, ``beta * bound``, 0, ...): autograd's order for TRL's ``-min(r * A, clip(r) * A)`` (``(g * -A) * r``) and
+    for the definition, so that with beta1 = beta2 = 0 the gradient is TRL's bit for bit, whatever gradient the
+    aggregation sends in. (One product ``g * (-r * A)`` rounds differently: 1 ulp on about a quarter of the tokens.)
     """
     left, right, dual, guard = regions
+    neg_adv = -adv  # [B, 1]
     # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
     # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
     # where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
     cap = torch.where(
         adv < 0, adv.new_tensor(math.inf if delta is None else delta), adv.new_tensor(torch.finfo(adv.dtype).max)
     )  # [B, 1]
-    capped = torch.minimum(ratio, cap)  # [B, T]
-    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
+    # Clipped tokens: value and gradient weight are the constant -beta * bound * A (the paper's
     # beta * bound * A * r / sg(r), evaluated without dividing by r). `left` needs A < 0 and `right` A > 0, so one
-    # select with the row's constant serves both.
-    clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
-    preserved = left | right  # [B, T]
-    outer = torch.where(preserved, clipped, -adv)  # [B, T]
-    inner = torch.where(preserved, 1.0, capped)  # [B, T]
-    value = outer * inner  # [B, T]: the clipped constant, or -A * min(r, cap) (the gradient before any cut)
+    # select of the row's beta * bound serves both.
+    bound = torch.where(adv < 0, adv.new_tensor(beta1 * (1 - epsilon_low)), adv.new_tensor(beta2 * (1 + epsilon_high)))
+    weight = torch.where(left | right, bound, torch.minimum(ratio, cap))  # [B, T]
+    value = neg_adv * weight  # [B, T]
     cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
     if guard is not None and delta_low_mode == "cutoff":
         cut = guard if cut is None else cut | guard
     if cut is not None:
-        inner = torch.where(cut, 0.0, inner)
+        weight = torch.where(cut, 0.0, weight)
     if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
-        inner = torch.where(guard, ratio / delta_low, inner)
-    return value, outer, inner
+        weight = torch.where(guard, bound * (ratio / delta_low), weight)
+    return value, neg_adv, weight
 
 
 @torch.no_grad()
@@ -227,7 +226,7 @@ def cegppo_regions(
 
 
 class _CEGPPOLoss(torch.autograd.Function):
-    """Single pass: forward returns the value and saves d(value)/d(logp) as two factors; backward is two multiplies."""
+    """Single pass: forward returns the value and saves d(value)/d(logp) as ``-A`` and one weight per token."""
 
     @staticmethod
     def forward(ctx, per_token_logps, old_per_token_logps, advantages, settings):
@@ -240,8 +239,8 @@ class _CEGPPOLoss(torch.autograd.Function):
             delta=settings["delta"],
             delta_low=settings["delta_low"],
         )
-        value, outer, inner = _value_and_grad_factors(ratio, adv, regions, **settings)
-        ctx.save_for_backward(outer, inner)
+        value, neg_adv, weight = _value_and_grad_factors(ratio, adv, regions, **settings)
+        ctx.save_for_backward(neg_adv, weight)
         ctx.logp_dtype = per_token_logps.dtype
         ctx.logp_shape = per_token_logps.shape
         return value
@@ -249,8 +248,8 @@ class _CEGPPOLoss(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the saved factors are constants: no double backward
     def backward(ctx, grad_value):
-        outer, inner = ctx.saved_tensors
-        grad_logps = (grad_value * outer).mul_(inner)  # in this order: see `_value_and_grad_factors`
+        neg_adv, weight = ctx.saved_tensors
+        grad_logps = (grad_value * neg_adv).mul_(weight)  # in this order: see `_value_and_grad_factors`
         if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
             grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
         # Old log-probs and advantages are constants of the surrogate, as in PPO.
@@ -380,10 +379,10 @@ def cegppo_diagnostics(
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
     settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
     regions = _regions(ratio, adv, **settings)
-    _, outer, inner = _value_and_grad_factors(
+    _, neg_adv, weight = _value_and_grad_factors(
         ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
-    grad_weight = (outer * inner).abs()  # [B, T] (or [B, 1])
+    grad_weight = (neg_adv * weight).abs()  # [B, T] (or [B, 1])
     coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
