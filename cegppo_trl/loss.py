@@ -19,8 +19,8 @@ everything else                 ``-r * A``                    ``-r * A``
 
 `cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
 `cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
-weight directly, as two ``(B, T)`` factors saved for backward and applied to the incoming gradient in the order autograd
-differentiates the definition (and TRL's ``-min(r * A, clip(r) * A)``). tests/test_loss.py checks that the two are
+weight directly: it saves ``-A`` and one ``(B, T)`` weight for backward and applies them to the incoming gradient in the
+order autograd differentiates the definition (and TRL's ``-min(r * A, clip(r) * A)``). tests/test_loss.py checks that the two are
 equal bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32), and that at ``beta1 = beta2 = 0``
 the gradient is TRL's bit for bit under any incoming gradient (fp32, fp64). The paper writes the clipped branches as
 ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN`` once ``r`` overflows; neither form here divides by ``r``.
