@@ -414,7 +414,7 @@ QUICK_CASES = ("train",)
 @pytest.mark.parametrize(
     "case", [pytest.param(c, marks=() if c in QUICK_CASES else pytest.mark.slow) for c in CONFIG_CASES]
 )
-def test_same_outcome_where_tokens_are_clipped(tmp_path, model_dir, case):
+def test_same_outcome(tmp_path, model_dir, case):
     """Bit-identical at beta = 0 in a script that clips on both sides; other parameters at beta = (0.5, 1)."""
     kwargs = {k: model_dir if v == "MODEL_DIR" else v for k, v in CONFIG_CASES[case].items()}
     grpo, cegppo = differential(tmp_path, **kwargs)
@@ -449,6 +449,8 @@ def test_two_rollout_batches_bit_identical_in_float32_and_float64(tmp_path, dtyp
 UNCLIPPABLE_CASES = {
     "on_policy": dict(steps_per_generation=1),  # the ratio is 1: nothing leaves the clip range
     "rewards_all_none_warns": dict(reward_funcs=none_reward),  # zero advantages: nothing trains, in both
+    # every completion truncated and masked: no token in the loss, where TRL logs entropy 0 and CE-GPPO nothing
+    "mask_truncated_completions_all": dict(mask_truncated_completions=True, max_completion_length=2),
 }
 
 
@@ -458,7 +460,10 @@ def test_same_outcome_at_any_beta_where_nothing_can_be_clipped(tmp_path, case):
     grpo, cegppo = differential(tmp_path, **UNCLIPPABLE_CASES[case], **BETAS)
     assert grpo.error is None, grpo.message
     assert not any(_clipped(entry) for entry in grpo.log_history)
-    assert_same(grpo, cegppo, trains=case != "rewards_all_none_warns")
+    assert_same(grpo, cegppo, trains=case == "on_policy")
+    if case == "mask_truncated_completions_all":  # the NOT_MEASURED rule of `assert_same` was exercised
+        steps = zip(cegppo.log_history, grpo.log_history, strict=True)
+        assert any("entropy" not in ours and theirs.get("entropy") == 0.0 for ours, theirs in steps)
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
