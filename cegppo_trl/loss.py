@@ -19,9 +19,11 @@ everything else                 ``-r * A``                    ``-r * A``
 
 `cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
 `cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
-weight directly and saves one ``(B, T)`` tensor for backward; tests/test_loss.py checks that the two are equal
-bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32). The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN``
-once ``r`` overflows; neither form here divides by ``r``.
+weight directly: it saves ``-A`` and one ``(B, T)`` weight for backward and applies them to the incoming gradient in the
+order autograd differentiates the definition (and TRL's ``-min(r * A, clip(r) * A)``). tests/test_loss.py checks that the two are
+equal bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32), and that at ``beta1 = beta2 = 0``
+the gradient is TRL's bit for bit under any incoming gradient (fp32, fp64). The paper writes the clipped branches as
+``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN`` once ``r`` overflows; neither form here divides by ``r``.
 """
 
 from __future__ import annotations
@@ -66,12 +68,13 @@ def cegppo_objective(
         guarded = 0.0 if delta_low_mode == "cutoff" else r.detach() / delta_low
         keep = torch.where(na_lp & (r < delta_low), guarded, keep)
 
-    def preserve(w):  # the paper's r / sg(r) in log space: value 1, gradient w (never divides by r)
-        return torch.exp(w * (log_r - log_r.detach()))
+    def preserved(bound, keep=1.0):  # the paper's -bound * A * r / sg(r): value -bound * A, gradient -bound * keep * A
+        # log r - sg(log r) is 0 with gradient 1, so the second term adds nothing to the value (and never divides by r)
+        return -A * bound + -A * ((bound * keep) * (log_r - log_r.detach()))
 
     loss = -r * A
-    loss = torch.where(na_lp, -beta1 * (1 - epsilon_low) * A * preserve(keep), loss)
-    loss = torch.where(pa_lp, -beta2 * (1 + epsilon_high) * A * preserve(1.0), loss)
+    loss = torch.where(na_lp, preserved(beta1 * (1 - epsilon_low), keep), loss)
+    loss = torch.where(pa_lp, preserved(beta2 * (1 + epsilon_high)), loss)
     if delta is not None:  # the authors' dual clip: a constant, no gradient
         loss = torch.where((A < 0) & (r > delta), (-delta * A).expand_as(loss), loss)
     return loss
@@ -150,7 +153,7 @@ def _regions(
     return CEGPPORegions(left, right, dual, guard)
 
 
-def _value_and_grad_weight(
+def _value_and_grad_factors(
     ratio: torch.Tensor,
     adv: torch.Tensor,
     regions: CEGPPORegions,
@@ -162,30 +165,36 @@ def _value_and_grad_weight(
     delta: float | None,
     delta_low: float | None,
     delta_low_mode: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The module table, row by row: the loss value and d(value)/d(logp) per token."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The module table, row by row: the loss value, and d(value)/d(logp) per token as ``-A * weight``.
+
+    Returns ``(value, -A, weight)``. The backward multiplies the incoming gradient by ``-A`` first, then by ``weight``
+    (``r``, ``beta * bound``, 0, ...): autograd's order for TRL's ``-min(r * A, clip(r) * A)`` (``(g * -A) * r``) and
+    for the definition, so that with beta1 = beta2 = 0 the gradient is TRL's bit for bit, whatever gradient the
+    aggregation sends in. (One product ``g * (-r * A)`` rounds differently: 1 ulp on about a quarter of the tokens.)
+    """
     left, right, dual, guard = regions
+    neg_adv = -adv  # [B, 1]
     # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
     # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
     # where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
     cap = torch.where(
         adv < 0, adv.new_tensor(math.inf if delta is None else delta), adv.new_tensor(torch.finfo(adv.dtype).max)
     )  # [B, 1]
-    value = torch.minimum(ratio, cap).mul_(-adv)  # [B, T]
-    # Clipped tokens: the constant -beta * bound * A is both the value and the gradient weight (the paper's
+    # Clipped tokens: value and gradient weight are the constant -beta * bound * A (the paper's
     # beta * bound * A * r / sg(r), evaluated without dividing by r). `left` needs A < 0 and `right` A > 0, so one
-    # select with the row's constant serves both.
-    clipped = torch.where(adv < 0, -beta1 * (1 - epsilon_low) * adv, -beta2 * (1 + epsilon_high) * adv)  # [B, 1]
-    value = torch.where(left | right, clipped, value)  # [B, T]
-    grad_weight = value
+    # select of the row's beta * bound serves both.
+    bound = torch.where(adv < 0, adv.new_tensor(beta1 * (1 - epsilon_low)), adv.new_tensor(beta2 * (1 + epsilon_high)))
+    weight = torch.where(left | right, bound, torch.minimum(ratio, cap))  # [B, T]
+    value = neg_adv * weight  # [B, T]
     cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
     if guard is not None and delta_low_mode == "cutoff":
         cut = guard if cut is None else cut | guard
     if cut is not None:
-        grad_weight = torch.where(cut, 0.0, grad_weight)
+        weight = torch.where(cut, 0.0, weight)
     if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
-        grad_weight = torch.where(guard, clipped * (ratio / delta_low), grad_weight)
-    return value, grad_weight
+        weight = torch.where(guard, bound * (ratio / delta_low), weight)
+    return value, neg_adv, weight
 
 
 @torch.no_grad()
@@ -217,7 +226,7 @@ def cegppo_regions(
 
 
 class _CEGPPOLoss(torch.autograd.Function):
-    """Single pass: forward returns the value and saves only d(value)/d(logp); backward is one multiply."""
+    """Single pass: forward returns the value and saves d(value)/d(logp) as ``-A`` and one weight per token."""
 
     @staticmethod
     def forward(ctx, per_token_logps, old_per_token_logps, advantages, settings):
@@ -230,17 +239,17 @@ class _CEGPPOLoss(torch.autograd.Function):
             delta=settings["delta"],
             delta_low=settings["delta_low"],
         )
-        value, grad_weight = _value_and_grad_weight(ratio, adv, regions, **settings)
-        ctx.save_for_backward(grad_weight)
+        value, neg_adv, weight = _value_and_grad_factors(ratio, adv, regions, **settings)
+        ctx.save_for_backward(neg_adv, weight)
         ctx.logp_dtype = per_token_logps.dtype
         ctx.logp_shape = per_token_logps.shape
         return value
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # the saved weight is a constant: no double backward
+    @torch.autograd.function.once_differentiable  # the saved factors are constants: no double backward
     def backward(ctx, grad_value):
-        (grad_weight,) = ctx.saved_tensors
-        grad_logps = grad_value * grad_weight
+        neg_adv, weight = ctx.saved_tensors
+        grad_logps = (grad_value * neg_adv).mul_(weight)  # in this order: see `_value_and_grad_factors`
         if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
             grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
         # Old log-probs and advantages are constants of the surrogate, as in PPO.
@@ -370,10 +379,10 @@ def cegppo_diagnostics(
     ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
     settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
     regions = _regions(ratio, adv, **settings)
-    _, grad_weight = _value_and_grad_weight(
+    _, neg_adv, weight = _value_and_grad_factors(
         ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
     )
-    grad_weight = grad_weight.abs()  # [B, T] (or [B, 1])
+    grad_weight = (neg_adv * weight).abs()  # [B, T] (or [B, 1])
     coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]

@@ -606,15 +606,18 @@ class CEGPPOTrainer(GRPOTrainer):
             return (totals[0] / totals[1].clamp(min=1.0)).item()
 
         # --- CE-GPPO begin: KL and entropy over the kept groups in one reduction; a micro-batch whose groups ---
-        # were all dropped measures nothing and logs neither (TRL's `global_masked_mean` would log 0). The same
-        # global entropy feeds the entropy controller.
-        kl_sum = (per_token_kl * mask).sum() if self.beta != 0.0 else mask.new_zeros(())
-        totals = torch.stack([(entropies * mask).sum(), kl_sum, mask.sum()]).detach().float()
-        entropy_sum, kl_sum, num_tokens = self.accelerator.reduce(totals, reduction="sum").tolist()
+        # were all dropped measures nothing and logs neither (TRL's `global_masked_mean` would log 0). The means are
+        # `global_masked_mean`'s own operations (sums in the tensors' dtype, one tensor division), so the logged
+        # values are TRL's bit for bit. The same global entropy feeds the entropy controller.
+        kl_sum = (per_token_kl * mask).sum() if self.beta != 0.0 else entropies.new_zeros(())
+        totals = torch.stack([(entropies * mask).sum(), kl_sum, mask.sum().float()]).detach()
+        totals = self.accelerator.reduce(totals, reduction="sum")
+        means = totals[:2] / totals[2].clamp(min=1.0)  # elementwise: each the same division as TRL's
+        entropy_sum, _, num_tokens, entropy_mean, kl_mean = torch.cat([totals, means]).tolist()  # one host sync
         if num_tokens > 0:
             if self.beta != 0.0:
-                self._metrics[mode]["kl"].append(kl_sum / num_tokens)
-            self._metrics[mode]["entropy"].append(entropy_sum / num_tokens)
+                self._metrics[mode]["kl"].append(kl_mean)
+            self._metrics[mode]["entropy"].append(entropy_mean)
         if self.entropy_controller is not None and mode == "train":
             self.entropy_controller.observe(entropy_sum, num_tokens, step_end=self.accelerator.sync_gradients)
         # --- CE-GPPO end ---

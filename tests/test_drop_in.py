@@ -1,8 +1,12 @@
 """Drop-in means drop-in: the same small script run with `GRPOTrainer` / `GRPOConfig` and with `CEGPPOTrainer` /
 `CEGPPOConfig` at beta1 = beta2 = 0 has the same outcome: bit-identical parameters (seeded, deterministic on CPU),
-the same logged metric keys (plus the documented `cegppo/` ones), the same exception type. Most cases are
-off-policy (`steps_per_generation` > `gradient_accumulation_steps`), where CE-GPPO's loss differs from GRPO's at
-beta > 0. The deliberate differences are listed in docs/drop-in.md."""
+the same logged metric keys (plus the documented `cegppo/` ones) and values, the same exception type.
+
+The script looks where CE-GPPO acts: off-policy (two optimizer steps per rollout batch), with a reward that has spread
+in every group and a learning rate at which the first step moves the policy far enough that the second clips tokens
+on both sides of the range. Each training case asserts that GRPO clipped tokens on both sides in every off-policy
+step, and that the same script at beta = (0.5, 1) ends with other parameters, so each case can fail. The deliberate
+differences are listed in docs/drop-in.md."""
 
 from __future__ import annotations
 
@@ -47,17 +51,21 @@ CEGPPO_METRICS = {
     "cegppo/controller/target_high",
 }
 PAIR = [(GRPOTrainer, GRPOConfig), (CEGPPOTrainer, CEGPPOConfig)]
-# Off-policy by default: a rollout batch of 2 prompts x 4 completions, two optimizer steps on it.
+# Off-policy and clipping by default: a rollout batch of 4 prompts x 4 completions, two optimizer steps on it (one
+# rollout batch, half of the 8 prompts: the run stays in epoch 1). At lr 0.1 the first step moves the policy so that the
+# second clips tokens on both sides (the former lr 5e-2, with 2 prompts a step, clipped none in the plain script).
 SCRIPT_DEFAULTS = dict(
-    per_device_train_batch_size=4,
+    per_device_train_batch_size=8,
     per_device_eval_batch_size=4,
     num_generations=4,
     steps_per_generation=2,
     gradient_accumulation_steps=1,
     max_completion_length=6,
     max_steps=2,
-    learning_rate=5e-2,
+    learning_rate=0.1,
 )
+# CE-GPPO at the paper's recommended betas: the run each case's beta = 0 comparison must tell apart from GRPO.
+BETAS = dict(gppo_beta1=0.5, gppo_beta2=1.0)
 
 
 def prompts(n: int = 8, *, chat: bool = False) -> Dataset:
@@ -117,7 +125,7 @@ def run_script(
         args = config_cls(**base_config_kwargs(tmp_path / trainer_cls.__name__, **kwargs))
         trainer = trainer_cls(
             model=net,
-            reward_funcs=ones_reward if reward_funcs is None else reward_funcs,
+            reward_funcs=spread_reward if reward_funcs is None else reward_funcs,
             args=args,
             train_dataset=prompts() if isinstance(train_dataset, str) else train_dataset,
             processing_class=tokenizer,
@@ -145,13 +153,17 @@ def assert_same(grpo: Outcome, cegppo: Outcome, *, trains: bool = True) -> None:
     different = [n for n in grpo.params if not torch.equal(grpo.params[n], cegppo.params[n])]
     assert different == [], f"parameters differ: {different[:5]}"
     assert len(grpo.log_history) == len(cegppo.log_history)
-    clipped = any(entry.get("clip_ratio/region_mean", 0) > 0 for entry in grpo.log_history)
+    run_clipped = any(_clipped(entry) for entry in grpo.log_history)
     for ours, theirs in zip(cegppo.log_history, grpo.log_history, strict=True):
         for key, value in theirs.items():
             if key.startswith(NOT_MEASURED) and key not in ours:  # no token in the loss: TRL logs 0, CE-GPPO nothing
                 assert value in (0.0, None), (key, value)
-            elif not any(t in key for t in TIMING_METRICS) and not (clipped and _loss_value(key)):
-                assert _close(ours[key], value), (key, value, ours[key])
+            elif any(t in key for t in TIMING_METRICS):
+                continue
+            elif _loss_value(key) and (_clipped(theirs) or (key == "train_loss" and run_clipped)):
+                continue
+            else:
+                assert _same_value(key, ours[key], value), (key, value, ours[key])
     if trains and grpo.error is None:  # the case trained something: equal parameters are not equal by default
         assert any(not torch.equal(grpo.params[n], grpo.initial[n]) for n in grpo.params)
 
@@ -165,19 +177,56 @@ TIMING_METRICS = ("runtime", "per_second", "step_time", "preparation_time")
 NOT_MEASURED = ("entropy", "kl", "clip_ratio/")
 
 
+def _clipped(entry: dict) -> bool:
+    """Whether GRPO clipped a token in the step(s) this log entry covers (train or eval)."""
+    return any(k.endswith("clip_ratio/region_mean") and (v or 0) > 0 for k, v in entry.items())
+
+
 def _loss_value(key: str) -> bool:
     """The loss values (`loss`, `train_loss`, `eval_loss`, `policy_loss`): at beta = 0 a clipped token adds 0 to
     CE-GPPO's loss (the paper's Eq. 8 value, beta * bound * A) and the constant bound * A to PPO's; the gradients are
-    the same (docs/drop-in.md). Compared only for runs that clipped no token."""
+    the same (docs/drop-in.md). Compared, exactly, for every step that clipped no token."""
     return key == "loss" or key.endswith("_loss")
 
 
-def _close(a, b) -> bool:
-    """Equal, or equal to float32 precision: CE-GPPO reduces `entropy` and the `clip_ratio/*` metrics in one
-    float32 reduction with its own diagnostics and divides in Python floats, so their last digits differ."""
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+def _same_value(key: str, a, b) -> bool:
+    """Equal, bit for bit, except the `clip_ratio/*` token fractions: CE-GPPO counts the clipped tokens with its own
+    diagnostics (cegppo_trl.monitoring) and divides the float32 counts in Python floats where TRL divides in float32,
+    so the same fraction can differ in its float32 rounding (<= 6e-8 relative). 1e-6 covers that and nothing more: one
+    token counted differently moves a fraction by at least 1 / tokens (>= 1e-3 here)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if "clip_ratio/" in key and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
     return a == b
+
+
+def off_policy_clip_ratios(grpo: Outcome, cegppo: Outcome) -> list[tuple[float, float]]:
+    """GRPO's (`clip_ratio/low_mean`, `clip_ratio/high_mean`) at each off-policy training step: a step where CE-GPPO
+    logged a ratio other than 1 (the policy it trains is no longer the one that sampled the batch)."""
+    steps = []
+    for theirs, ours in zip(grpo.log_history, cegppo.log_history, strict=True):
+        ratios = ours.get("cegppo/ratio/min", 1.0), ours.get("cegppo/ratio/max", 1.0)
+        if "clip_ratio/low_mean" in theirs and ratios != (1.0, 1.0):
+            steps.append((theirs["clip_ratio/low_mean"], theirs["clip_ratio/high_mean"]))
+    return steps
+
+
+def assert_clipped_on_both_sides(grpo: Outcome, cegppo: Outcome) -> list[tuple[float, float]]:
+    """The script was off-policy, and GRPO clipped tokens below and above the range in every off-policy step."""
+    steps = off_policy_clip_ratios(grpo, cegppo)
+    assert steps and all(low > 0 and high > 0 for low, high in steps), steps
+    return steps
+
+
+def assert_betas_tell_apart(grpo: Outcome, tmp_path: Path, **kwargs) -> Outcome:
+    """The same script with CE-GPPO at beta = (0.5, 1) ends with other parameters than GRPO's: the comparison at
+    beta = 0 could have failed."""
+    moved = run_script(CEGPPOTrainer, CEGPPOConfig, tmp_path / "betas", **{**kwargs, **BETAS})
+    assert moved.error is None, moved.message
+    with pytest.raises(AssertionError, match="parameters differ"):
+        assert_same(grpo, moved)
+    return moved
 
 
 def differential(tmp_path, **kwargs) -> tuple[Outcome, Outcome]:
@@ -197,6 +246,12 @@ def ones_reward(completions, **kwargs):
 
 def twos_reward(completions, **kwargs):
     return [float(_text(c).count("2")) for c in completions]
+
+
+def spread_reward(completions, **kwargs):
+    """The script's default reward: the sum of the character codes modulo 5, an arbitrary score with spread inside
+    nearly every group, so that advantages of both signs move the policy in the first step."""
+    return [float(sum(map(ord, _text(c))) % 5) for c in completions]
 
 
 def some_none_reward(completions, **kwargs):
@@ -316,26 +371,39 @@ TOOL_SETTINGS = dict(max_completion_length=96, max_tool_calling_iterations=2)
 # ----------------------------------------------------------------------------------------------------------------
 CONFIG_CASES = {
     "train": {},
-    "on_policy": dict(steps_per_generation=1, max_steps=2),
     "conversational_prompts": dict(train_dataset=prompts(chat=True)),
     "num_iterations_2": dict(steps_per_generation=1, num_iterations=2),
-    "gradient_accumulation": dict(steps_per_generation=2, gradient_accumulation_steps=2, max_steps=1),
-    "several_rewards_weighted": dict(reward_funcs=[ones_reward, twos_reward], reward_weights=[1.0, 0.5]),
-    "rewards_none_for_some_rows": dict(reward_funcs=[ones_reward, some_none_reward]),
-    "rewards_all_none_warns": dict(reward_funcs=none_reward),
+    # 4 micro-batches per rollout batch, 2 per optimizer step: the second step is off-policy
+    "gradient_accumulation": dict(steps_per_generation=4, gradient_accumulation_steps=2),
+    "generation_batch_size": dict(generation_batch_size=16, steps_per_generation=None),
+    "shuffle_dataset_false": dict(shuffle_dataset=False),
+    "num_generations_eval": dict(
+        num_generations_eval=2, script=("train", "evaluate"), trainer_kwargs=dict(eval_dataset=prompts(4))
+    ),
+    "several_rewards_weighted": dict(reward_funcs=[spread_reward, ones_reward], reward_weights=[1.0, 0.5]),
+    "normalize_then_sum": dict(
+        reward_funcs=[spread_reward, ones_reward], multi_objective_aggregation="normalize_then_sum"
+    ),
+    "rewards_none_for_some_rows": dict(reward_funcs=[spread_reward, some_none_reward]),
     "use_adaptive_entropy": dict(use_adaptive_entropy=True),
     "entropy_coef": dict(entropy_coef=0.01),
     "top_entropy_quantile": dict(top_entropy_quantile=0.5),
-    "mask_truncated_completions": dict(mask_truncated_completions=True),
+    "mask_truncated_completions": dict(mask_truncated_completions=True, max_completion_length=16),  # some end
     "off_policy_mask_threshold": dict(off_policy_mask_threshold=0.5),
     "sequence_importance_sampling": dict(importance_sampling_level="sequence"),
-    "kl_beta_model_by_path": dict(beta=0.1, model="MODEL_DIR"),
+    "epsilon_high": dict(epsilon_high=0.28),
+    "delta_two_sided_clip": dict(delta=1.5),
+    "kl_beta_model_by_path": dict(beta=0.1, model="MODEL_DIR"),  # use_bias_correction_kl=True, TRL's default
+    "kl_without_bias_correction": dict(beta=0.1, use_bias_correction_kl=False, model="MODEL_DIR"),
+    "sync_ref_model": dict(
+        beta=0.1, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, model="MODEL_DIR"
+    ),
+    "cast_lm_head_to_fp32": dict(cast_lm_head_to_fp32=True),
+    "disable_dropout": dict(disable_dropout=True),
+    "log_completions": dict(log_completions=True, num_completions_to_print=2),
     "gradient_checkpointing": dict(gradient_checkpointing=True),
     "scale_rewards_none": dict(scale_rewards="none"),
-    **{
-        f"loss_type_{t}": dict(loss_type=t)
-        for t in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
-    },
+    **{f"loss_type_{t}": dict(loss_type=t) for t in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")},
 }
 
 
@@ -347,11 +415,65 @@ QUICK_CASES = ("train",)
     "case", [pytest.param(c, marks=() if c in QUICK_CASES else pytest.mark.slow) for c in CONFIG_CASES]
 )
 def test_same_outcome(tmp_path, model_dir, case):
+    """Bit-identical at beta = 0 in a script that clips on both sides; other parameters at beta = (0.5, 1)."""
     kwargs = {k: model_dir if v == "MODEL_DIR" else v for k, v in CONFIG_CASES[case].items()}
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
-    # a batch with no reward at all has zero advantages: nothing trains, in both
-    assert_same(grpo, cegppo, trains=case != "rewards_all_none_warns")
+    assert_same(grpo, cegppo)
+    assert_clipped_on_both_sides(grpo, cegppo)
+    assert_betas_tell_apart(grpo, tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.slow
+def test_two_rollout_batches_bit_identical_in_float32_and_float64(tmp_path, dtype):
+    """Four steps (two rollout batches, still in epoch 1), lr 0.2: errors have time to grow, and in float64 a
+    difference could not hide in float32 rounding. Bit-identical at beta = 0 in both dtypes, clipped on both sides in
+    both off-policy steps."""
+    kwargs = dict(
+        model=lambda tokenizer: build_tiny_llama(tokenizer, seed=0).to(dtype),
+        train_dataset=prompts(16),
+        max_steps=4,
+        learning_rate=0.2,
+    )
+    grpo, cegppo = differential(tmp_path, **kwargs)
+    assert grpo.error is None, grpo.message
+    assert all(p.dtype == dtype for p in grpo.params.values())
+    assert_same(grpo, cegppo)
+    assert len(assert_clipped_on_both_sides(grpo, cegppo)) == 2
+    assert_betas_tell_apart(grpo, tmp_path, **kwargs)
+
+
+# Scripts in which nothing can be clipped, whatever the learning rate: CE-GPPO is GRPO there at any beta, which is
+# what each checks (beta = (0.5, 1) against GRPO).
+UNCLIPPABLE_CASES = {
+    "on_policy": dict(steps_per_generation=1),  # the ratio is 1: nothing leaves the clip range
+    "rewards_all_none_warns": dict(reward_funcs=none_reward),  # zero advantages: nothing trains, in both
+    # every completion truncated and masked: no token in the loss, where TRL logs entropy 0 and CE-GPPO nothing
+    "mask_truncated_completions_all": dict(mask_truncated_completions=True, max_completion_length=2),
+}
+
+
+@pytest.mark.parametrize("case", list(UNCLIPPABLE_CASES))
+@pytest.mark.slow
+def test_same_outcome_at_any_beta_where_nothing_can_be_clipped(tmp_path, case):
+    grpo, cegppo = differential(tmp_path, **UNCLIPPABLE_CASES[case], **BETAS)
+    assert grpo.error is None, grpo.message
+    assert not any(_clipped(entry) for entry in grpo.log_history)
+    assert_same(grpo, cegppo, trains=case == "on_policy")
+    if case == "mask_truncated_completions_all":  # the NOT_MEASURED rule of `assert_same` was exercised
+        steps = zip(cegppo.log_history, grpo.log_history, strict=True)
+        assert any("entropy" not in ours and theirs.get("entropy") == 0.0 for ours, theirs in steps)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo"])
+@pytest.mark.slow
+def test_trl_objectives_run_unchanged(tmp_path, loss_type):
+    """`cispo`, `sapo` and `vespo` are handed to `GRPOTrainer._compute_loss` itself (no CE-GPPO surrogate): TRL
+    compared with TRL, so this is no evidence about CE-GPPO's path. It pins the hand-over: the betas do nothing."""
+    grpo, cegppo = differential(tmp_path, loss_type=loss_type, **BETAS)
+    assert grpo.error is None, grpo.message
+    assert_same(grpo, cegppo)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -516,12 +638,16 @@ def test_reward_model(tmp_path, reward_model_dir, given):
 def test_peft_lora(tmp_path):
     from peft import LoraConfig
 
-    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(peft_config=LoraConfig(**lora)))
+    # every linear layer but the head, at lr 0.2: adapters that start at 0 need both to clip on both sides
+    lora = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    kwargs = dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=0.2)
+    grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
     assert any("lora_" in n for n in grpo.params)
     assert_same(grpo, cegppo, trains=False)  # LoRA's B starts at 0: compare the adapters
     assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in grpo.params.items() if "lora_B" in n)
+    assert_clipped_on_both_sides(grpo, cegppo)
+    assert_betas_tell_apart(grpo, tmp_path, **kwargs)
 
 
 class RecordingCallback(TrainerCallback):
@@ -641,7 +767,8 @@ def test_unscorable_stop_is_a_clean_stop(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_comparison_detects_a_different_objective(tmp_path):
-    grpo, cegppo = differential(tmp_path, gppo_beta1=0.5, gppo_beta2=1.0, learning_rate=0.5)
+    """At the script's own settings (every training case checks the same with `assert_betas_tell_apart`)."""
+    grpo, cegppo = differential(tmp_path, **BETAS)
     assert grpo.error is None and cegppo.error is None
     with pytest.raises(AssertionError, match="parameters differ"):
         assert_same(grpo, cegppo)

@@ -168,16 +168,24 @@ def test_regions_without_delta_has_empty_dual_mask():
 # ---------------------------------------------------------------------------------------------------------------------
 # Special cases: PPO (beta = 0) and GPPO (beta = 1)
 # ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("delta", [None, 3.0])
-def test_zero_betas_give_the_ppo_clip_gradient(delta):
-    # beta1 = beta2 = 0: clipped tokens keep no gradient, exactly like TRL's -min(r * A, clip(r) * A).
-    logp, old, adv = random_inputs(spread=1.5)
-    _, grad = loss_and_grad(logp, old, adv, beta1=0.0, beta2=0.0, delta=delta)
+def test_zero_betas_give_trls_gradient_bit_for_bit_for_any_incoming_gradient(delta, dtype):
+    # What `GRPOTrainer` computes, operation for operation: TRL's surrogate differentiated by autograd, under an
+    # incoming gradient that is not 1 (the aggregation's normaliser, the mask). The kernel multiplies it by -A, then
+    # by r, as autograd does for TRL's expression; one product g * (-r * A) differed in the last bit on ~1/4 of the
+    # tokens, which moved trained parameters (tests/test_drop_in.py, `cast_lm_head_to_fp32`). The unclipped values
+    # are TRL's too (a clipped token's value is the paper's, 0 here).
+    logp, old, adv = random_inputs(batch=32, length=48, dtype=dtype, spread=1.5)
+    grad_out = torch.rand(logp.shape, generator=torch.Generator().manual_seed(2), dtype=dtype) / 7
+    loss, grad = loss_and_grad(logp, old, adv, grad_out=grad_out, beta1=0.0, beta2=0.0, delta=delta)
     logp_ref = logp.clone().requires_grad_()
     ppo = ppo_clip_loss(logp_ref, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
-    (grad_ppo,) = torch.autograd.grad(ppo.sum(), logp_ref)
+    (grad_ppo,) = torch.autograd.grad(ppo, logp_ref, grad_out)
     assert (grad_ppo == 0).any() and (grad_ppo != 0).any()  # both clipped and unclipped tokens present
-    assert_close(grad, grad_ppo)
+    assert_close(grad, grad_ppo, rtol=0, atol=0)
+    left, right, _, _ = cegppo_regions(logp - old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    assert_close(loss, torch.where(left | right, 0.0, ppo.detach()), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("delta", [None, 3.0])
@@ -252,11 +260,11 @@ def test_float64_matches_reference_implementation_exactly(delta):
     (grad_ref,) = torch.autograd.grad(ref, logp_ref, torch.ones_like(ref), retain_graph=True)
     assert_close(loss, ref.detach(), rtol=0, atol=0)
     assert_close(grad, grad_ref, rtol=0, atol=0)
-    # With a non-trivial output gradient (the mask / normaliser of the aggregation) only the rounding order differs.
+    # With a non-trivial output gradient (the mask / normaliser of the aggregation) too: the same rounding order.
     grad_out = torch.rand(loss.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     _, grad = loss_and_grad(logp, old, adv, grad_out=grad_out, delta=delta)
     (grad_ref,) = torch.autograd.grad(ref, logp_ref, grad_out)
-    assert_close(grad, grad_ref, rtol=1e-15, atol=0)
+    assert_close(grad, grad_ref, rtol=0, atol=0)
 
 
 def test_gradcheck_where_the_surrogate_is_smooth():
