@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import changed_settings
+from .config import changed_settings, run_settings
 
 CEGPPO_STATE_FILE = "cegppo_state.json"
 COMMIT_FILE = "cegppo_commit.json"
@@ -208,6 +208,8 @@ class ResumePlan:
     run: str | None = None  # the run's id, in each of its markers (None: a cegppo-trl 0.4 run)
     messages: list[str] = field(default_factory=list)
     lock: int | None = None  # the main process's lock descriptor
+    settings: dict = field(default_factory=dict)  # `config.run_settings` now: what this run's checkpoints record
+    changes: dict = field(default_factory=dict)  # the settings that differ from the resumed checkpoint's
 
     def release(self) -> None:
         release_lock(self.lock)
@@ -318,4 +320,6 @@ def start_run(
     if answer[3] is not None:
         raise {"ValueError": ValueError, "OSError": OSError}.get(answer[3][0], RuntimeError)(answer[3][1])
     plan.checkpoint, plan.finished, plan.run = answer[:3]
+    plan.settings = run_settings(args)  # before `cegppo train` fills in `model_init_kwargs`: what a requeue compares
+    plan.changes = changed_settings(read_state(plan.checkpoint), args) if plan.checkpoint else {}
     return plan

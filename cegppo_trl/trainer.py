@@ -31,7 +31,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     rotate,
     start_run,
 )
-from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, changed_settings, on_policy_message, run_settings
+from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
 from .loss import cegppo_per_token_loss
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
@@ -127,6 +127,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
         self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
         self._run: str | None = None  # the run this trainer's checkpoints belong to (`checkpoints`, rule 3)
+        self._plan: ResumePlan | None = None  # the plan of the current `train()`
         self._save_total_limit: int | None = None  # transformers' `save_total_limit`, held back during `train()`
 
     # ------------------------------------------------------------------------------------------------------------
@@ -210,7 +211,7 @@ class CEGPPOTrainer(GRPOTrainer):
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
             plan = start_run(self.args, resume_from_checkpoint, logger.warning, run=self._run)
-        self._run, self._save_total_limit = plan.run, self.args.save_total_limit
+        self._run, self._plan, self._save_total_limit = plan.run, plan, self.args.save_total_limit
         self.args.save_total_limit = None
         try:
             if not plan.finished:
@@ -247,7 +248,7 @@ class CEGPPOTrainer(GRPOTrainer):
         folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            record = {"settings": run_settings(self.args), "controller": controller,
+            record = {"settings": self._plan.settings, "controller": controller,
                       "run_state": self.cegppo_run_state(), "history": self.settings_history}  # fmt: skip
             begin_checkpoint(folder, {"format": 2, **{k: v for k, v in record.items() if v}})
         push, self.args.push_to_hub = self.args.push_to_hub, False
@@ -313,8 +314,7 @@ class CEGPPOTrainer(GRPOTrainer):
             return
         # The plan has told the user what differs; here the state is restored (JSON, read on every process). The
         # history of settings changed on resume goes on the model card.
-        state = read_state(checkpoint)
-        changes = changed_settings(state, self.args)
+        state, changes = read_state(checkpoint), self._plan.changes
         self.settings_history = state.get("history", []) + (
             [{"step": self.state.global_step, "changes": changes}] if changes else []
         )

@@ -56,7 +56,9 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     checkpoint = tmp_path / "checkpoint-1"
     state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
     assert set(state) == {"format", "settings", "run_state"} and state["format"] == 2
-    assert state["settings"] == run_settings(first.args)
+    # every field that changes the run, as the launch's plan saw them (before `cegppo train` fills in
+    # `model_init_kwargs` from the model arguments)
+    assert state["settings"] == {**run_settings(first.args), "model_init_kwargs": None}
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
@@ -164,7 +166,7 @@ def test_a_resume_that_changes_settings_is_recorded_and_the_model_card_says_at_w
     assert read_state(str(tmp_path / "checkpoint-4"))["history"] == resumed.settings_history  # carried on
     resumed.save_model()
     card = (tmp_path / "README.md").read_text()
-    assert "| `settings_changed` | `at step 2: epsilon 0.2 -> 0.3, max_steps 2 -> 4` |" in card
+    assert "| `settings_changed` | `at step 2: max_steps 2 -> 4, epsilon 0.2 -> 0.3` |" in card
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -205,12 +207,12 @@ def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_
 
 @pytest.mark.slow
 def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
-    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
-    with_controller = make_trainer(num_iterations=2, max_steps=2, entropy_controller="band=1-2")
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
     with caplog.at_level(logging.WARNING):
-        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert len(_fresh_controller_warnings(caplog)) == 1
-    assert with_controller.state.global_step == 2
+    assert with_controller.state.global_step == 4
 
 
 # ----------------------------------------------------------------------------------------------------------------
