@@ -312,6 +312,38 @@ def test_a_second_fresh_train_of_the_same_run_is_allowed_beside_its_own_checkpoi
         _start(tmp_path, None, run="run-b")
 
 
+@pytest.mark.slow
+def test_nothing_the_safety_layer_writes_reaches_the_hub(make_trainer, tmp_path, monkeypatch):
+    """transformers' own push (`_push_from_checkpoint` after the commit, then `push_to_hub`) with the upload
+    recorded: the files it would send, filtered by huggingface_hub's own rule, hold no lock file; the pushed
+    checkpoint holds its marker (the `last-checkpoint` copy is resumable)."""
+    import transformers.trainer
+    from huggingface_hub.utils import filter_repo_objects
+
+    uploads = []
+
+    class Recorder:
+        def upload_folder(self, folder_path, ignore_patterns=None, path_in_repo=None, **kwargs):
+            root = Path(folder_path)
+            names = [p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
+            uploads.append((path_in_repo, list(filter_repo_objects(names, ignore_patterns=ignore_patterns))))
+            return types.SimpleNamespace(is_done=lambda: True, done=lambda: True)
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: types.SimpleNamespace(repo_id="me/run", commit_url="", oid="")
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: Recorder(), raising=False)
+    hub = dict(push_to_hub=True, hub_model_id="me/run", hub_strategy="checkpoint")
+    trainer = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2, **hub)
+    trainer.train()
+    trainer.push_to_hub()  # the end-of-run push of the whole `output_dir`
+    assert (tmp_path / LOCK_FILE).exists()
+    sent = [name for _, names in uploads for name in names]
+    assert "model.safetensors" in sent
+    assert [COMMIT_FILE in names for where, names in uploads if where == "last-checkpoint"] == [True]
+    assert not [name for name in sent if name.startswith("_") or "lock" in name], sent
+
+
 def _as_process(monkeypatch, main: bool, broadcast):
     import accelerate
     import accelerate.utils
