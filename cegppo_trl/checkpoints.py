@@ -1,22 +1,20 @@
 """Checkpoints as torch DCP and Orbax do them: a marker written last. The protocol, in the order the code follows:
 
-1. Commit. Each process writes its files and fsyncs the folder's files (clean pages cost nothing: no process guesses
-   whose file is whose); a barrier; the folder's owner (the main process; each node's under `save_on_each_node`) then
-   writes `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of the JSON state a resume reads
-   (`trainer_state.json`, `cegppo_state.json`), and the run. Resumable iff marked and matching: a stat per file and
-   two small reads; no weight or optimizer byte is read.
+1. Commit. Each process writes its files and fsyncs the folder's (clean pages cost nothing: no guessing whose file is
+   whose); a barrier; the folder's owner (the main process; each node's under `save_on_each_node`) writes
+   `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of `trainer_state.json` and
+   `cegppo_state.json`, the run. Resumable iff marked and matching: a stat per file, two small reads.
 2. `last` is the newest marked `checkpoint-<step>` of `output_dir`; none there is a fresh start with a notice (a
    requeued command line's first launch). An explicit path must be a marked checkpoint.
 3. One run per `output_dir`. A resume continues its checkpoint's run. A launch is refused while `output_dir` holds a
    marked checkpoint of another run, or of this run past the resumed step (`last` would bring it back); the way out
    is `--overwrite_output_dir` (deletes exactly those) or another folder. Rotation is transformers' rule over this
-   run's marked checkpoints only; the trainer holds back transformers' end-of-train deletion (`save_total_limit=1`
-   with `load_best_model_at_end`), so the newest checkpoint stays beside the best.
+   run's marked checkpoints only (the trainer holds back transformers' end-of-train deletion). Non-numbered folders
+   (`last-checkpoint`, copies) are checkpoints under no rule.
 4. Same run. A resume names, old -> new, every setting that differs from the checkpoint's (all config fields but
    `config.SAFE_TO_CHANGE`). A `save_only_model` checkpoint is not resumed: no optimizer, schedule or RNG state.
 5. Lock. `flock` on `output_dir/_cegppo_run.lock` for the run's life (released by the kernel at death), close-on-exec
    and closed in forked children; where the file system refuses `flock`, one warning and the run goes on.
-Non-numbered folders (`last-checkpoint`, copies) are not checkpoints under any rule.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ COMMIT_FILE = "cegppo_commit.json"
 COMMIT_FORMAT = 3  # 3: sizes, state hashes, run; 2 (0.4): {name: [size, crc32]}; 1 (0.3): {name: size}
 LOCK_FILE = "_cegppo_run.lock"
 TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
-STATE_FILES = (TRAINER_STATE_FILE, CEGPPO_STATE_FILE)  # what a resume reads as JSON: hashed in the marker
 
 
 def _write_json(path: str, record: dict[str, Any]) -> None:
@@ -77,8 +74,7 @@ def _files(folder: str) -> list[str]:  # `folder`'s files, relative, but the mar
     return sorted(n for n in names if n != COMMIT_FILE and not n.endswith(".tmp"))
 
 
-def read_state(checkpoint: str) -> dict[str, Any]:
-    """The checkpoint's `cegppo_state.json` (settings, controller, run state, history; {} when it has none)."""
+def read_state(checkpoint: str) -> dict[str, Any]:  # its `cegppo_state.json`; {} when it has none
     state = _read_json(os.path.join(checkpoint, CEGPPO_STATE_FILE))
     return state if isinstance(state, dict) else {}
 
@@ -94,19 +90,17 @@ def begin_checkpoint(folder: str, record: dict[str, Any]) -> None:
 
 def commit(folder: str, owner: bool, run: str | None, barrier: Any, save_only_model: bool = False) -> None:
     """Rule 1, on every process once each wrote its files into `folder`: fsync, barrier, the owner's marker."""
-    for name in _files(folder):
-        _fsync(os.path.join(folder, name))
-    _fsync(folder)
+    for path in [*(os.path.join(folder, name) for name in _files(folder)), folder]:
+        _fsync(path)
     barrier()
     if owner:
         files = {name: os.path.getsize(os.path.join(folder, name)) for name in _files(folder)}
-        state = {name: _sha256(os.path.join(folder, name)) for name in STATE_FILES if name in files}
+        state = {n: _sha256(os.path.join(folder, n)) for n in (TRAINER_STATE_FILE, CEGPPO_STATE_FILE) if n in files}
         record = {"format": COMMIT_FORMAT, "run": run, "save_only_model": save_only_model, "files": files}
         _write_json(os.path.join(folder, COMMIT_FILE), {**record, "state": state})
 
 
-def marker(folder: str) -> dict[str, Any] | None:
-    """`folder`'s marker, or None: not a committed checkpoint."""
+def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker; None: not a committed checkpoint
     record = _read_json(os.path.join(folder, COMMIT_FILE))
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
@@ -145,10 +139,9 @@ def rotate(run_dir: str, save_total_limit: int | None, best: str | None, run: st
     checkpoints of `run` in `run_dir`; returns the deleted folders. The marker goes first: a kill mid-delete leaves
     an unmarked folder, never a marked one missing files."""
     own = [os.path.normpath(f) for f in checkpoint_folders(run_dir) if (m := marker(f)) and m.get("run") == run]
-    if not save_total_limit or save_total_limit <= 0 or len(own) <= save_total_limit:
-        return []
-    kept = {own[-1]} | ({os.path.normpath(best)} & set(own) if best else set())
-    doomed = [f for f in own if f not in kept][: len(own) - max(save_total_limit, len(kept))]
+    kept = set(own[-1:]) | ({os.path.normpath(best)} & set(own) if best else set())
+    excess = len(own) - max(save_total_limit, len(kept)) if save_total_limit and save_total_limit > 0 else 0
+    doomed = [f for f in own if f not in kept][: max(excess, 0)]
     for folder in doomed:
         os.remove(os.path.join(folder, COMMIT_FILE))
         shutil.rmtree(folder, ignore_errors=True)
@@ -160,17 +153,15 @@ _HELD: set[int] = set()
 
 
 def _close_held_in_child() -> None:  # a forked child (loader worker, reward subprocess) must not keep the lock
-    for fd in _HELD:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
+    while _HELD:
+        os.close(_HELD.pop())
 
 
 os.register_at_fork(after_in_child=_close_held_in_child)
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
-def acquire_lock(output_dir: str, warn: Any = None) -> int | None:
+def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
     """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
     where the file system has no `flock`. Raises RuntimeError while another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
@@ -184,9 +175,8 @@ def acquire_lock(output_dir: str, warn: Any = None) -> int | None:
             raise RuntimeError(message) from None
         if error.errno not in _NO_FLOCK:
             raise
-        if warn is not None:
-            warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run "
-                 "from writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
+        warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run from "
+             "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
         return None
     _HELD.add(fd)
     return fd
@@ -216,8 +206,7 @@ class ResumePlan:
         self.lock = None
 
 
-def _wanted(requested: object) -> object:
-    """`resume_from_checkpoint` as None (fresh), "last", or a path."""
+def _wanted(requested: object) -> object:  # `resume_from_checkpoint` as None (fresh), "last", or a path
     word = requested.strip().lower() if isinstance(requested, str) else requested
     if word in ("", "none", "null", "false", None, False):
         return None
@@ -230,19 +219,10 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
     step, epoch, max_steps = int(trainer_state.get("global_step", 0)), trainer_state.get("epoch"), args.max_steps
     if max_steps > 0 and step >= max_steps or max_steps <= 0 and (epoch or 0) >= args.num_train_epochs:
         if step > max_steps > 0:  # not a requeue (its `max_steps` is the run's): a changed length
-            raise ValueError(
-                f"`max_steps={max_steps}` but {checkpoint} is at global step {step}: resuming it would train 0 steps "
-                f"and save its weights as the final model. `max_steps` counts the whole run: set it above {step}."
-            )
-        length = f"max_steps={max_steps}" if max_steps > 0 else f"num_train_epochs={args.num_train_epochs:g}"
-        return (
-            (
-                f"Nothing left to train: {checkpoint} is at global step {step} and the run ends there (`{length}`); the "
-                f"final model is written from it if `{args.output_dir}` has none. Set `max_steps` above {step} to go on."
-            ),
-            True,
-            step,
-        )
+            raise ValueError(f"`max_steps={max_steps}` but {checkpoint} is at global step {step}: resuming it would "
+                             f"train 0 steps. `max_steps` counts the whole run: set it above {step}.")  # fmt: skip
+        text = f"Nothing left to train: {checkpoint} is at global step {step}, the run's end. The final model is "
+        return text + f"written from it if `{args.output_dir}` has none. Raise `max_steps` to go on.", True, step
     state, text = read_state(checkpoint), f"Resuming from {checkpoint} (global step {step})."
     if changes := changed_settings(state, args):
         changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in changes.items())
@@ -274,16 +254,11 @@ def plan_resume(output_dir: str, requested: object, args: Any, run: str | None =
         text, plan.finished, step = _resume_message(plan.checkpoint, args)
         plan.run, plan.messages = record.get("run"), [text]
     resumed, past = plan.checkpoint and os.path.realpath(plan.checkpoint), float("inf") if step is None else step
-    blocking = [
-        f for f in marked
-        if os.path.realpath(f) != resumed and (marker(f).get("run") != plan.run or checkpoint_step(f) > past)
-    ]  # fmt: skip
-    return plan, blocking
+    others = [f for f in marked if os.path.realpath(f) != resumed]  # refused: another run's, or this one's past `step`
+    return plan, [f for f in others if marker(f).get("run") != plan.run or checkpoint_step(f) > past]
 
 
-def start_run(
-    args: Any, requested: object, log: Any, *, overwrite: bool = False, run: str | None = None
-) -> ResumePlan:
+def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None) -> ResumePlan:
     """The launch's plan, made by the main process (lock, plan, rule 3's refusal or `overwrite`, messages) and
     broadcast; an error of the main process (ValueError, RuntimeError, OSError) is raised on every process."""
     from accelerate import PartialState
@@ -294,7 +269,7 @@ def start_run(
     if state.is_main_process:
         try:
             lock = acquire_lock(args.output_dir, log) if getattr(args, "should_save", True) else None
-            plan, blocking = plan_resume(args.output_dir, requested, args, run)
+            plan, blocking = plan_resume(args.output_dir, resume, args, run)
             plan.lock = lock
             names = ", ".join(os.path.basename(f) for f in blocking)
             if blocking and not overwrite:
@@ -302,8 +277,8 @@ def start_run(
                 raise ValueError(
                     f"{start} into {args.output_dir}, which holds committed checkpoints of another run or past the "
                     f"resumed step ({names}): `last` would pick them up after a stop. Resume the newest with "
-                    "`--resume_from_checkpoint last` (Python API: `train(resume_from_checkpoint=True)`), pick another "
-                    "`--output_dir`, or pass `--overwrite_output_dir true` to delete them (Python API: delete them)."
+                    "`--resume_from_checkpoint last` (Python API: `train(resume_from_checkpoint=True)`), pick "
+                    "another `--output_dir`, or delete them (`--overwrite_output_dir true`)."
                 )
             for folder in blocking:
                 os.remove(os.path.join(folder, COMMIT_FILE))

@@ -254,8 +254,8 @@ def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
 def test_resume_past_max_steps_is_refused_before_the_model_loads(model_dir, data_file, tmp_path, no_model_loading):
     _fake_checkpoint(tmp_path, 184)
     refused = (
-        r"`max_steps=4` but .*checkpoint-184 is at global step 184: resuming it would train 0 steps and save its "
-        r"weights as the final model.*set it above 184"
+        r"`max_steps=4` but .*checkpoint-184 is at global step 184: resuming it would train 0 steps. `max_steps` "
+        r"counts the whole run: set it above 184"
     )
     with pytest.raises(ValueError, match=refused):
         train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "4"))
