@@ -204,7 +204,7 @@ def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_ove
 
 @pytest.mark.slow
 def test_resume_last_without_a_checkpoint_starts_fresh_and_says_so(model_dir, data_file, tmp_path, caplog):
-    # The first launch of a requeued command line (issue 42, item 10; tests/test_preemption.py::test_item10_...).
+    # The first launch of a requeued command line (tests/test_preemption.py::test_item10_...).
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last"))
     assert trainer.state.global_step == 2 and "holds no committed checkpoint: a fresh start" in caplog.text

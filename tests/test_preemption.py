@@ -1,6 +1,7 @@
 """The checkpoint protocol (`cegppo_trl.checkpoints`): a marker written last, `last`, one run per folder, the lock.
 
-`test_item<k>_...` pins item k of issue 42 (each failed on 0.4); the other tests pin the protocol's rules.
+`test_item<k>_...` pins defect k of cegppo-trl 0.4's checkpoint layer (each failed on 0.4); the other tests pin the
+protocol's rules.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def test_the_marker_waits_for_every_process_at_the_barrier(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The twelve items of issue 42
+# The twelve defects of cegppo-trl 0.4's checkpoint layer
 # ----------------------------------------------------------------------------------------------------------------
 def test_item1_a_resume_from_outside_output_dir_into_another_runs_checkpoints_is_refused_and_never_deletes_them(
     tmp_path,
