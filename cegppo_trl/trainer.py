@@ -59,7 +59,7 @@ def holds_model(folder: str) -> bool:
 
 
 class EpochSeededRepeatSampler(RepeatSampler):
-    """TRL's `RepeatSampler`, its generator reseeded with `seed + epoch` at each epoch (`CEGPPOTrainer._get_train_sampler`)."""
+    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`)."""
 
     epoch = 0
 
@@ -81,7 +81,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     The class wires separately tested modules into TRL's hooks: `aggregation` (split-invariant normalisers, the SFT
     term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
-    (metrics, stops, the left-drift warning, rollout-batch saves), `preflight`, `checkpoints`, `safe_load` and
+    (metrics, stops, the left-drift warning), `preflight`, `checkpoints`, `safe_load` and
     `modelcard`.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
@@ -250,6 +250,7 @@ class CEGPPOTrainer(GRPOTrainer):
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
             record = {"settings": self._plan.settings, "controller": controller,
                       "run_state": self.cegppo_run_state(), "history": self.settings_history}  # fmt: skip
+            # format 2: every config field that changes the run (1, cegppo-trl 0.4: a fixed list of them)
             begin_checkpoint(folder, {"format": 2, **{k: v for k, v in record.items() if v}})
         push, self.args.push_to_hub = self.args.push_to_hub, False
         try:
