@@ -221,11 +221,13 @@ def trial(launch: str, out: Path, work: Path, rng: random.Random, timing: dict, 
     kill_job(proc, out, processes)
 
     committed = [p.name for p in _committed(output_dir)]
+    folders = checkpoint_folders(str(output_dir))  # the newest, marked or not: the epoch the kill landed in, roughly
     result = {
         **variant,
         "victim": victim_name,
         "finished_before_kill": finished_first and proc.returncode == 0,
         "committed_after_kill": committed,
+        "newest_folder_after_kill": Path(folders[-1]).name if folders else None,
     }
     if result["finished_before_kill"]:
         result["resumed"] = None
