@@ -148,46 +148,6 @@ def rotate(run_dir: str, save_total_limit: int | None, best: str | None, run: st
     return doomed
 
 
-# 5. The lock (taken by the launch plan below)
-_HELD: set[int] = set()
-
-
-def _close_held_in_child() -> None:  # a forked child (loader worker, reward subprocess) must not keep the lock
-    while _HELD:
-        os.close(_HELD.pop())
-
-
-os.register_at_fork(after_in_child=_close_held_in_child)
-_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
-
-
-def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
-    """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
-    where the file system has no `flock`. Raises RuntimeError while another live process holds it."""
-    os.makedirs(output_dir, exist_ok=True)
-    fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        os.close(fd)
-        if isinstance(error, BlockingIOError):
-            message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
-            raise RuntimeError(message) from None
-        if error.errno not in _NO_FLOCK:
-            raise
-        warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run from "
-             "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
-        return None
-    _HELD.add(fd)
-    return fd
-
-
-def release_lock(fd: int | None) -> None:
-    if fd in _HELD:
-        _HELD.discard(fd)
-        os.close(fd)
-
-
 # 2-4. The launch plan
 @dataclass
 class ResumePlan:
@@ -298,3 +258,43 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
     plan.settings = run_settings(args)  # before `cegppo train` fills in `model_init_kwargs`: what a requeue compares
     plan.changes = changed_settings(read_state(plan.checkpoint), args) if plan.checkpoint else {}
     return plan
+
+
+# 5. The lock (taken by `start_run`)
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:  # a forked child (loader worker, reward subprocess) must not keep the lock
+    while _HELD:
+        os.close(_HELD.pop())
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
+    """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
+    where the file system has no `flock`. Raises RuntimeError while another live process holds it."""
+    os.makedirs(output_dir, exist_ok=True)
+    fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        if isinstance(error, BlockingIOError):
+            message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
+            raise RuntimeError(message) from None
+        if error.errno not in _NO_FLOCK:
+            raise
+        warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run from "
+             "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
+        return None
+    _HELD.add(fd)
+    return fd
+
+
+def release_lock(fd: int | None) -> None:
+    if fd in _HELD:
+        _HELD.discard(fd)
+        os.close(fd)
