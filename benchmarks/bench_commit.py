@@ -1,27 +1,23 @@
-"""Cost of the checkpoint commit step: time per save with and without it, paired.
+"""Cost of the checkpoint protocol at a stated size: the marker written at each save, and a resume's start-up.
 
-One process, a CE-GPPO trainer on a local Llama built by `cegppo_trl.offline.tiny` (`--hidden`/`--layers` set its
-size, so the checkpoint's weights and AdamW state are ~`--hidden`² × layers × 12 floats each), one training step for
-a real optimizer state, then `--reps` pairs of saves of a new `checkpoint-<n>` folder: one through
-`CEGPPOTrainer._save_checkpoint` as shipped (the barrier, the commit record with every file's size, fsync of the
-record and the folder), one with the commit step switched off (`held_until_commit` and `commit_after_save` replaced
-by no-ops: transformers' save plus `cegppo_state.json`), alternating which goes first. Each folder is deleted after
-its save. Reported: the median and range of the per-pair difference and of each side's time per save.
+Builds a fake checkpoint of `--gib` GiB (`model.safetensors` one third, `optimizer.pt` two thirds, real bytes, fsynced;
+small `trainer_state.json` and `cegppo_state.json`) in `--dir`, then times, `--reps` times each:
 
-In one process the barrier is a no-op; under DDP it adds one collective per save (one round trip). The fsync of the
-commit record makes the filesystem write back what it holds of the checkpoint first (ext4 `data=ordered`), so the
-figure grows with the checkpoint's size on a slow disk.
+- `commit`: what the owner of a folder does after the barrier (`checkpoints.commit`): fsync of every file (already on
+  disk: nothing left to write), a stat per file, the SHA-256 of the two JSON state files, the marker by atomic rename.
+- `plan`: a resume's start-up on the main process (`checkpoints.plan_resume(..., "last")`): the newest marked
+  folder, a stat per file against its marker, the two JSON files hashed and read.
+- `crc32`: cegppo-trl 0.4's check for comparison, a CRC-32 read of every file (`zlib.crc32` in 4 MiB chunks), which
+  its `last` resume did twice and its fresh run once per old checkpoint. Page-cache warm after the first read, so it
+  is a lower bound for a cold or network file system.
 
-`--measure checksum` pairs the shipped save with the same save whose commit record carries sizes only (the CRC-32
-of each file, `checkpoints._crc32`, replaced by a constant): the cost of the checksum alone.
-
-Run: ``python benchmarks/bench_commit.py`` (``--reps 20 --hidden 256 --layers 4 --measure commit``).
+Prints one JSON line: median seconds of each, per GiB, and the linear extrapolation to `--extrapolate_gb` (85 GB: a 7B
+model with its Adam state). Run: ``python benchmarks/bench_commit.py --gib 2 --reps 5``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -29,96 +25,73 @@ import shutil
 import statistics
 import tempfile
 import time
+import zlib
 
-import torch
-from datasets import Dataset
-
-import cegppo_trl.checkpoints as checkpoints_module
-import cegppo_trl.trainer as trainer_module
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl import CEGPPOConfig
+from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, commit, plan_resume
 
 
-def _no_commit():
-    @contextlib.contextmanager
-    def held(args):
-        yield {}
+def _write(path: str, size: int) -> None:
+    block = os.urandom(1 << 22)
+    with open(path, "wb") as f:
+        for _ in range(size // len(block)):
+            f.write(block)
+        f.write(block[: size % len(block)])
+        f.flush()
+        os.fsync(f.fileno())
 
-    return held, lambda *a, **k: None
+
+def _crc32_all(folder: str) -> None:
+    for name in sorted(os.listdir(folder)):
+        crc = 0
+        with open(os.path.join(folder, name), "rb") as f:
+            while chunk := f.read(1 << 22):
+                crc = zlib.crc32(chunk, crc)
+
+
+def _median(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--measure", choices=("commit", "checksum"), default="commit")
+    parser.add_argument("--gib", type=float, default=2.0)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dir", default=None, help="where the fake checkpoint goes (default: a temporary folder)")
+    parser.add_argument("--extrapolate_gb", type=float, default=85.0)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    out = tempfile.mkdtemp(prefix="cegppo-bench-commit-")
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(
-        tokenizer, hidden_size=args.hidden, num_layers=args.layers, intermediate_size=4 * args.hidden
-    )
-    config = CEGPPOConfig(
-        output_dir=out, use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=1,
-        per_device_train_batch_size=4, num_generations=4, max_completion_length=4, logging_steps=1,
-        disable_tqdm=True,
-    )  # fmt: skip
-    trainer = CEGPPOTrainer(
-        model=model, reward_funcs=lambda completions, **k: [float(len(c)) for c in completions], args=config,
-        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}), processing_class=tokenizer,
-    )  # fmt: skip
-    trainer.train()
-    shipped = (trainer_module.held_until_commit, trainer_module.commit_after_save)
-    crc32 = checkpoints_module._crc32
-    times: dict[str, list[float]] = {"with commit": [], "without commit": []}
-    step = 1000
-
-    def save(with_commit: bool) -> float:
-        nonlocal step
-        step += 1
-        trainer.state.global_step = step
-        if args.measure == "commit":
-            trainer_module.held_until_commit, trainer_module.commit_after_save = (
-                shipped if with_commit else _no_commit()
+    out = tempfile.mkdtemp(prefix="cegppo-bench-commit-", dir=args.dir)
+    try:
+        folder = os.path.join(out, "checkpoint-100")
+        os.makedirs(folder)
+        total = int(args.gib * (1 << 30))
+        _write(os.path.join(folder, "model.safetensors"), total // 3)
+        _write(os.path.join(folder, "optimizer.pt"), total - total // 3)
+        config = CEGPPOConfig(output_dir=out, use_cpu=True, report_to="none", max_steps=1000)
+        with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+            json.dump(
+                {"global_step": 100, "epoch": 0.5, "log_history": [{"loss": 0.1, "step": s} for s in range(100)]}, f
             )
-        else:
-            checkpoints_module._crc32 = crc32 if with_commit else (lambda path: 0)
-        began = time.perf_counter()
-        trainer._save_checkpoint(trainer.model, None)
-        elapsed = time.perf_counter() - began
-        folder = os.path.join(out, f"checkpoint-{step}")
-        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(folder) for f in fs)
-        shutil.rmtree(folder)
-        save.size = size
-        return elapsed
-
-    save(True), save(False)  # warm-up
-    for rep in range(args.reps):
-        order = (True, False) if rep % 2 == 0 else (False, True)
-        for with_commit in order:
-            times["with commit" if with_commit else "without commit"].append(save(with_commit))
-    trainer_module.held_until_commit, trainer_module.commit_after_save = shipped
-    checkpoints_module._crc32 = crc32
-    shutil.rmtree(out, ignore_errors=True)
-    diffs = [a - b for a, b in zip(times["with commit"], times["without commit"])]
-
-    def ms(values):
-        return {
-            "median_ms": round(1e3 * statistics.median(values), 2),
-            "range_ms": [round(1e3 * min(values), 2), round(1e3 * max(values), 2)],
-        }
-
-    print(json.dumps({
-        "date": datetime.date.today().isoformat(),
-        "checkpoint_bytes": save.size,
-        "reps": args.reps,
-        "measure": args.measure,
-        "with_commit": ms(times["with commit"]),
-        "without_commit": ms(times["without commit"]),
-        "difference": ms(diffs),
-    }, indent=1))  # fmt: skip
+        with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
+            json.dump({"format": 2, "settings": {}}, f)
+        commit_s = _median(lambda: commit(folder, True, "bench", lambda: None), args.reps)
+        plan_s = _median(lambda: plan_resume(out, "last", config), args.reps)
+        crc_s = _median(lambda: _crc32_all(folder), args.reps)
+        scale = args.extrapolate_gb / (total / 1e9)
+        print(json.dumps({
+            "date": datetime.date.today().isoformat(), "gib": args.gib, "reps": args.reps,
+            "commit_s": round(commit_s, 4), "plan_s": round(plan_s, 4), "crc32_read_s": round(crc_s, 3),
+            f"crc32_read_s_at_{args.extrapolate_gb:g}GB": round(crc_s * scale, 1),
+            f"old_last_resume_s_at_{args.extrapolate_gb:g}GB": round(2 * crc_s * scale, 1),
+            "plan_and_commit_scale_with": "files, not bytes",
+        }))  # fmt: skip
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 if __name__ == "__main__":

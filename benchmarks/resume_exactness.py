@@ -1,7 +1,9 @@
 """How exactly a resumed run continues the interrupted one: `CEGPPOTrainer` and TRL's `GRPOTrainer` side by side.
 
-For each trainer, one uninterrupted run saves a checkpoint at every step; runs resumed from a checkpoint in the first
-epoch and from one in the second epoch (both at rollout-batch boundaries) are compared with it step by step. Prints
+For each trainer, one uninterrupted run saves a checkpoint at every rollout-batch end (every 2 steps); runs resumed from
+a checkpoint in the first epoch and from one in the second epoch are compared with it step by step. `CEGPPOTrainer`
+reseeds TRL's repeat sampler with seed + epoch, so its resume in the second epoch draws the uninterrupted order;
+`GRPOTrainer`'s draws the first epoch's again. Prints
 the largest absolute difference of the logged loss and entropy after the resume (0 means bit-exact on this machine).
 
 The tiny Llama of `cegppo_trl.offline.tiny`, 32 prompts, 2 prompts per rollout batch, num_iterations=2: an epoch is
@@ -39,7 +41,7 @@ def run(trainer_cls, config_cls, output_dir: str, max_steps: int, resume: str | 
     tokenizer = build_char_tokenizer()
     extra = dict(gppo_beta1=0.5, gppo_beta2=1.0) if config_cls is CEGPPOConfig else dict(loss_type="dapo")
     args = config_cls(
-        output_dir=output_dir, use_cpu=True, report_to="none", save_strategy="steps", save_steps=1,
+        output_dir=output_dir, use_cpu=True, report_to="none", save_strategy="steps", save_steps=2,
         per_device_train_batch_size=8, num_generations=4, max_completion_length=8, learning_rate=1e-2,
         logging_steps=1, seed=0, disable_tqdm=True, num_iterations=2, max_steps=max_steps, **extra,
     )  # fmt: skip
@@ -71,7 +73,11 @@ def main() -> None:
             full = run(trainer_cls, config_cls, directory, args.steps)
             for step in args.resume_at:
                 resumed = run(  # its own output_dir: its checkpoints must not replace the full run's
-                    trainer_cls, config_cls, f"{directory}/resumed", args.steps, f"{directory}/checkpoint-{step}"
+                    trainer_cls,
+                    config_cls,
+                    f"{directory}/resumed-{step}",
+                    args.steps,
+                    f"{directory}/checkpoint-{step}",
                 )
                 after = [s for s in resumed if s > step]
                 loss = max(abs(resumed[s]["loss"] - full[s]["loss"]) for s in after)

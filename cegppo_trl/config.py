@@ -11,6 +11,7 @@ from trl import GRPOConfig
 from ._spec import format_number as _format_number
 from .controller import parse_controller
 from .loss import check_left_guard
+from .rollouts import rollout_batch_steps
 from .schedules import parse_schedule
 
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
@@ -18,15 +19,57 @@ CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-LATER_CHECKPOINTS_CHOICES = ("refuse", "move_aside")
+# Config fields a resume may change without changing the run (where and how it reports, saves and loads); a resume
+# names every other field that differs from the checkpoint's (`changed_settings`).
+SAFE_TO_CHANGE = (
+    "output_dir", "resume_from_checkpoint", "local_rank", "run_name", "project", "report_to", "disable_tqdm",
+    "push_to_hub", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "skip_memory_metrics", "do_train", "do_eval",
+    "do_predict", "include_num_input_tokens_seen", "num_completions_to_print", "enable_jit_checkpoint", "ddp_timeout",
+)  # fmt: skip
+SAFE_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_", "vllm_server_")
 
 
-def check_later_checkpoints(value: str) -> None:
-    """Refuse a `later_checkpoints` value that is not one of `LATER_CHECKPOINTS_CHOICES`."""
-    if value not in LATER_CHECKPOINTS_CHOICES:
-        raise ValueError(
-            f"`later_checkpoints` must be one of {', '.join(map(repr, LATER_CHECKPOINTS_CHOICES))}, got {value!r}."
-        )
+def run_settings(args: Any) -> dict[str, Any]:
+    """Every config field that changes the run (all but `SAFE_TO_CHANGE`), as JSON, plus the world size."""
+    import json
+
+    values = args.to_dict() if hasattr(args, "to_dict") else dict(vars(args))
+    values["world_size"] = getattr(args, "world_size", 1)
+    values = {k: v for k, v in values.items() if k not in SAFE_TO_CHANGE and not k.startswith(SAFE_PREFIXES)}
+    return json.loads(json.dumps(values, default=str))
+
+
+def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list]:
+    """The settings of `args` that differ from those a checkpoint's `state` recorded, as `{name: [old, new]}`.
+
+    Fields one side lacks (another cegppo-trl version) are not compared. A controller state that the new settings
+    drop (no `entropy_controller` now) counts as a change.
+    """
+    saved, now = (state or {}).get("settings") or {}, run_settings(args)
+    changes = {k: [saved[k], now[k]] for k in saved if k in now and saved[k] != now[k]}
+    if getattr(args, "entropy_controller", None) is None and "controller" in (state or {}):
+        changes.setdefault("entropy_controller", ["(state in the checkpoint)", None])
+    return changes
+
+
+def check_rollout_batch_steps(args: Any) -> None:
+    """Refuse save and evaluation steps inside a rollout batch: TRL keeps the rollout batch in memory only, so a
+    checkpoint inside one does not resume the run, and a best model chosen there has no checkpoint."""
+    every = rollout_batch_steps(args)
+    for name, strategy in (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy")):
+        value = getattr(args, name) if name == "save_steps" else (args.eval_steps or args.logging_steps)
+        if str(getattr(args, strategy)).split(".")[-1].lower() != "steps" or every == 1:
+            continue
+        steps = math.ceil(value * args.max_steps) if 0 < value < 1 and args.max_steps > 0 else value
+        if not (steps >= 1 and steps == int(steps) and int(steps) % every == 0):
+            raise ValueError(
+                f"`{name}={value}` falls inside a rollout batch: each rollout batch is {every} optimizer steps "
+                f"(steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations} "
+                f"micro-batches, gradient_accumulation_steps={args.gradient_accumulation_steps} per step), and "
+                "TRL keeps the batch in memory only, so a checkpoint inside it does not resume the run. Use a "
+                f"multiple of {every} (an integer number of steps): {', '.join(str(every * k) for k in (1, 2, 4))}."
+            )
 
 
 def is_on_policy(args: Any) -> bool:
@@ -119,11 +162,11 @@ class CEGPPOConfig(GRPOConfig):
             `cegppo train` saves the model and exits 3 (4). `0` never stops. See docs/configuration.md for the
             default.
         save_steps (`int` or `float`, *optional*, defaults to `500`):
-            transformers' field, with one CE-GPPO rule: a checkpoint is only taken at the end of a rollout batch,
-            where a resume continues exactly the interrupted run (TRL does not save the rollout batch, so a resume
-            inside one generates another). A save that falls inside a rollout batch (`steps_per_generation *
-            num_iterations` micro-batches) is taken at the batch's last optimizer step; the save at `max_steps` is
-            kept.
+            transformers' field, with one CE-GPPO rule: with `save_strategy="steps"` it must be a multiple of the
+            optimizer steps per rollout batch (`rollout_batch_steps`), where a resume continues exactly the
+            interrupted run (TRL does not save the rollout batch, so a resume inside one generates another); so must
+            `eval_steps` with `eval_strategy="steps"`. Other values are refused at construction, naming those that
+            work.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
             Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
             falls below it, once per episode of drift. `None` disables the warning.
@@ -225,17 +268,8 @@ class CEGPPOConfig(GRPOConfig):
         default=500,
         metadata={
             "help": "Save checkpoint every X updates steps (an integer, or a float in `[0,1)`: a ratio of the total "
-            "training steps). CE-GPPO: a save that falls inside a rollout batch is taken at the batch's end, where a "
-            "resume is exact (TRL does not save the rollout batch); the save at `max_steps` is kept."
-        },
-    )
-    later_checkpoints: str = field(
-        default="refuse",
-        metadata={
-            "help": "Checkpoints of `output_dir` later than the one resumed (all, for a new run) are another run's, "
-            "which `last` would bring back: `refuse` them, or `move_aside` into `output_dir/_superseded-<time>/` "
-            "(still resumable there by path).",
-            "choices": ["refuse", "move_aside"],
+            "training steps). CE-GPPO: it must be a multiple of the optimizer steps per rollout batch (as must "
+            "`eval_steps`), where a resume is exact (TRL does not save the rollout batch); other values are refused."
         },
     )
 
@@ -248,6 +282,7 @@ class CEGPPOConfig(GRPOConfig):
             # transformers would, without its FutureWarning on every config the user did not cause.
             self.activation_checkpointing = True
         super().__post_init__()
+        check_rollout_batch_steps(self)  # after TRL derived `steps_per_generation`; before any model loads
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
@@ -342,7 +377,6 @@ class CEGPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
-        check_later_checkpoints(self.later_checkpoints)  # at construction, not at `train()` after the model loaded
 
     def _validate_left_guard(self) -> None:
         """`delta_low`, `delta_low_mode` and `left_drift_warning` (after `_validate_cegppo` has checked epsilon)."""

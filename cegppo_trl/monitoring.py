@@ -41,9 +41,6 @@ Is the policy drifting? `LeftDriftAlarm` watches each optimizer step's mean log-
 (`cegppo/preserved/left_log_ratio`, summed over the step's micro-batches by `combine_diagnostics`) and fires once per
 episode below `left_drift_warning`; `left_drift_message` is its warning (docs/entropy-study.md: the early sign of the
 beta1 drift).
-
-Where may the run save? `SaveAtRolloutBatchEnd`, the other training-loop callback, moves each `save_strategy="steps"`
-save to the end of its rollout batch (`rollouts.at_rollout_batch_boundary`), the only place a resume is exact.
 """
 
 from __future__ import annotations
@@ -55,11 +52,10 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import SaveStrategy
 
 from .controller import EntropyController
 from .loss import CEGPPODiagnostics, cegppo_diagnostics
-from .rollouts import at_rollout_batch_boundary, informative_groups
+from .rollouts import informative_groups
 
 logger = logging.getLogger(__name__)
 
@@ -336,29 +332,6 @@ class StopWhenNothingToLearn(TrainerCallback):
         message = self.monitor.end_of_run(state.global_step)
         if message is not None and state.is_world_process_zero:
             logger.warning(message)
-
-
-class SaveAtRolloutBatchEnd(TrainerCallback):
-    """`save_strategy="steps"` saves only at the end of a rollout batch, where a resume is exact: TRL keeps the rollout
-    batch in memory only, so a resume inside one generates another (`rollouts.resume_offset`). A save that falls inside
-    a batch is taken at the batch's last optimizer step; the save at `max_steps` is kept (there is nothing to resume).
-    Added after transformers' `DefaultFlowCallback`, so it sees the `should_save` that callback set."""
-
-    def __init__(self, num_prompts: int | None):
-        self.num_prompts = num_prompts
-        self.deferred = False
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.deferred = False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if args.save_strategy != SaveStrategy.STEPS or state.global_step >= state.max_steps:
-            return
-        if not at_rollout_batch_boundary(state.global_step, args, self.num_prompts):
-            self.deferred = self.deferred or control.should_save
-            control.should_save = False
-        elif self.deferred:
-            control.should_save, self.deferred = True, False
 
 
 # ----------------------------------------------------------------------------------------------------------------

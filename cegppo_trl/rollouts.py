@@ -185,51 +185,12 @@ def resume_offset(
     return position % generate_every
 
 
-def at_rollout_batch_boundary(global_step: int, args, num_prompts: int | None) -> bool:
-    """Whether a checkpoint at `global_step` resumes exactly: the step ends a rollout batch (`resume_offset` 0).
+def rollout_batch_steps(args) -> int:
+    """Optimizer steps from one rollout-batch end to the next (`resume_offset` is 0 at each multiple): the save and
+    evaluation steps a run may take (`config.check_rollout_batch_steps`).
 
     Args:
-        global_step: the optimizer step the checkpoint would hold.
         args: the run's `GRPOConfig` (its batch layout).
-        num_prompts: prompts in the training set, None for a dataset without a length.
     """
-    return _run_offset(global_step, args, num_prompts) == 0
-
-
-def _run_offset(global_step: int, args, num_prompts: int | None) -> int:
-    """`resume_offset` with the batch layout read from a `GRPOConfig`."""
-    return resume_offset(
-        global_step,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        steps_per_generation=args.steps_per_generation,
-        num_iterations=args.num_iterations,
-        num_prompts=num_prompts,
-        generation_batch_size=args.generation_batch_size,
-        num_generations=args.num_generations,
-    )
-
-
-def resume_inside_rollout_batch_message(global_step: int, args, num_prompts: int | None) -> str | None:
-    """The warning for a resume that lands inside a rollout batch (`resume_offset` > 0), else None.
-
-    Args:
-        global_step: the checkpoint's optimizer step.
-        args: the run's `GRPOConfig` (its batch layout and `ignore_data_skip`).
-        num_prompts: prompts in the training set, None for a dataset without a length.
-    """
-    if args.ignore_data_skip:  # the resumed run restarts the epoch's data: it starts at a rollout-batch boundary
-        return None
-    offset = _run_offset(global_step, args, num_prompts)
-    if offset == 0:
-        return None
-    generate_every = args.steps_per_generation * args.num_iterations
-    every = generate_every // math.gcd(generate_every, args.gradient_accumulation_steps)
-    return (
-        f"Resuming at step {global_step} lands {offset} of {generate_every} micro-batches into a rollout batch "
-        f"(steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}; "
-        f"gradient_accumulation_steps={args.gradient_accumulation_steps} per optimizer step). Checkpoints do not hold "
-        "the rollout batch, so TRL generates a new one here and every later rollout batch starts "
-        f"{generate_every - offset} micro-batches later than in the interrupted run: training continues, but it is "
-        f"not the run that was interrupted. To resume exactly, resume from a checkpoint at a multiple of {every} "
-        f"steps (this version saves only there; an older one saved at every `save_steps`)."
-    )
+    generate_every = args.steps_per_generation * args.num_iterations  # micro-batches per rollout batch
+    return generate_every // math.gcd(generate_every, args.gradient_accumulation_steps)

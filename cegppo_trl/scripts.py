@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .checkpoints import RESUME_COMPARED_FIELDS, start_run  # noqa: F401 (RESUME_COMPARED_FIELDS re-exported)
+from .checkpoints import start_run
 from .config import CEGPPOConfig
 from .data import (  # noqa: F401 (the data helpers lived here: re-exported for callers that import them from here)
     NONE_STRINGS,

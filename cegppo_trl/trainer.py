@@ -17,21 +17,19 @@ import os
 import torch
 from accelerate.logging import get_logger
 from transformers import TrainerState
-from transformers.trainer_utils import TrainOutput, has_length
+from transformers.trainer_utils import TrainOutput
 from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from .aggregation import Normaliser, aggregation_weights, policy_loss, policy_normaliser, sft_loss
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     ResumePlan,
     begin_checkpoint,
-    commit_after_save,
-    held_until_commit,
-    holds_model,
+    commit,
     read_state,
-    settings_history,
+    rotate,
     start_run,
-    state_record,
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
@@ -40,18 +38,37 @@ from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_
 from .monitoring import (
     LeftDriftAlarm,
     RewardSignalMonitor,
-    SaveAtRolloutBatchEnd,
     StopWhenNothingToLearn,
     cegppo_metrics,
 )
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rewards import resolve_reward_names
-from .rollouts import resume_inside_rollout_batch_message, rollout_batch_masks, total_rewards
+from .rollouts import rollout_batch_masks, total_rewards
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 
 logger = get_logger(__name__)
+
+
+def holds_model(folder: str) -> bool:
+    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
+    names = [s + e + i for s in ("model", "pytorch_model", "adapter_model") for e in (".safetensors", ".bin")
+             for i in ("", ".index.json")]  # fmt: skip
+    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
+
+
+class EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`)."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator.manual_seed(self.seed + self.epoch)
+        return super().__iter__()
 
 
 class CEGPPOTrainer(GRPOTrainer):
@@ -64,7 +81,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     The class wires separately tested modules into TRL's hooks: `aggregation` (split-invariant normalisers, the SFT
     term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
-    (metrics, stops, the left-drift warning, rollout-batch saves), `preflight`, `checkpoints`, `safe_load` and
+    (metrics, stops, the left-drift warning), `preflight`, `checkpoints`, `safe_load` and
     `modelcard`.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
@@ -96,14 +113,14 @@ class CEGPPOTrainer(GRPOTrainer):
         self._schedules_checked_for = None
         self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
         self.add_callback(StopWhenNothingToLearn(self.reward_monitor))
-        self.add_callback(SaveAtRolloutBatchEnd(len(self.train_dataset) if has_length(self.train_dataset) else None))
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         self._sft_nll_window: dict[str, torch.Tensor] = {}  # per mode: [NLL sum, tokens] of the correct completions
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
         self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
-        self._committed: set[str] = set()  # checkpoints this trainer committed (a second `train()` moves them aside)
-        self._begun: set[str] = set()  # checkpoints this trainer began and has not committed
+        self._run: str | None = None  # the run this trainer's checkpoints belong to (`checkpoints`, rule 3)
+        self._plan: ResumePlan | None = None  # the plan of the current `train()`
+        self._save_total_limit: int | None = None  # transformers' `save_total_limit`, held back during `train()`
 
     def _warn_if_on_policy(self) -> None:  # CE-GPPO is GRPO on-policy
         vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
@@ -175,10 +192,16 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train` from the launch's `checkpoints.ResumePlan` (`start_run`, or the one `cegppo train` made);
-        a checkpoint at the run's end trains nothing: the final model is written from it if missing."""
+        a checkpoint at the run's end trains nothing: the final model is written from it if missing.
+
+        `save_total_limit` is held back for the call: rotation runs after each commit, over this run's committed
+        checkpoints (`_save_checkpoint`), and transformers' end-of-train deletion (with `save_total_limit=1` and
+        `load_best_model_at_end`, every checkpoint but the best) does not run, so the newest one stays."""
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
-            plan = start_run(self.args, resume_from_checkpoint, logger.warning, own=self._committed)
+            plan = start_run(self.args, resume_from_checkpoint, logger.warning, run=self._run)
+        self._run, self._plan, self._save_total_limit = plan.run, plan, self.args.save_total_limit
+        self.args.save_total_limit = None
         try:
             if not plan.finished:
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
@@ -193,24 +216,41 @@ class CEGPPOTrainer(GRPOTrainer):
                 self.save_model(self.args.output_dir)
             return TrainOutput(self.state.global_step, 0.0, {})
         finally:
+            self.args.save_total_limit = self._save_total_limit
             if plan is not resume_from_checkpoint:
                 plan.release()
 
+    def _get_train_sampler(self, dataset=None):
+        # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
+        # epoch's permutation; reseeded with seed + epoch (accelerate's `SeedableRandomSampler`), every epoch draws
+        # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch.
+        sampler = super()._get_train_sampler(dataset)
+        if type(sampler) is RepeatSampler and sampler.shuffle and sampler.seed is not None:
+            sampler.__class__ = EpochSeededRepeatSampler  # TRL's construction kept, its iteration reseeded
+        return sampler
+
     def _save_checkpoint(self, model, trial):
-        # `cegppo_state.json` first (its old commit record removed before anything is written); rotation and the Hub
-        # push wait for the commit record, built from what every process reports it wrote (`commit_after_save`).
+        # The protocol of `checkpoints` (rule 1): `cegppo_state.json` first (an old marker dropped); transformers'
+        # files; every process fsyncs, a barrier, the owner's marker; then rotation over this run's marked
+        # checkpoints and the Hub push, which transformers would run before the other processes finished.
         run_dir = self._get_output_dir(trial=trial)
         folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
-            begin_checkpoint(
-                folder, state_record(self.args, controller, self.cegppo_run_state(), self.settings_history)
-            )
-            self._begun.add(folder)
-        with held_until_commit(self.args) as held:
+            record = {"settings": self._plan.settings, "controller": controller,
+                      "run_state": self.cegppo_run_state(), "history": self.settings_history}  # fmt: skip
+            # format 2: every config field that changes the run (1, cegppo-trl 0.4: a fixed list of them)
+            begin_checkpoint(folder, {"format": 2, **{k: v for k, v in record.items() if v}})
+        push, self.args.push_to_hub = self.args.push_to_hub, False
+        try:
             super()._save_checkpoint(model, trial)
-        commit_after_save(self, folder, run_dir, held, self._begun)
-        self._committed.add(folder)
+        finally:
+            self.args.push_to_hub = push
+        commit(folder, self.args.should_save, self._run, self.accelerator.wait_for_everyone, self.args.save_only_model)
+        if self.args.should_save:
+            rotate(run_dir, self._save_total_limit, self.state.best_model_checkpoint, self._run)
+        if push:
+            self._push_from_checkpoint(folder)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows
@@ -260,18 +300,16 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        num_prompts = len(self.train_dataset) if has_length(self.train_dataset) else None
-        if checkpoint and (
-            inside := resume_inside_rollout_batch_message(self.state.global_step, self.args, num_prompts)
-        ):
-            logger.warning(inside, main_process_only=True)
         if checkpoint is None:
             return
-        # The plan has told the user what differs; here the state is restored (JSON, read on every process).
-        state = read_state(checkpoint)
-        self.settings_history = settings_history(state, self.args, self.state.global_step)
-        self.load_cegppo_run_state((state or {}).get("run_state", {}))
-        if self.entropy_controller is not None and "controller" in (state or {}):
+        # The plan has told the user what differs; here the state is restored (JSON, read on every process). The
+        # history of settings changed on resume goes on the model card.
+        state, changes = read_state(checkpoint), self._plan.changes
+        self.settings_history = state.get("history", []) + (
+            [{"step": self.state.global_step, "changes": changes}] if changes else []
+        )
+        self.load_cegppo_run_state(state.get("run_state", {}))
+        if self.entropy_controller is not None and "controller" in state:
             self.entropy_controller.load_state_dict(state["controller"])
 
     # ------------------------------------------------------------------------------------------------------------

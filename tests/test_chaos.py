@@ -1,8 +1,9 @@
 """The chaos harness, short: kill CE-GPPO off-policy at a random moment, requeue it with `last`, end bit-identical.
 
-A few trials per launch, one of each variant that matters (tests/helpers/chaos.py: a callback that writes into every
-checkpoint, `save_total_limit=1`, `load_best_model_at_end`, a kill before the first checkpoint, a kill while a
-checkpoint is written). The long campaign: `python -m tests.helpers.chaos --launch single ddp --trials 20`.
+A few trials per launch, one of each variant that matters (tests/helpers/chaos.py: three epochs, so kills land in
+epochs 2 and 3 too; a callback that writes into every checkpoint; `save_total_limit=1` with `load_best_model_at_end`;
+a kill before the first checkpoint, a kill while a checkpoint is written; a resume from a copy outside `output_dir`).
+The long campaign: `python -m tests.helpers.chaos --launch single ddp --trials 20`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 VARIANTS = [
-    {"save_total_limit": 1, "load_best": False, "kill": "save"},
-    {"save_total_limit": 2, "load_best": True, "kill": "time"},
-    {"save_total_limit": 1, "load_best": False, "kill": "early"},
+    {"save_total_limit": 1, "load_best": True, "kill": "save", "resume": "last"},
+    {"save_total_limit": 2, "load_best": True, "kill": "time", "resume": "outside"},
+    {"save_total_limit": 1, "load_best": False, "kill": "early", "resume": "last"},
 ]
 
 

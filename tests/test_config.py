@@ -34,7 +34,6 @@ def test_defaults_are_the_papers(tmp_path):
         ("delta", 0.5, r"`delta`"),
         ("loss_type", "ppo", r"`loss_type` must be one of \['grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo'\]"),
         ("importance_sampling_level", "token_sequence", r"`importance_sampling_level` must be one of"),
-        ("later_checkpoints", "moveaside", r"`later_checkpoints` must be one of 'refuse', 'move_aside'"),
         ("max_zero_signal_batches", None, r"`max_zero_signal_batches` must be an integer >= 0 \(0 never stops\)"),
     ],
 )

@@ -19,19 +19,11 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.checkpoints import (
-    CEGPPO_STATE_FILE,
-    COMMIT_FILE,
-    RESUME_COMPARED_FIELDS,
-    changed_settings,
-    holds_model,
-    own_files,
-    plan_resume,
-    read_state,
-    write_commit,
-)
+from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, COMMIT_FILE, commit, plan_resume, read_state
+from cegppo_trl.config import changed_settings, run_settings
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
+from cegppo_trl.trainer import holds_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
@@ -40,7 +32,7 @@ SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
 def smoke_args(model_dir, data_file, output_dir, *extra):
     return parse_args(
         ["--config", str(SMOKE), "--model_name_or_path", model_dir, "--dataset_name", data_file,
-         "--output_dir", str(output_dir), "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1",
+         "--output_dir", str(output_dir), "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "2",
          "--disable_tqdm", "true", *extra]
     )  # fmt: skip
 
@@ -63,18 +55,20 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     first = train(*smoke_args(model_dir, data_file, tmp_path))
     checkpoint = tmp_path / "checkpoint-1"
     state = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())  # every checkpoint has it, controller or not
-    assert set(state) == {"format", "settings", "run_state", "commit"} and state["format"] == 1
-    assert state["settings"] == {name: getattr(first.args, name) for name in RESUME_COMPARED_FIELDS}
+    assert set(state) == {"format", "settings", "run_state"} and state["format"] == 2
+    # every field that changes the run, as the launch's plan saw them (before `cegppo train` fills in
+    # `model_init_kwargs` from the model arguments)
+    assert state["settings"] == {**run_settings(first.args), "model_init_kwargs": None}
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
-    assert state["commit"] == COMMIT_FILE  # complete once committed
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
     marker = tmp_path / "PWNED"
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(marker)))
     pickle.loads((checkpoint / "training_args.bin").read_bytes()).close()  # the file really runs code when unpickled
     assert marker.exists()
     marker.unlink()
-    write_commit(str(checkpoint), 1, own_files(str(checkpoint), 0, True))  # the planter committed it as it is now
+    run = json.loads((checkpoint / COMMIT_FILE).read_text())["run"]
+    commit(str(checkpoint), True, run, lambda: None)  # the planter marked it as it is now
 
     resumed_args = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
@@ -84,11 +78,12 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     assert "max_steps: 1 -> 2" in caplog.text  # the settings were still compared, from cegppo_state.json
 
 
-def _fake_checkpoint(output_dir: Path, step: int) -> Path:
+def _fake_checkpoint(output_dir: Path, step: int, run: str = "old-run") -> Path:
     folder = output_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5, "max_steps": step}))
-    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 1, "settings": {}}))
+    (folder / CEGPPO_STATE_FILE).write_text(json.dumps({"format": 2, "settings": {}}))
+    commit(str(folder), True, run, lambda: None)
     return folder
 
 
@@ -96,7 +91,7 @@ def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None 
     folder = tmp_path / "checkpoint-4"
     folder.mkdir()
     if settings is not None or controller is not None:
-        state = {"format": 1}
+        state = {"format": 2}
         if settings is not None:
             state["settings"] = settings
         if controller is not None:
@@ -107,6 +102,7 @@ def _checkpoint(tmp_path, settings: dict | None = None, controller: dict | None 
 
 def _resume_message(checkpoint: Path, args: CEGPPOConfig) -> str:
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    commit(str(checkpoint), True, "run", lambda: None)
     plan, _ = plan_resume(str(checkpoint.parent), str(checkpoint), args)
     assert len(plan.messages) == 1
     return plan.messages[0]
@@ -115,8 +111,7 @@ def _resume_message(checkpoint: Path, args: CEGPPOConfig) -> str:
 def test_changed_settings_are_named_from_cegppo_state_json(tmp_path):
     controller = "band=0.3-0.6,step=0.05"
     before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_controller=controller)
-    settings = {name: getattr(before, name) for name in RESUME_COMPARED_FIELDS}
-    checkpoint = _checkpoint(tmp_path, settings, controller={"offset1": 0.0})
+    checkpoint = _checkpoint(tmp_path, run_settings(before), controller={"offset1": 0.0})
     now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, gppo_beta1=0.75)
     assert changed_settings(read_state(str(checkpoint)), now) == {
         "gppo_beta1": [0.5, 0.75], "entropy_controller": [controller, None]
@@ -127,13 +122,13 @@ def test_changed_settings_are_named_from_cegppo_state_json(tmp_path):
 
 def test_every_field_that_changes_the_objective_or_the_batch_is_named_on_resume(tmp_path):
     before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
-    checkpoint = _checkpoint(tmp_path, {name: getattr(before, name) for name in RESUME_COMPARED_FIELDS})
+    checkpoint = _checkpoint(tmp_path, run_settings(before))
     changes = dict(loss_type="grpo", epsilon=0.3, delta=2.0, num_generations=4, steps_per_generation=4,
                    gradient_accumulation_steps=2, per_device_train_batch_size=4, num_iterations=2,
                    importance_sampling_level="sequence", learning_rate=1e-5, beta=0.01)  # fmt: skip
     now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, **changes)
     differing = changed_settings(read_state(str(checkpoint)), now)
-    assert {name: new for name, (_, new) in differing.items()} == changes
+    assert changes.items() <= {name: new for name, (_, new) in differing.items()}.items()
     message = _resume_message(checkpoint, now)
     assert f"loss_type: {before.loss_type!r} -> 'grpo'" in message and "num_generations: 8 -> 4" in message
 
@@ -146,12 +141,20 @@ def test_dropped_controller_state_counts_as_a_change_without_recorded_settings(t
     }
 
 
-def test_checkpoint_without_cegppo_state_means_nothing_to_compare_and_one_message(tmp_path):
+def test_a_marked_checkpoint_without_cegppo_state_has_nothing_to_compare_and_one_message(tmp_path):
     checkpoint = _checkpoint(tmp_path)
     (checkpoint / "training_args.bin").write_bytes(pickle.dumps(_RunsCodeWhenUnpickled(tmp_path / "PWNED")))
     message = _resume_message(checkpoint, CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True))
     assert not (tmp_path / "PWNED").exists()
-    assert "no settings to compare, and it counts as complete because its trainer_state.json is readable" in message
+    assert message == f"Resuming from {checkpoint} (global step 4)."
+
+
+def test_another_trainers_checkpoint_has_no_marker_and_is_not_resumed(tmp_path):
+    checkpoint = _checkpoint(tmp_path)  # as GRPOTrainer writes it: no cegppo_commit.json
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    with pytest.raises(ValueError, match=r"not a committed checkpoint \(it has no cegppo_commit.json"):
+        plan_resume(str(tmp_path), str(checkpoint), args)
 
 
 @pytest.mark.slow
@@ -163,7 +166,7 @@ def test_a_resume_that_changes_settings_is_recorded_and_the_model_card_says_at_w
     assert read_state(str(tmp_path / "checkpoint-4"))["history"] == resumed.settings_history  # carried on
     resumed.save_model()
     card = (tmp_path / "README.md").read_text()
-    assert "| `settings_changed` | `at step 2: epsilon 0.2 -> 0.3, max_steps 2 -> 4` |" in card
+    assert "| `settings_changed` | `at step 2: max_steps 2 -> 4, epsilon 0.2 -> 0.3` |" in card
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -204,12 +207,12 @@ def test_cli_resume_adding_a_controller_warns_once_before_loading_and_starts_it_
 
 @pytest.mark.slow
 def test_api_resume_adding_a_controller_warns_once_and_starts_it_fresh(make_trainer, tmp_path, caplog):
-    make_trainer(num_iterations=2, max_steps=1, save_strategy="steps", save_steps=1).train()
-    with_controller = make_trainer(num_iterations=2, max_steps=2, entropy_controller="band=1-2")
+    make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
+    with_controller = make_trainer(num_iterations=2, max_steps=4, entropy_controller="band=1-2")
     with caplog.at_level(logging.WARNING):
-        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+        with_controller.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert len(_fresh_controller_warnings(caplog)) == 1
-    assert with_controller.state.global_step == 2
+    assert with_controller.state.global_step == 4
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -232,11 +235,14 @@ def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
 ):
     for step in (2, 20, 184):  # an earlier, longer run's checkpoints
         _fake_checkpoint(tmp_path, step)
+    with pytest.raises(ValueError, match=r"A new run into .*\(checkpoint-2, checkpoint-20, checkpoint-184\)"):
+        train(*smoke_args(model_dir, data_file, tmp_path))
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         train(*smoke_args(model_dir, data_file, tmp_path, "--overwrite_output_dir", "true"))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]  # this run's only
-    assert "removed the earlier run's checkpoints" in caplog.text
-    assert "(checkpoint-2, checkpoint-20, checkpoint-184)" in caplog.text
+    assert (
+        f"`overwrite_output_dir`: deleted checkpoint-2, checkpoint-20, checkpoint-184 from {tmp_path}" in caplog.text
+    )
 
     trainer = train(
         *smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2")
@@ -248,8 +254,8 @@ def test_overwrite_removes_the_old_runs_checkpoints_so_last_resumes_the_new_run(
 def test_resume_past_max_steps_is_refused_before_the_model_loads(model_dir, data_file, tmp_path, no_model_loading):
     _fake_checkpoint(tmp_path, 184)
     refused = (
-        r"`max_steps=4` but .*checkpoint-184 is already at global step 184: resuming it would train 0 "
-        r"steps and save that checkpoint's weights as the final model.*set it above 184"
+        r"`max_steps=4` but .*checkpoint-184 is at global step 184: resuming it would train 0 steps. `max_steps` "
+        r"counts the whole run: set it above 184"
     )
     with pytest.raises(ValueError, match=refused):
         train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "4"))
@@ -315,25 +321,13 @@ def test_holds_model_sees_a_full_model_an_adapter_or_an_index_of_shards(tmp_path
     assert holds_model(str(tmp_path)) is expected
 
 
-def test_last_skips_incomplete_checkpoints_and_names_them(tmp_path, caplog):
+def test_last_passes_over_unmarked_folders_and_an_explicit_one_is_refused(tmp_path, caplog):
     _fake_checkpoint(tmp_path, 3)
-    (tmp_path / "checkpoint-4").mkdir()  # killed after the weights: no trainer_state.json
+    (tmp_path / "checkpoint-4").mkdir()  # killed after the weights, before the marker
     (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
-    _fake_checkpoint(tmp_path, 5)
-    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_st')  # killed while writing it
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
-    assert "Skipped the newer incomplete checkpoint-5 (trainer_state.json is not readable JSON); checkpoint-4 " \
-        "(trainer_state.json is missing)" in caplog.text  # fmt: skip
-
-    with pytest.raises(ValueError, match=r"is not a complete checkpoint \(trainer_state.json is missing\).*Resume "
-                       r".*checkpoint-3, the newest complete checkpoint beside it"):  # fmt: skip
+    assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
+    with pytest.raises(ValueError, match=r"checkpoint-4 is not a committed checkpoint \(it has no cegppo_commit"):
         _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
-
-    (tmp_path / "checkpoint-3" / CEGPPO_STATE_FILE).write_text("{")
-    with pytest.raises(ValueError, match=r"no `checkpoint-\*` folder there is complete: checkpoint-5 .*; "
-                       r"checkpoint-4 .*; checkpoint-3 \(cegppo_state.json is not readable JSON\)"):  # fmt: skip
-        _resolve(tmp_path, "last")
 
 
 def _weights_but_no_trainer_state(folder: Path) -> bool:
@@ -351,7 +345,7 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "cegppo_trl.cli", "train", "--config", str(SMOKE), "--model_name_or_path", model_dir,
            "--dataset_name", data_file, "--output_dir", str(tmp_path), "--max_steps", "500", "--save_strategy",
-           "steps", "--save_steps", "1", "--disable_tqdm", "true"]  # fmt: skip
+           "steps", "--save_steps", "2", "--disable_tqdm", "true"]  # fmt: skip
     log_path = tmp_path.parent / f"{tmp_path.name}-train.log"
     partial, previous, attempts = None, None, 0
     with open(log_path, "w") as log:
@@ -383,14 +377,12 @@ def test_a_run_killed_by_sigkill_while_saving_resumes_from_the_newest_complete_c
         trainer = train(*resumed)
     # cpu_smoke saves at rollout-batch ends (every 2 steps): the save before the torn one
     assert trainer.args.resume_from_checkpoint == str(previous) == str(tmp_path / f"checkpoint-{step - 2}")
-    assert f"Skipped the newer incomplete {partial.name} ({COMMIT_FILE} is missing" in caplog.text
     assert trainer.state.global_step == step
     assert (partial / "trainer_state.json").exists()  # the resumed run saved that step again, completely
 
 
 def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, monkeypatch):
     # transformers' `train(resume_from_checkpoint=True)` takes the highest-numbered folder, even a half-written one.
-    import types
 
     from accelerate import PartialState
     from trl import GRPOTrainer
@@ -403,7 +395,7 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
     received = []
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, checkpoint, *rest, **kw: received.append(checkpoint))
-    trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args.output_dir` is read before `super().train`
-    trainer.args, trainer._committed = types.SimpleNamespace(output_dir=str(tmp_path), max_steps=10), set()
+    trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args` is read before `super().train`
+    trainer.args, trainer._run = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=10), None
     CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
     assert received == [str(tmp_path / "checkpoint-3")]

@@ -1,5 +1,6 @@
-"""Every checkpoint resumes exactly off-policy: `save_strategy="steps"` saves only at rollout-batch ends. TRL keeps
-the rollout batch in memory only, so a checkpoint inside one would resume another run."""
+"""Every checkpoint resumes exactly off-policy, in every epoch: saves and evaluations are taken only at rollout-batch
+ends (other steps are refused by `CEGPPOConfig`: TRL keeps the rollout batch in memory only, so a checkpoint inside one
+would resume another run), and the repeat sampler draws each epoch's order from seed + epoch."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import torch
 from helpers.batches import base_config_kwargs, count_ones_reward
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.checkpoints import COMMIT_FILE
 from cegppo_trl.offline.tiny import build_tiny_llama
-from cegppo_trl.rollouts import at_rollout_batch_boundary
 
 # Off-policy: two optimizer steps per rollout batch (steps_per_generation = 2 x gradient_accumulation_steps), a
-# checkpoint asked for at every step; 6 steps stay inside the first epoch (32 prompts, 4 per rollout batch).
-LAYOUT = dict(gradient_accumulation_steps=1, steps_per_generation=2, max_steps=6, save_strategy="steps", save_steps=1)
+# checkpoint at every rollout-batch end; 6 steps stay inside the first epoch (32 prompts, 4 per rollout batch).
+LAYOUT = dict(gradient_accumulation_steps=1, steps_per_generation=2, max_steps=6, save_strategy="steps", save_steps=2)
 
 
 def _trainer(output_dir, tokenizer, prompt_dataset, **kw) -> CEGPPOTrainer:
@@ -39,8 +40,7 @@ def test_checkpoints_are_taken_at_rollout_batch_ends_and_each_resumes_the_run_bi
     reference.train()
     final = _params(reference)
     saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*"))
-    assert saved == [2, 4, 6]  # save_steps=1 asked for 1..6; 1, 3 and 5 fall inside a rollout batch
-    assert [at_rollout_batch_boundary(step, reference.args, 32) for step in range(1, 7)] == [False, True] * 3
+    assert saved == [2, 4, 6]
     for step in saved[:-1]:
         resumed_dir = tmp_path / f"resumed-{step}"
         shutil.copytree(tmp_path / "run" / f"checkpoint-{step}", resumed_dir / f"checkpoint-{step}")
@@ -53,15 +53,47 @@ def test_checkpoints_are_taken_at_rollout_batch_ends_and_each_resumes_the_run_bi
 
 
 @pytest.mark.slow
-def test_a_save_inside_a_rollout_batch_is_taken_at_its_end_and_max_steps_is_kept(tmp_path, tokenizer, prompt_dataset):
-    # 4 optimizer steps per rollout batch (steps_per_generation 8, 2 micro-batches a step): save_steps=3 asks for
-    # 3 (inside the first batch: taken at 4) and 6 (inside the second: taken at 8); max_steps=9 is saved as is.
-    trainer = _trainer(
-        tmp_path, tokenizer, prompt_dataset, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        steps_per_generation=8, save_steps=3, max_steps=9,
-    )  # fmt: skip
+def test_item4_a_run_resumed_in_epochs_2_and_3_ends_with_the_uninterrupted_runs_weights(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    # 8 prompts: 2 rollout batches (4 optimizer steps) per epoch, 12 steps = 3 epochs. TRL's RepeatSampler drew
+    # epoch 1's order again in a resumed epoch (0.04 apart); reseeded with seed + epoch it draws the same order.
+    prompts = prompt_dataset.select(range(8))
+    reference = _trainer(tmp_path / "run", tokenizer, prompts, max_steps=12)
+    reference.train()
+    final = _params(reference)
+    for step in (4, 6, 10):  # the end of epoch 1, inside epoch 2, inside epoch 3
+        resumed_dir = tmp_path / f"resumed-{step}"
+        shutil.copytree(tmp_path / "run" / f"checkpoint-{step}", resumed_dir / f"checkpoint-{step}")
+        resumed = _trainer(resumed_dir, tokenizer, prompts, max_steps=12)
+        resumed.train(resume_from_checkpoint=str(resumed_dir / f"checkpoint-{step}"))
+        assert resumed.state.global_step == 12 and resumed.state.epoch == 3
+        for name, value in _params(resumed).items():
+            assert torch.equal(value, final[name]), (step, name)
+
+
+@pytest.mark.slow
+def test_item2_save_total_limit_1_with_load_best_model_at_end_keeps_the_newest_checkpoint_beside_the_best(
+    tmp_path, tokenizer, prompt_dataset
+):
+    from transformers import TrainerCallback
+
+    class BestIsCheckpoint2(TrainerCallback):  # as a metric that peaked at step 2 would say
+        def on_evaluate(self, args, state, control, **kwargs):
+            state.best_model_checkpoint, state.best_global_step, state.best_metric = (
+                str(tmp_path / "checkpoint-2"), 2, -1e9,
+            )  # fmt: skip
+
+    (tmp_path / "checkpoint-0").mkdir(parents=True)  # hand-made
+    (tmp_path / "checkpoint-5").mkdir()  # torn: no marker
+    (tmp_path / "checkpoint-5" / "model.safetensors").write_bytes(b"half")
+    best = dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=2, save_total_limit=1)
+    trainer = _trainer(tmp_path, tokenizer, prompt_dataset, **best)
+    trainer.add_callback(BestIsCheckpoint2())
     trainer.train()
-    assert sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*")) == [4, 8, 9]
+    names = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert names == ["checkpoint-0", "checkpoint-2", "checkpoint-5", "checkpoint-6"]  # 4 rotated; 6 is the newest
+    assert (tmp_path / "checkpoint-6" / COMMIT_FILE).exists() and trainer.args.save_total_limit == 1
 
 
 @pytest.mark.slow
@@ -80,7 +112,7 @@ def test_a_requeue_after_the_last_checkpoint_writes_the_best_model_with_load_bes
                 -1e9,
             )
 
-    best = dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=1, max_steps=4)
+    best = dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=2, max_steps=4)
     full = _trainer(tmp_path, tokenizer, prompt_dataset, **best)
     full.add_callback(BestIsCheckpoint2())
     full.train()

@@ -353,37 +353,3 @@ def test_an_epoch_holds_the_micro_batches_resume_offset_assumes(make_trainer, st
     args = trainer.args
     rollout_batches = len(trainer.train_dataset) // (args.generation_batch_size // args.num_generations)
     assert len(trainer.get_train_dataloader()) == rollout_batches * steps_per_generation * num_iterations
-
-
-@pytest.mark.slow
-def test_resume_inside_a_rollout_batch_warns_and_is_not_the_interrupted_run(
-    make_trainer, tmp_path, caplog, monkeypatch
-):
-    # num_iterations=2, one micro-batch per step: a rollout batch serves 2 optimizer steps. Resuming from step 2 (a
-    # boundary) reproduces the uninterrupted run; from step 1 (inside) TRL generates a new batch and shifts the rollout
-    # schedule, which the trainer says. This version saves only at rollout-batch ends: the full run saves at every
-    # step, as an older version did.
-    import logging
-
-    kwargs = dict(num_iterations=2, max_steps=4, save_strategy="steps", save_steps=1)
-    full = make_trainer(**kwargs)
-    with monkeypatch.context() as older_version:
-        older_version.setattr("cegppo_trl.monitoring.at_rollout_batch_boundary", lambda *args: True)
-        full.train()
-
-    def resumed_losses(step: int) -> tuple[list[float], list[str]]:
-        caplog.clear()
-        trainer = make_trainer(**kwargs, later_checkpoints="move_aside")  # the full run's later checkpoints
-        with caplog.at_level(logging.WARNING):
-            trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{step}"))
-        warnings = [r.getMessage() for r in caplog.records if "into a rollout batch" in r.getMessage()]
-        return [h["loss"] for h in trainer.state.log_history if "loss" in h and h["step"] > step], warnings
-
-    expected = [h["loss"] for h in full.state.log_history if "loss" in h]
-    losses, warnings = resumed_losses(2)
-    assert losses == expected[2:] and warnings == []
-    losses, warnings = resumed_losses(1)
-    assert losses != expected[1:]
-    assert len(warnings) == 1
-    assert "Resuming at step 1 lands 1 of 2 micro-batches into a rollout batch" in warnings[0]
-    assert "resume from a checkpoint at a multiple of 2 steps" in warnings[0]

@@ -202,7 +202,7 @@ def test_schedule_window_empty_for_the_run_length_names_its_field():
 
 
 def test_eval_split_error_prints_the_strategy_value_not_the_enum(model_dir, data_file, tmp_path, no_model_load):
-    args = smoke_args(model_dir, data_file, tmp_path, "--eval_strategy", "steps", "--eval_steps", "1")
+    args = smoke_args(model_dir, data_file, tmp_path, "--eval_strategy", "steps", "--eval_steps", "2")
     with pytest.raises(ValueError) as error:
         train(*args)
     assert "eval_strategy='steps' but the dataset has no split 'test'" in str(error.value)

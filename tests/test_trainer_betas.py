@@ -141,7 +141,8 @@ def test_resume_reproduces_betas_and_losses(make_trainer, tmp_path):
     full = make_trainer(**kwargs)
     full.train()
     assert (tmp_path / "checkpoint-4" / "cegppo_state.json").exists()
-    resumed = make_trainer(**kwargs, later_checkpoints="move_aside")  # the full run's checkpoint-8 is later
+    # Into a folder of its own: beside the full run's later checkpoint-8, a resume of checkpoint-4 is refused.
+    resumed = make_trainer(**kwargs, output_dir=str(tmp_path / "resumed"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
 
     keys = ["loss", "entropy", "cegppo/beta1", "cegppo/beta2", "cegppo/ratio/mean"]

@@ -67,10 +67,10 @@ def test_a_streak_of_zero_signal_batches_stops_cleanly_at_max_zero_signal_batche
 
 def test_the_stop_waits_for_the_end_of_the_optimizer_step_and_saves_per_the_save_strategy(make_trainer, tmp_path):
     # Two micro-batches per step and two steps per rollout batch: the stop is decided in the first micro-batch of
-    # step 1 (generation) and taken when that step ends; `save_steps=1` saves it as it would any step.
+    # step 1 (generation) and taken when that step ends; `save_steps=2` (the rollout batch's end) saves nothing.
     trainer = make_trainer(
         reward_funcs=_constant(0.0), max_steps=6, max_zero_signal_batches=1, per_device_train_batch_size=4,
-        gradient_accumulation_steps=2, steps_per_generation=4, save_strategy="steps", save_steps=1,
+        gradient_accumulation_steps=2, steps_per_generation=4, save_strategy="steps", save_steps=2,
     )  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 1 and trainer.stop_reason == "zero_signal"

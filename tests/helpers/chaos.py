@@ -2,18 +2,19 @@
 
 For a launch (`single`: 1 process; `ddp`: 2-process DDP under torchrun; `zero2`/`zero3`: 2-process DeepSpeed on CPU
 from the shipped accelerate configs), each trial runs tests/helpers/mp_train.py's job as CE-GPPO is meant to run,
-off-policy: `steps_per_generation` = 4 x `gradient_accumulation_steps` (4 optimizer steps per rollout batch, so
-`save_steps=1` saves at steps 4, 8, 12: rollout-batch ends), with a callback that writes into every checkpoint in
-`on_save` (as an EMA or README callback does). Each trial draws a variant: `save_total_limit` 2 or 1,
-`load_best_model_at_end` or not (evaluating at every step), and when to SIGKILL one random process of the job (a
-worker rank or the launcher): `early` (at a random time after the run marked `output_dir` as begun and before its
-first checkpoint is committed; a kill while the interpreter starts leaves nothing to tell the folder from a mistyped
-one), `time` (a random time after the first commit) or `save` (while a checkpoint is being written). Then it kills the rest of the job as a scheduler
-would (every process it started, whatever session it is in: torchrun's workers have sessions of their own) and
-requeues the same job with `resume_from_checkpoint="last"`, as a scheduler does, whatever the kill left. A trial
-passes when that run finishes and its final parameters equal the uninterrupted run's of the same variant:
-bit-identical for one process and DDP, within the ZeRO parity tolerance (tests/helpers/mp_launch.py) under
-DeepSpeed. The job stays inside one epoch (12 of 16 steps: 32 prompts, 8 per rollout batch).
+off-policy: `steps_per_generation` = 4 x `gradient_accumulation_steps` (4 optimizer steps per rollout batch, and
+`save_steps=4` saves at steps 4, 8, 12: rollout-batch ends), with a callback that writes into every checkpoint in
+`on_save` (as an EMA or README callback does). The job runs three epochs (12 steps: 8 prompts, 8 per rollout batch),
+so kills land in epochs 1, 2 and 3. Each trial draws a variant: `save_total_limit` 2 or 1, `load_best_model_at_end`
+or not (evaluating at every save), when to SIGKILL one random process of the job (a worker rank or the launcher):
+`early` (at a random time after the run took its `output_dir` lock and before its first checkpoint is committed),
+`time` (a random time after the first commit) or `save` (while a checkpoint is being written), and how it is
+requeued: `last` (the same job with `resume_from_checkpoint="last"`, as a scheduler does, whatever the kill left) or
+`outside` (the newest committed checkpoint copied out of `output_dir` and resumed by its path into a new
+`output_dir`; `last` when there is none). The rest of the job is killed first, as a scheduler would (every process it
+started, whatever session it is in: torchrun's workers have sessions of their own). A trial passes when the requeued
+run finishes and its final parameters equal the uninterrupted run's of the same variant: bit-identical for one
+process and DDP, within the ZeRO parity tolerance (tests/helpers/mp_launch.py) under DeepSpeed.
 
 Usage: `python -m tests.helpers.chaos [--launch single ddp zero2 zero3] [--trials N] [--seed S] [--work DIR]` (or
 `python tests/helpers/chaos.py ...`); prints one line per trial and a summary, exits 1 if any trial failed.
@@ -52,15 +53,16 @@ from cegppo_trl.checkpoints import COMMIT_FILE, LOCK_FILE, checkpoint_folders  #
 
 LAUNCHES = ("single", "ddp", "zero2", "zero3")
 KILLS = ("early", "time", "save")
+RESUMES = ("last", "outside")
 MAX_STEPS = 12
 STEPS_PER_BATCH = 4
 SPEC = {
     "loss_types": ["dapo"],
-    "save_steps": 1,
+    "save_steps": STEPS_PER_BATCH,
     "max_steps": MAX_STEPS,
     "num_iterations": 1,
     "steps_per_generation": STEPS_PER_BATCH,  # x gradient_accumulation_steps (1)
-    "dataset_repeats": 8,
+    "dataset_repeats": 2,  # 8 prompts: one rollout batch, 4 steps, per epoch
     "on_save_writes": True,
     "pid_files": True,
 }
@@ -81,6 +83,7 @@ def draw_variant(rng: random.Random) -> dict:
         "save_total_limit": rng.choice((2, 1)),
         "load_best": rng.random() < 0.5,
         "kill": rng.choice(KILLS),
+        "resume": rng.choice(RESUMES),
     }
 
 
@@ -169,8 +172,7 @@ def _workers(proc: subprocess.Popen, out: Path, world: int) -> list[psutil.Proce
 
 
 def _wait_for_start(proc: subprocess.Popen, output_dir: Path, deadline: float) -> None:
-    """Until the run has marked `output_dir` as begun (its lock file): a kill before that, while the interpreter
-    starts, leaves nothing by which a requeue could tell the folder from a mistyped one."""
+    """Until the run has taken its `output_dir` lock (the file exists): the run has begun."""
     while time.monotonic() < deadline and proc.poll() is None and not (output_dir / LOCK_FILE).exists():
         time.sleep(0.002)
 
@@ -219,11 +221,13 @@ def trial(launch: str, out: Path, work: Path, rng: random.Random, timing: dict, 
     kill_job(proc, out, processes)
 
     committed = [p.name for p in _committed(output_dir)]
+    folders = checkpoint_folders(str(output_dir))  # the newest, marked or not: the epoch the kill landed in, roughly
     result = {
         **variant,
         "victim": victim_name,
         "finished_before_kill": finished_first and proc.returncode == 0,
         "committed_after_kill": committed,
+        "newest_folder_after_kill": Path(folders[-1]).name if folders else None,
     }
     if result["finished_before_kill"]:
         result["resumed"] = None
@@ -231,16 +235,22 @@ def trial(launch: str, out: Path, work: Path, rng: random.Random, timing: dict, 
         return result
     for stale in out.glob("params_*.pt"):
         stale.unlink()
-    requeued = start(prefix, out, {**spec, "resume": "last"}, **env)  # the scheduler's requeue: the same job
+    resume, where = "last", out  # the scheduler's requeue: the same job
+    if variant.get("resume") == "outside" and committed:  # a copy resumed by its path into a new `output_dir`
+        resume = str(work / f"{out.name}-copies" / committed[-1])
+        shutil.rmtree(Path(resume).parent, ignore_errors=True)
+        shutil.copytree(output_dir / committed[-1], resume)
+        where = out / "requeue"
+    requeued = start(prefix, where, {**spec, "resume": resume}, **env)
     try:
         requeued.wait(timeout=300)
     except subprocess.TimeoutExpired:
-        kill_job(requeued, out)
-    result["resumed"] = committed[-1] if committed else "nothing (fresh start)"
+        kill_job(requeued, where)
+    result["resumed"] = (resume if resume != "last" else committed[-1]) if committed else "nothing (fresh start)"
     if requeued.returncode != 0:
         result["error"] = f"requeued run exited {requeued.returncode}: " + requeued.log_path.read_text()[-2000:]
         return result
-    result["params"] = str(out / "params_dapo.pt")
+    result["params"] = str(where / "params_dapo.pt")
     return result
 
 
@@ -326,7 +336,9 @@ def summary(results: dict[str, list[dict]]) -> dict[str, str]:
         kinds = ", ".join(f"{sum(r['kill'] == k for r in runs)} {k}" for k in KILLS)
         variants = (
             f"{sum(r['save_total_limit'] == 1 for r in runs)} with save_total_limit=1, "
-            f"{sum(r['load_best'] for r in runs)} with load_best_model_at_end"
+            f"{sum(r['load_best'] for r in runs)} with load_best_model_at_end, "
+            f"{sum(r['save_total_limit'] == 1 and r['load_best'] for r in runs)} with both, "
+            f"{sum(r.get('resume') == 'outside' for r in runs)} resumed from outside output_dir"
         )
         lines[launch] = (
             f"{passed}/{len(runs)} passed; {killed} killed mid-run ({kinds}), {fresh} requeued before any "

@@ -27,16 +27,13 @@ def hostile_bytes(marker: Path, size: int = 0) -> bytes:
 
 def crafted_copy(checkpoint: Path, destination: Path, relative: str, marker: Path) -> Path:
     """Copy `checkpoint` to `destination` with its file `relative` replaced by `hostile_bytes` of the same size, and
-    its commit record rewritten to match (whoever can plant a file can write the record too)."""
-    from cegppo_trl.checkpoints import COMMIT_FILE, own_files, write_commit
+    its marker rewritten to match (whoever can plant a file can write the marker too)."""
+    from cegppo_trl.checkpoints import COMMIT_FILE, commit
 
     shutil.copytree(checkpoint, destination)
     target = destination / relative
     target.write_bytes(hostile_bytes(marker, target.stat().st_size))
     if (destination / COMMIT_FILE).exists():
-        world = json.loads((destination / COMMIT_FILE).read_text())["world_size"]
-        files = {}
-        for rank in range(world):
-            files.update(own_files(str(destination), rank, writes_shared=rank == 0))
-        write_commit(str(destination), world, files)
+        record = json.loads((destination / COMMIT_FILE).read_text())
+        commit(str(destination), True, record.get("run"), lambda: None, bool(record.get("save_only_model")))
     return destination
