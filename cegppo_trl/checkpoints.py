@@ -162,15 +162,13 @@ class ResumePlan:
     changes: dict = field(default_factory=dict)  # the settings that differ from the resumed checkpoint's
 
     def release(self) -> None:
-        release_lock(self.lock)
-        self.lock = None
+        self.lock = release_lock(self.lock)  # None
 
 
 def _wanted(requested: object) -> object:  # `resume_from_checkpoint` as None (fresh), "last", or a path
     word = requested.strip().lower() if isinstance(requested, str) else requested
-    if word in ("", "none", "null", "false", None, False):
-        return None
-    return "last" if word in (True, "true", "last") else requested
+    none, last = word in ("", "none", "null", "false", None, False), word in (True, "true", "last")
+    return None if none else "last" if last else requested
 
 
 def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
@@ -218,6 +216,14 @@ def plan_resume(output_dir: str, requested: object, args: Any, run: str | None =
     return plan, [f for f in others if marker(f).get("run") != plan.run or checkpoint_step(f) > past]
 
 
+def refusal(plan: ResumePlan, blocking: list[str], output_dir: str) -> str:  # rule 3's words, for `cegppo check` too
+    return (f"{f'Resuming {plan.checkpoint}' if plan.checkpoint else 'A new run'} into {output_dir}, which holds "
+            f"committed checkpoints of another run or past the resumed step ({', '.join(map(os.path.basename, blocking))}"
+            "): `last` would pick them up after a stop. Resume the newest with `--resume_from_checkpoint last` (Python "
+            "API: `train(resume_from_checkpoint=True)`), pick another `--output_dir`, or delete them "
+            "(`--overwrite_output_dir true`).")  # fmt: skip
+
+
 def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None) -> ResumePlan:
     """The launch's plan, made by the main process (lock, plan, rule 3's refusal or `overwrite`, messages) and
     broadcast; an error of the main process (ValueError, RuntimeError, OSError) is raised on every process."""
@@ -231,19 +237,13 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
             lock = acquire_lock(args.output_dir, log) if getattr(args, "should_save", True) else None
             plan, blocking = plan_resume(args.output_dir, resume, args, run)
             plan.lock = lock
-            names = ", ".join(os.path.basename(f) for f in blocking)
             if blocking and not overwrite:
-                start = f"Resuming {plan.checkpoint}" if plan.checkpoint else "A new run"
-                raise ValueError(
-                    f"{start} into {args.output_dir}, which holds committed checkpoints of another run or past the "
-                    f"resumed step ({names}): `last` would pick them up after a stop. Resume the newest with "
-                    "`--resume_from_checkpoint last` (Python API: `train(resume_from_checkpoint=True)`), pick "
-                    "another `--output_dir`, or delete them (`--overwrite_output_dir true`)."
-                )
+                raise ValueError(refusal(plan, blocking, args.output_dir))
             for folder in blocking:
                 os.remove(os.path.join(folder, COMMIT_FILE))
                 shutil.rmtree(folder)
-            plan.messages += [f"`overwrite_output_dir`: deleted {names} from {args.output_dir}."] if blocking else []
+            deleted = ", ".join(map(os.path.basename, blocking))
+            plan.messages += [f"`overwrite_output_dir`: deleted {deleted} from {args.output_dir}."] if blocking else []
             for message in plan.messages:
                 log(message)
             answer = [plan.checkpoint, plan.finished, plan.run, None]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .data import NONE_STRINGS, check_model_path, is_prompt, sample_rows, short_repr, type_name
+from .data import check_model_path, is_prompt, sample_rows, short_repr, type_name
 from .rewards import (
     REFERENCE_COLUMN,
     REWARD_FUNCS,
@@ -734,25 +734,25 @@ def inspect_output_dir(report: Report, args: Any) -> None:
 
 
 def inspect_resume(report: Report, args: Any, overwrite: bool = False) -> None:
-    """The resume `cegppo train` will plan (`checkpoints.plan_resume`, without its lock or moves): what it refuses
-    (a finished run, another run's checkpoints, a torn folder) is refused here; a path that is not there is refused
-    in transformers' words. The command line only: the API is told the resume at `train()`."""
-    from .checkpoints import LOCK_FILE, plan_resume
+    """The resume `cegppo train` will plan (`checkpoints.plan_resume`, without its lock or deletions): what it
+    refuses (a torn or `save_only_model` folder, another run's checkpoints in `output_dir`) is refused here; a path
+    that is not there is refused in transformers' words. The command line only: the API is told the resume at
+    `train()`."""
+    from .checkpoints import plan_resume, refusal
 
     if args.output_dir is None or os.path.isfile(args.output_dir):
         return
-    resume = args.resume_from_checkpoint
-    fresh = resume is None or str(resume).strip().lower() in (*NONE_STRINGS, "false")
-    mode = "delete" if overwrite and fresh else getattr(args, "later_checkpoints", "refuse")
-    began_here = os.path.exists(os.path.join(args.output_dir, LOCK_FILE))  # as `start_run` reads it: a requeue
-    plan = report.collect("output_dir", plan_resume, args.output_dir, resume, args, mode, None, began_here)
-    if plan is None:
+    planned = report.collect("output_dir", plan_resume, args.output_dir, args.resume_from_checkpoint, args)
+    if planned is None:
         return
-    checkpoint = plan[0].checkpoint
-    if (missing := missing_checkpoint(checkpoint)) is not None:
+    plan, blocking = planned
+    if (missing := missing_checkpoint(plan.checkpoint)) is not None:
         report.error("output_dir", missing)
-    elif checkpoint is not None:
-        report.info("output_dir", f"resumes {checkpoint}" + (" (nothing left to train)" if plan[0].finished else ""))
+        return
+    if blocking and not overwrite:
+        report.error("output_dir", refusal(plan, blocking, args.output_dir), fixes=[Fix("overwrite_output_dir", True)])
+    elif plan.checkpoint is not None:
+        report.info("output_dir", f"resumes {plan.checkpoint}" + (" (nothing left to train)" if plan.finished else ""))
 
 
 def missing_checkpoint(checkpoint: str | None) -> str | None:
