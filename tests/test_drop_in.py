@@ -503,7 +503,7 @@ def test_evaluate_before_train(tmp_path, kind):
     "settings",
     [
         dict(script=("train", "evaluate")),
-        dict(eval_strategy="steps", eval_steps=1),
+        dict(eval_strategy="steps", eval_steps=2),  # a rollout batch's end: steps inside one are refused
         dict(eval_strategy="steps", eval_steps=10, eval_on_start=True),
     ],
     ids=["evaluate_after_train", "eval_strategy_steps", "eval_on_start"],
@@ -746,7 +746,7 @@ def test_train_twice(tmp_path):
 def test_train_twice_with_checkpoints(tmp_path):
     """A second `train()` on the same trainer object after the first saved checkpoints: TRL trains again (a fresh
     run, no resume); so does CE-GPPO: the checkpoints are its own trainer's, not another run's."""
-    grpo, cegppo = differential(tmp_path, script=("train", "train"), save_strategy="steps", save_steps=1)
+    grpo, cegppo = differential(tmp_path, script=("train", "train"), save_strategy="steps", save_steps=2)
     assert grpo.error is None, grpo.message
     assert_same(grpo, cegppo)
 
@@ -879,8 +879,8 @@ def test_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
 def test_fresh_train_into_checkpoints_of_another_run_is_refused(tmp_path):
     """GRPOTrainer starts afresh beside the old checkpoints; CEGPPOTrainer refuses, naming the ways out."""
     for trainer_cls, config_cls in PAIR:
-        run_script(trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=1)
+        run_script(trainer_cls, config_cls, tmp_path, save_strategy="steps", save_steps=2)
     grpo, cegppo = differential(tmp_path)
     assert grpo.error is None, grpo.message
     assert cegppo.error is ValueError
-    assert 'later_checkpoints="move_aside"' in cegppo.message and "resume_from_checkpoint=True" in cegppo.message
+    assert "--overwrite_output_dir" in cegppo.message and "resume_from_checkpoint=True" in cegppo.message
