@@ -34,7 +34,8 @@ def test_a_cpu_smoke_run_prints_no_package_caused_noise_and_saves_the_card(model
         check=False, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-3000:]
+    # One step of an untrained tiny model scores nothing: the documented "nothing to learn" status, not a success.
+    assert result.returncode == 3, output[-3000:]
     assert "Setting accelerator to CPU" not in output
     assert "gradient_checkpointing" not in output and "FutureWarning" not in output
     for line in result.stderr.replace("\r", "\n").splitlines():  # nothing written into the progress bar's line
