@@ -54,12 +54,16 @@ def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list]
 
 
 def check_rollout_batch_steps(args: Any) -> None:
-    """Refuse save and evaluation steps inside a rollout batch: TRL keeps the rollout batch in memory only, so a
-    checkpoint inside one does not resume the run, and a best model chosen there has no checkpoint."""
+    """Refuse save steps inside a rollout batch (TRL keeps the rollout batch in memory only, so a checkpoint inside one
+    does not resume the run), and evaluation steps there when an evaluation picks a checkpoint (the best model would
+    have none). An evaluation that picks nothing may fall anywhere."""
     every = rollout_batch_steps(args)
+    picks = args.load_best_model_at_end or str(args.save_strategy).split(".")[-1].lower() == "best"
     for name, strategy in (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy")):
         value = getattr(args, name) if name == "save_steps" else (args.eval_steps or args.logging_steps)
         if str(getattr(args, strategy)).split(".")[-1].lower() != "steps" or every == 1:
+            continue
+        if name == "eval_steps" and not picks:
             continue
         steps = math.ceil(value * args.max_steps) if 0 < value < 1 and args.max_steps > 0 else value
         if not (steps >= 1 and steps == int(steps) and int(steps) % every == 0):
@@ -264,12 +268,14 @@ class CEGPPOConfig(GRPOConfig):
             "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
         },
     )
-    save_steps: float = field(
-        default=500,
+    save_steps: float | None = field(
+        default=None,
         metadata={
             "help": "Save checkpoint every X updates steps (an integer, or a float in `[0,1)`: a ratio of the total "
-            "training steps). CE-GPPO: it must be a multiple of the optimizer steps per rollout batch (as must "
-            "`eval_steps`), where a resume is exact (TRL does not save the rollout batch); other values are refused."
+            "training steps). CE-GPPO: it must be a multiple of the optimizer steps per rollout batch, where a resume "
+            "is exact (TRL does not save the rollout batch); other values are refused, as are `eval_steps` inside a "
+            "rollout batch when an evaluation picks the best checkpoint. Unset: transformers' 500, rounded up to such "
+            "a multiple."
         },
     )
 
@@ -281,7 +287,12 @@ class CEGPPOConfig(GRPOConfig):
             # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
             # transformers would, without its FutureWarning on every config the user did not cause.
             self.activation_checkpointing = True
+        # Unset: transformers' default until TRL derives the layout, then rounded up to a rollout batch's end.
+        unset_save_steps = self.save_steps is None
+        self.save_steps = 500 if unset_save_steps else self.save_steps
         super().__post_init__()
+        if unset_save_steps:
+            self.save_steps = math.ceil(500 / (every := rollout_batch_steps(self))) * every
         check_rollout_batch_steps(self)  # after TRL derived `steps_per_generation`; before any model loads
 
     @classmethod
@@ -312,6 +323,8 @@ class CEGPPOConfig(GRPOConfig):
         if unknown:
             raise TypeError(f"`CEGPPOConfig` has no field(s) {unknown}.")
         values["generation_batch_size"] = None  # derived from steps_per_generation, the per-device setting
+        if grpo_config.save_steps == 500 and "save_steps" not in overrides:
+            values["save_steps"] = None  # transformers' default: rounded to the rollout batch as an unset one is
         if "generation_batch_size" in overrides and "steps_per_generation" not in overrides:
             values["steps_per_generation"] = None
         elif "steps_per_generation" not in overrides:

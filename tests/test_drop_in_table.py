@@ -38,22 +38,23 @@ SHOWN_BY = {
     "Every group of a rollout batch has one reward (zero advantages)": "test_drop_in_table.py::test_runs_without_a_learning_signal",
     "No rollout batch of a run had a learning signal": "test_drop_in_table.py::test_runs_without_a_learning_signal",
     "Left-clipped tokens drift far below the rollout policy": "test_drop_in_table.py::test_left_clipped_drift_warns",
-    "A fresh `train()` into an `output_dir` holding checkpoints of another run": "test_drop_in.py::test_fresh_train_into_checkpoints_of_another_run_is_refused",
+    "A fresh `train()` into an `output_dir` holding committed checkpoints of another run": "test_drop_in.py::test_fresh_train_into_checkpoints_of_another_run_is_refused",
+    "A second live run into the same `output_dir`": "test_drop_in_table.py::test_a_second_live_run_into_the_same_output_dir",
+    "`resume_from_checkpoint=True`": "test_drop_in_table.py::test_resume_true_with_no_checkpoint",
+    "Resuming a finished run (`global_step >= max_steps`)": "test_drop_in_table.py::test_resuming_past_the_end",
+    "Resuming a checkpoint without `cegppo_commit.json`": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
+    "`save_steps` (with the `\"steps\"` strategy), or `eval_steps` that picks the best checkpoint, inside a rollout batch (off-policy)": "test_drop_in_table.py::test_a_save_step_inside_a_rollout_batch",
+    "Checkpoint folders": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
+    "End of `train()` with `save_total_limit=1` and `load_best_model_at_end`": "test_drop_in_table.py::test_the_end_of_train_deletion_keeps_the_newest",
+    "The order of the prompts in epochs 2 and later": "test_drop_in_table.py::test_the_order_of_prompts_in_epoch_2",
     "Checkpoint loads": "test_safe_load.py::test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model",
     "The logged `loss` (and `train_loss`, `policy_loss`) when tokens are clipped": "test_drop_in_table.py::test_the_logged_loss_of_clipped_tokens",
     "A micro-batch with no token in the loss": "test_drop_in.py::test_same_outcome",
     "Loss at β1, β2 > 0 (off-policy)": "test_drop_in.py::test_the_comparison_detects_a_different_objective",
     "Model card (`README.md`)": "test_drop_in_table.py::test_the_model_card",
 }  # fmt: skip
-# Checkpoint rows being reworked (resume, locks, saves inside a rollout batch): each needs its test here.
-PENDING = {
-    "A second live run into the same `output_dir`",
-    "`resume_from_checkpoint=True`",
-    "Resuming a finished run (`global_step >= max_steps`)",
-    '`save_strategy="steps"` with a save step inside a rollout batch (off-policy)',
-    "Resuming a checkpoint inside a rollout batch (written by another trainer or an older version)",
-    "Checkpoint folders",
-}
+# Rows whose difference no single-process script through both trainers can show (none now).
+PENDING: set[str] = set()
 
 
 def table_rows() -> list[list[str]]:
@@ -205,3 +206,89 @@ def test_settings_that_corrupt_a_run(tmp_path, model_dir, setting):
     assert grpo.error is None and grpo.trainer.state.global_step >= 1  # trains
     with pytest.raises(ValueError):  # refused at configuration, before any trainer
         CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, **setting)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The checkpoint rows (docs/usage.md has the protocol; tests/test_preemption.py one test per rule)
+# ----------------------------------------------------------------------------------------------------------------
+def test_a_save_step_inside_a_rollout_batch(tmp_path):
+    grpo, cegppo = differential(tmp_path, save_strategy="steps", save_steps=1)  # 2 optimizer steps per batch
+    assert grpo.error is None and (tmp_path / "GRPOTrainer" / "checkpoint-1").is_dir()
+    assert cegppo.error is ValueError and "`save_steps=1` falls inside a rollout batch" in cegppo.message
+
+
+def test_a_second_live_run_into_the_same_output_dir(tmp_path):
+    from cegppo_trl.checkpoints import acquire_lock, release_lock
+
+    held = [acquire_lock(str(tmp_path / cls.__name__)) for cls, _ in PAIR]  # another live run of each folder
+    try:
+        grpo, cegppo = differential(tmp_path)
+    finally:
+        for fd in held:
+            release_lock(fd)
+    assert grpo.error is None and grpo.trainer.state.global_step == 2
+    assert cegppo.error is RuntimeError and "is written by another live run" in cegppo.message
+
+
+def test_resume_true_with_no_checkpoint(tmp_path):
+    grpo, cegppo = differential(tmp_path, script=(lambda trainer: trainer.train(resume_from_checkpoint=True),))
+    assert grpo.error is ValueError and "No valid checkpoint found" in grpo.message
+    assert cegppo.error is None and cegppo.trainer.state.global_step == 2  # a fresh start, with a notice
+
+
+def _resume_at(max_steps: int, checkpoint: str | None = None):
+    def resume(trainer):
+        trainer.args.max_steps = max_steps
+        return trainer.train(resume_from_checkpoint=checkpoint or True)
+
+    return resume
+
+
+@pytest.mark.slow
+def test_resuming_past_the_end(tmp_path):
+    saves = dict(save_strategy="steps", save_steps=2)
+    grpo, cegppo = differential(tmp_path, script=("train", _resume_at(1)), **saves)
+    assert grpo.error is None and grpo.trainer.state.global_step == 3  # one step past the checkpoint and `max_steps`
+    assert cegppo.error is ValueError and "`max_steps=1` but" in cegppo.message
+
+
+@pytest.mark.slow
+def test_checkpoint_folders_and_resuming_another_trainers_checkpoint(tmp_path):
+    saves = dict(save_strategy="steps", save_steps=2)
+    grpo, cegppo = differential(tmp_path, **saves)
+    folders = [tmp_path / cls.__name__ / "checkpoint-2" for cls, _ in PAIR]
+    assert not (folders[0] / "cegppo_commit.json").exists() and (folders[1] / "cegppo_commit.json").exists()
+    assert (folders[1] / "cegppo_state.json").exists()
+    # GRPOTrainer's checkpoint, resumed by each trainer into a folder of its own
+    resume = _resume_at(4, str(folders[0]))
+    grpo, cegppo = differential(tmp_path / "again", script=(resume,), **saves)
+    assert grpo.error is None and grpo.trainer.state.global_step == 4
+    assert cegppo.error is ValueError and "has no cegppo_commit.json" in cegppo.message
+
+
+@pytest.mark.slow
+def test_the_end_of_train_deletion_keeps_the_newest(tmp_path):
+    best = dict(save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2, save_total_limit=1,
+                load_best_model_at_end=True, metric_for_best_model="reward", greater_is_better=False, max_steps=6)  # fmt: skip
+    grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(eval_dataset=prompts(4)), **best)
+    assert grpo.error is None and cegppo.error is None, (grpo.message, cegppo.message)
+    kept = [sorted(p.name for p in (tmp_path / cls.__name__).glob("checkpoint-*")) for cls, _ in PAIR]
+    best_step = [o.trainer.state.best_model_checkpoint.rsplit("-", 1)[1] for o in (grpo, cegppo)]
+    assert kept[0] == [f"checkpoint-{best_step[0]}"]  # transformers keeps only the best
+    assert set(kept[1]) == {f"checkpoint-{best_step[1]}", "checkpoint-6"}  # CE-GPPO keeps the newest too
+
+
+def test_the_order_of_prompts_in_epoch_2(tmp_path):
+    def order(trainer, epoch: int) -> list[int]:
+        sampler = trainer._get_train_sampler()
+        if epoch and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)  # transformers' call before each epoch
+        if epoch and not hasattr(sampler, "set_epoch"):
+            list(sampler)  # TRL's generator, seeded once, moves on from the first epoch's draw
+        return list(sampler)
+
+    grpo, cegppo = differential(tmp_path, script=())
+    assert order(grpo.trainer, 0) == order(cegppo.trainer, 0)  # epoch 1: TRL's order
+    epoch2 = [order(o.trainer, 1) for o in (grpo, cegppo)]
+    assert epoch2[0] != epoch2[1]
+    assert order(cegppo.trainer, 1) == epoch2[1]  # the same order however the run got there (a resume)
