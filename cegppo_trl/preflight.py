@@ -753,6 +753,9 @@ def inspect_resume(report: Report, args: Any, overwrite: bool = False) -> None:
         report.error("output_dir", refusal(plan, blocking, args.output_dir), fixes=[Fix("overwrite_output_dir", True)])
     elif plan.checkpoint is not None:
         report.info("output_dir", f"resumes {plan.checkpoint}" + (" (nothing left to train)" if plan.finished else ""))
+    else:
+        for message in plan.messages:  # `last` with no checkpoint yet: the fresh start's notice
+            report.info("output_dir", message)
 
 
 def missing_checkpoint(checkpoint: str | None) -> str | None:

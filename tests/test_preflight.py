@@ -422,7 +422,7 @@ def test_check_and_train_refuse_a_resume_below_the_checkpoints_step(capsys, mode
     assert cegppo(["train", *base]) in (0, 3)  # 3: the tiny model's completions all score 0 (no signal)
     argv = [*base[:-2], "--max_steps", "1", "--resume_from_checkpoint", str(out / "checkpoint-2")]
     status, text, train_status, err = _check_then_train(capsys, argv)
-    message = r"`max_steps=1` but .*checkpoint-2 is already at global step 2"
+    message = r"`max_steps=1` but .*checkpoint-2 is at global step 2"
     assert status == 1 and re.search(message, text), text
     assert train_status == 2 and re.search(message, err) and "Traceback" not in err, err
 
@@ -430,15 +430,12 @@ def test_check_and_train_refuse_a_resume_below_the_checkpoints_step(capsys, mode
 def test_check_plans_the_resume_as_train_does_a_requeue_before_the_first_checkpoint_starts_fresh(
     capsys, model_dir, data_file, tmp_path
 ):
-    from cegppo_trl.checkpoints import acquire_lock, release_lock
-
     out = tmp_path / "out"
     argv = cli_args(model_dir, data_file, out, "--reward_funcs", "format", "--resume_from_checkpoint", "last")
-    status, text = check(capsys, *argv)  # a mistyped folder: no run ever started there
-    assert status == 1 and "no run ever started there" in " ".join(text.split()), text
-    release_lock(acquire_lock(str(out))[0])  # a run started there and was killed before its first checkpoint
-    status, text = check(capsys, *argv)
-    assert status == 0, text
+    status, text = check(capsys, *argv)  # `last` before any checkpoint: a requeued command line's first launch
+    assert status == 0 and "holds no committed checkpoint: a fresh start" in " ".join(text.split()), text
+    status, text = check(capsys, *argv[:-2], "--resume_from_checkpoint", str(out / "checkpoint-2"))  # not there
+    assert status == 1 and "Can't find a valid checkpoint at" in " ".join(text.split()), text
 
 
 # Rewards whose behaviour only a call shows: `check` calls no reward of yours unless asked (`--call_rewards`), so
