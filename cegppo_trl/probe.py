@@ -373,7 +373,8 @@ def _check_trainer(trainer) -> tuple[int, int]:
 
 
 def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | None = None, *,
-              log: Callable[[str], None] | None = print) -> dict:  # fmt: skip
+              log: Callable[[str], None] | None = print,
+              on_branch: Callable[[list[dict]], None] | None = None) -> dict:  # fmt: skip
     """Run the β-response probe on a freshly built `CEGPPOTrainer` (see the module docstring for the protocol).
 
     Args:
@@ -381,6 +382,7 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
         probe_prompts: the probe set's prompts (held-out prompts of the task).
         settings: arms and branch points.
         log: where progress lines go (None: silent).
+        on_branch: called with the branch records so far after each branch point (e.g. to save partial results).
 
     Returns:
         A JSON-ready dict: `settings`, `probe_set` (its digest and size), `branches` (per branch point: `step`,
@@ -455,6 +457,8 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
             record["batch_hash"] = hashes.pop()
             del snap
             branches.append(record)
+            if on_branch is not None:
+                on_branch(branches)
             ref = record["arms"][arm_name(reference)]
             say(f"branch {k + 1}/{settings.branch_points} (step {record['step']}): H0 {h0:.4f}, ref ΔH "
                 f"{ref['delta']:+.4f}; " + ", ".join(

@@ -122,6 +122,7 @@ def test_probe_set_is_fixed_and_leaves_the_training_rng_alone(tokenizer):
     assert 3.5 < probe_entropy(model, first) <= math.log(len(tokenizer)) + 1e-6
 
 
+@pytest.mark.slow
 def test_every_arm_trains_on_the_same_rollout_batch_and_the_output_is_complete(tmp_path, tokenizer):
     trainer = _trainer(tmp_path, tokenizer)
     settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)), branch_points=2, probe_prompts=4)
@@ -143,6 +144,7 @@ def test_every_arm_trains_on_the_same_rollout_batch_and_the_output_is_complete(t
     assert result["summary"]["(1, 0)"]["k"] == 2
 
 
+@pytest.mark.slow
 def test_reference_path_is_the_plain_training_run_and_a_repeated_arm_is_bit_identical(tmp_path, tokenizer):
     # The probe drives the trainer's own training_step / clip / optimizer / scheduler: its reference path over two
     # rollout batches must give the weights of `trainer.train()` for the same 8 steps.
