@@ -235,3 +235,47 @@ def test_cegppo_probe_command_writes_its_table_json_and_plot(tmp_path, model_dir
     result = json.loads((tmp_path / "probe.json").read_text())
     assert len(result["branches"]) == 2 and result["probe_set"]["sequences"] == 3
     assert (tmp_path / "probe.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The study's pre-registered verdict rules (examples/entropy_study/probe_study.py), on made-up branch points
+# ----------------------------------------------------------------------------------------------------------------
+def _branches(effects: dict[str, list[float]]) -> list[dict]:
+    """Branch records whose D(arm) are `effects[arm]` (the reference's change is 0.1 at every branch point)."""
+    zero = dict.fromkeys(("pos_below", "pos_above", "neg_below", "neg_above"), 0.0)
+    k = len(next(iter(effects.values())))
+    return [{"arms": {"(0, 0)": {"delta": 0.1, "clip": zero},
+                      **{a: {"delta": 0.1 + d[i], "clip": zero} for a, d in effects.items()}}} for i in range(k)]  # fmt: skip
+
+
+def test_study_claims_held_failed_and_unresolved_follow_the_preregistered_rules():
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from examples.entropy_study.probe_study import evaluate_claims
+
+    wobble = [0.001 * (i % 3) for i in range(12)]  # distinct magnitudes, no ties
+    effects = {
+        "(0.5, 0)": [-0.02 - w for w in wobble],  # A1: every branch point on the claimed side, both parts
+        "(1, 0)": [-0.05 - w for w in wobble],
+        "(0, 1)": [-0.03 - w for w in wobble],  # A2 claims > 0: every branch point reversed -> failed
+        "(0.5, 1)": [(-1) ** i * 0.01 for i in range(12)],  # A3's difference alternates in sign -> not resolved
+        "(0.75, 1)": [0.0] * 12,
+    }
+    pooled = _branches(effects)
+    rows = {r["id"]: r for r in evaluate_claims(pooled, {0: pooled[:6], 1: pooled[6:]})}
+    assert rows["A1"]["p"] == 2**-12 and rows["A1"]["p_holm"] == 4 * 2**-12
+    assert rows["A1"]["verdict"] == "held"
+    assert rows["A2"]["verdict"] == "failed (reversed)"
+    assert rows["A3"]["verdict"] == "not resolved at this power"
+    # A4: I = D(0.5,1) - D(0.5,0) - D(0,1) = ±0.01 + 0.05 + 2w: positive at every branch point -> interaction ≠ 0.
+    assert rows["A4"]["verdict"] == "failed (interaction ≠ 0)"
+    # Significant pooled but one seed's mean on the other side (2 + 14 branch points): not a held claim.
+    d = [0.01, 0.01] + [-0.1 - 0.001 * i for i in range(14)]
+    split = _branches({**{a: v[:1] * 16 for a, v in effects.items()}, "(0.5, 0)": d, "(1, 0)": [x - 0.03 for x in d]})
+    a1 = evaluate_claims(split, {0: split[:2], 1: split[2:]})[0]
+    assert a1["p_holm"] <= 0.05 and not a1["seeds_agree"]
+    assert a1["verdict"] == "not resolved (significant pooled, seeds disagree)"
