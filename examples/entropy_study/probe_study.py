@@ -268,6 +268,152 @@ def summarize(out: Path, write_docs: bool = False) -> str:
     return text
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Stage B: GRPO against (0.5, 1), whole runs of 64 steps, 5 seeds
+# ----------------------------------------------------------------------------------------------------------------
+B_STEPS = 64
+B_SEEDS = (0, 1, 2, 3, 4)
+B_ARMS = {"grpo": (0.0, 0.0), "cegppo_0.5_1": (0.5, 1.0)}
+B_PROBE_EVERY = 16
+B_ACCURACY_AT = 32
+B_SAMPLES = 8
+B_ACCURACY_SEED = 4321
+
+
+def b_runs() -> list[tuple[int, str]]:
+    """Every Stage B run, in a fixed order (`--part i/n` takes every n-th from the i-th)."""
+    return [(seed, arm) for seed in B_SEEDS for arm in B_ARMS]
+
+
+def sampled_accuracy(model, tokenizer, task, samples: int = B_SAMPLES, seed: int = B_ACCURACY_SEED) -> float:
+    """Mean accuracy of `samples` completions per held-out prompt at T = 1 (a private RNG: training's is untouched)."""
+    import torch
+
+    from cegppo_trl.offline.tasks import encode_prompts
+
+    rows = task.heldout
+    ids = encode_prompts(tokenizer, rows["prompt"])
+    width = max(map(len, ids))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+    attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, max_new_tokens=task.max_completion_length, num_return_sequences=samples,
+                             pad_token_id=pad)  # fmt: skip
+    model.train(was_training)
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    solutions = [s for s in rows["solution"] for _ in range(samples)]
+    return sum(task.is_correct(c, s) for c, s in zip(texts, solutions)) / len(texts)
+
+
+def run_b(seed: int, arm: str, out: Path, *, cache_dir: str | None = None, log=print) -> dict:
+    """One Stage B run: `trainer.train()` for 64 steps at the arm's β; probe entropy every 16 steps (and at 0),
+    held-out accuracy (greedy and the mean of 8 samples) at step 32, the four clip shares per 16-step window."""
+    import torch
+    from transformers import TrainerCallback
+
+    from cegppo_trl import CEGPPOTrainer
+    from cegppo_trl.offline.runs import quiet_libraries
+    from cegppo_trl.offline.smollm2 import load_smollm2
+    from cegppo_trl.offline.tasks import chat_addition_task, evaluate_accuracy
+    from cegppo_trl.probe import _Recorder, build_probe_set, probe_entropy
+
+    torch.set_num_threads(1)
+    quiet_libraries()
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, _ = load_smollm2(cache_dir)
+    task = chat_addition_task(num_digits=1, num_heldout=40, max_completion_length=16, seed=0)
+    probe_set = build_probe_set(model, tokenizer, task.heldout["prompt"][:PROBE_PROMPTS], max_new_tokens=16, seed=1234)
+    record = {"seed": seed, "arm": arm, "beta": list(B_ARMS[arm]), "probe_digest": probe_set.digest(),
+              "probe_entropy": {0: probe_entropy(model, probe_set)}, "clip": {}, "started":
+              datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+
+    class Measure(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            step = state.global_step
+            if step % B_PROBE_EVERY == 0:
+                record["probe_entropy"][step] = probe_entropy(model, probe_set)
+                record["clip"][step] = recorder.shares()
+                recorder.reset()
+                log(f"[B seed {seed} {arm}] step {step}: probe H {record['probe_entropy'][step]:.4f}")
+            if step == B_ACCURACY_AT:
+                record["greedy_accuracy"] = evaluate_accuracy(model, tokenizer, task)
+                record["sampled_accuracy"] = sampled_accuracy(model, tokenizer, task)
+                log(f"[B seed {seed} {arm}] step {step}: greedy {record['greedy_accuracy']:.3f}, "
+                    f"sampled {record['sampled_accuracy']:.3f}")  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args = study_config(seed, tmp)
+        args.max_steps = B_STEPS
+        args.gppo_beta1, args.gppo_beta2 = B_ARMS[arm]
+        args.left_drift_warning = None  # a warning only; keeps the log readable
+        trainer = CEGPPOTrainer(model=model, reward_funcs=task.reward_fn, args=args, train_dataset=task.train,
+                                processing_class=tokenizer, callbacks=[Measure()])  # fmt: skip
+        recorder = _Recorder(trainer)
+        t0 = time.perf_counter()
+        with recorder:
+            trainer.train()
+        record["seconds"] = time.perf_counter() - t0
+    record["reward"] = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    (out / f"b_seed{seed}_{arm}.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def summarize_b(out: Path) -> tuple[str, dict]:
+    """B1 and B2 from the finished Stage B runs (the rules in docs/entropy-study.md, Stage B)."""
+    import random
+
+    from cegppo_trl.stats import sign_flip_p, t_quantile
+
+    runs = {}
+    for path in sorted(out.glob("b_seed*_*.json")):
+        r = json.loads(path.read_text())
+        runs[(r["seed"], r["arm"])] = r
+    seeds = [s for s in B_SEEDS if (s, "grpo") in runs and (s, "cegppo_0.5_1") in runs]
+    if not seeds:
+        return "Stage B: no finished seed pair.", {}
+    end = str(B_STEPS)
+    h_diff = [runs[(s, "cegppo_0.5_1")]["probe_entropy"][end] - runs[(s, "grpo")]["probe_entropy"][end] for s in seeds]
+    lines = [f"Stage B: {len(seeds)} of {len(B_SEEDS)} seed pairs finished.", "",
+             "| seed | probe H, GRPO: 0 / 16 / 32 / 48 / 64 | probe H, (0.5, 1) | greedy acc. @32 GRPO / (0.5, 1) "
+             "| sampled acc. @32 GRPO / (0.5, 1) |", "|---|---|---|---|---|"]  # fmt: skip
+    for s in seeds:
+        g, c = runs[(s, "grpo")], runs[(s, "cegppo_0.5_1")]
+        hs = lambda r: " / ".join(f"{r['probe_entropy'][k]:.3f}" for k in sorted(r["probe_entropy"], key=int))  # noqa: E731
+        lines.append(f"| {s} | {hs(g)} | {hs(c)} | {g['greedy_accuracy']:.3f} / {c['greedy_accuracy']:.3f} | "
+                     f"{g['sampled_accuracy']:.3f} / {c['sampled_accuracy']:.3f} |")  # fmt: skip
+    p_b1 = sign_flip_p(h_diff, "greater")
+    b1 = "held" if len(seeds) == 5 and all(d > 0 for d in h_diff) else (
+        "failed" if len(seeds) == 5 else "not resolved (unfinished)")  # fmt: skip
+    data = {"seeds": seeds, "b1": {"differences": h_diff, "p_one_sided": p_b1, "verdict": b1}}
+    lines += [
+        "",
+        f"B1 (0.5, 1) ends (step {B_STEPS}) with more probe entropy than GRPO in 5/5 seeds: differences "
+        + ", ".join(f"{d:+.4f}" for d in h_diff)
+        + f"; exact one-sided sign-flip p = {p_b1:.4g}: **{b1}**.",
+    ]
+    for key in ("greedy_accuracy", "sampled_accuracy"):
+        d = [runs[(s, "cegppo_0.5_1")][key] - runs[(s, "grpo")][key] for s in seeds]
+        rng = random.Random(0)
+        boots = sorted(statistics.fmean(rng.choice(d) for _ in d) for _ in range(10_000))
+        low, high = boots[249], boots[9749]
+        sd = statistics.stdev(d) if len(d) > 1 else float("nan")
+        mde = (
+            (t_quantile(0.975, len(d) - 1) + t_quantile(0.8, len(d) - 1)) * sd / len(d) ** 0.5
+            if len(d) > 1
+            else float("nan")
+        )
+        data[key] = {"differences": d, "mean": statistics.fmean(d), "bootstrap95": [low, high], "mde": mde}
+        lines.append(f"B2 {key.replace('_', ' ')} at step {B_ACCURACY_AT}, (0.5, 1) − GRPO: mean "
+                     f"{statistics.fmean(d):+.3f}, 95% bootstrap interval over seeds [{low:+.3f}, {high:+.3f}]; smallest "
+                     f"difference this design detects (paired t, α 0.05 two-sided, power 0.8): ±{mde:.3f}.")  # fmt: skip
+    return "\n".join(lines), data
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.entropy_study.probe_study", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -280,7 +426,26 @@ def main(argv=None) -> int:
     summary = commands.add_parser("summarize", help="pool the seeds, answer the claims, write results.md")
     summary.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-a"))
     summary.add_argument("--write-docs", action="store_true", help="put the table into docs/entropy-study.md")
+    run_b_parser = commands.add_parser("run-b", help="Stage B runs: GRPO and (0.5, 1), 64 steps each")
+    run_b_parser.add_argument("--part", default="0/1", help="i/n: every n-th run of the 10 from the i-th")
+    run_b_parser.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-b"))
+    run_b_parser.add_argument("--cache-dir", default=None)
+    summary_b = commands.add_parser("summarize-b", help="B1 and B2 from the finished Stage B runs")
+    summary_b.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-b"))
     args = parser.parse_args(argv)
+    if args.command == "run-b":
+        i, n = map(int, args.part.split("/"))
+        for seed, arm in b_runs()[i::n]:
+            if (args.out / f"b_seed{seed}_{arm}.json").exists():
+                continue  # finished before: the folder is resumable run by run
+            run_b(seed, arm, args.out, cache_dir=args.cache_dir, log=lambda s: print(s, flush=True))
+        return 0
+    if args.command == "summarize-b":
+        text, data = summarize_b(args.out)
+        (args.out / "results.md").write_text(text + "\n")
+        (args.out / "summary.json").write_text(json.dumps(data, indent=1))
+        print(text)
+        return 0
     if args.command == "run":
         run_seed(args.seed, args.out, steps=args.steps, cache_dir=args.cache_dir, log=lambda s: print(s, flush=True))
     else:
