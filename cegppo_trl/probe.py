@@ -64,7 +64,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Issue 45's Stage A arms; the first is the reference (CE-GPPO at (0, 0) has GRPO's gradient).
+# The arms of docs/entropy-study.md's probe study; the first is the reference (CE-GPPO at (0, 0) has GRPO's gradient).
 DEFAULT_ARMS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.0, 1.0), (0.5, 1.0), (0.75, 1.0))  # fmt: skip
 REGIONS = ("pos_below", "pos_above", "neg_below", "neg_above")  # A>0 r<1-ε, A>0 r>1+ε (β2), A<0 r<1-ε (β1), A<0 r>1+ε
 
@@ -223,18 +223,23 @@ def _clone(obj):
     return copy.deepcopy(obj)
 
 
-def _rng_state() -> dict:
-    import numpy as np
+def _numpy():
+    """NumPy when something has imported it (transformers does), else None: its global RNG is snapshotted too (a
+    reward function may draw from it), without making NumPy a dependency of the package."""
+    return sys.modules.get("numpy")
 
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+def _rng_state() -> dict:
+    np = _numpy()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": None if np is None else np.random.get_state()}  # fmt: skip
 
 
 def _set_rng_state(state: dict) -> None:
-    import numpy as np
-
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    if state["numpy"] is not None:
+        _numpy().random.set_state(state["numpy"])
 
 
 def _snapshot(trainer) -> dict:

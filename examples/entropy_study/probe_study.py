@@ -1,4 +1,4 @@
-"""The first powered β study: the β-response probe (`cegppo_trl.probe`) on SmolLM2-135M-Instruct (issue 45, Stage A).
+"""The first powered β study: the β-response probe (`cegppo_trl.probe`) on SmolLM2-135M-Instruct (docs/entropy-study.md).
 
     python -m examples.entropy_study.probe_study run --seed 0 --out docs/entropy-study/probe-stage-a   # one seed
     python -m examples.entropy_study.probe_study summarize --out docs/entropy-study/probe-stage-a [--write-docs]
@@ -46,7 +46,7 @@ BEGIN, END = "<!-- probe-stage-a results: begin -->", "<!-- probe-stage-a result
 
 
 def study_config(seed: int, output_dir: str):
-    """The run's settings (issue 45): ε 0.2, dapo, no KL, constant lr 1e-5, 4 prompts × 8 samples, 8 steps/batch."""
+    """The run's settings (docs/entropy-study.md): ε 0.2, dapo, no KL, constant lr 1e-5, 4 prompts × 8 samples, 8 steps/batch."""
     from cegppo_trl import CEGPPOConfig
 
     return CEGPPOConfig(
@@ -234,7 +234,9 @@ def results_markdown(out: Path) -> tuple[str, dict]:
                 label = f"{r['id']} {r['claim']}" if j == 0 else "″"
                 seeds = ", ".join(f"{m:+.4f}" for m in part["seed_means"].values())
                 verdict = (
-                    f"{r['verdict']} (p = max of parts {r['p']:.3g}, reversed {r['p_reverse']:.3g})" if j == 0 else ""
+                    f"{r['verdict']} (p = max of parts {r['p']:.3g}, reversed p {r['p_reverse']:.3g}, Holm {r['p_reverse_holm']:.3g})"
+                    if j == 0
+                    else ""
                 )
                 holm_p = f"{r['p_holm']:.3g}" if j == 0 else ""
                 lines.append(f"| {label} | {_fmt_terms(part['terms'])} {part['relation']} 0: {part['mean']:+.4f} "
