@@ -389,8 +389,10 @@ def summarize_b(out: Path) -> tuple[str, dict]:
         lines.append(f"| {s} | {hs(g)} | {hs(c)} | {g['greedy_accuracy']:.3f} / {c['greedy_accuracy']:.3f} | "
                      f"{g['sampled_accuracy']:.3f} / {c['sampled_accuracy']:.3f} |")  # fmt: skip
     p_b1 = sign_flip_p(h_diff, "greater")
-    b1 = "held" if len(seeds) == 5 and all(d > 0 for d in h_diff) else (
-        "failed" if len(seeds) == 5 else "not resolved (unfinished)")  # fmt: skip
+    if any(d <= 0 for d in h_diff):  # 5/5 is needed: one seed at or below GRPO decides it
+        b1 = "failed"
+    else:
+        b1 = "held" if len(seeds) == len(B_SEEDS) else "not resolved (unfinished)"
     data = {"seeds": seeds, "b1": {"differences": h_diff, "p_one_sided": p_b1, "verdict": b1}}
     lines += [
         "",
