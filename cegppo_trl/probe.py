@@ -24,9 +24,9 @@ Protocol (`run_probe`), in this order:
 
 CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py), and the only
 variance left in D is how the effect varies across training states. One process only (no DDP / DeepSpeed); the
-entropy controller is refused (it would move β away from the arm's values); LoRA works (the state dict holds the
-adapters). The run must be off-policy (`steps_per_generation × num_iterations > gradient_accumulation_steps`): on
-policy r ≡ 1, nothing is clipped and every arm equals GRPO.
+entropy controller is refused (it would move β away from the arm's values). The run must be off-policy
+(`steps_per_generation × num_iterations > gradient_accumulation_steps`): on policy r ≡ 1, nothing is clipped and every
+arm equals GRPO (a warning says so).
 """
 
 from __future__ import annotations
