@@ -2,6 +2,7 @@
 
     cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
     cegppo check --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # the same, checked without training
+    cegppo probe --config RECIPE [--any_field value ...] [--probe_arms "0,0;0.5,1"]  # the β-response probe
     cegppo recipes                                                          # the shipped recipes and their folders
     cegppo config-path deepspeed_zero2                                      # a shipped file's installed path
     cegppo rewards
@@ -69,6 +70,13 @@ examples:
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
         "gets them, what each reward receives, the batch layout, the engine and extras; no GPU, no model weights; "
         "exits 1 on any error; --call_rewards also calls your rewards on real rows",
+    )
+    commands.add_parser(
+        "probe",
+        add_help=False,
+        help="the β-response probe: from the model of a `cegppo train` command (same arguments), the change in "
+        "entropy on a fixed probe set that each (β1, β2) arm causes over one rollout batch, against GRPO's, at K "
+        "shared branch points; `cegppo probe --help` lists its own flags",
     )
     commands.add_parser(
         "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
@@ -202,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import check_main
 
         return check_main(argv[1:])
+    elif args.command == "probe":
+        from .probe import main as probe
+
+        try:
+            return probe(argv[1:])
+        except ValueError as error:
+            print(f"cegppo probe: error: {error}", file=sys.stderr)
+            return 2
     elif args.command == "recipes":
         _list_recipes()
     elif args.command == "rewards":

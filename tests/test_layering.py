@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cegppo_trl"
 # Floor of each module (a package's modules by their dotted path): higher floors import lower ones, never the reverse.
 FLOORS = {
     # 0 pure math: tensors and numbers
-    "_spec": 0, "loss": 0, "aggregation": 0, "schedules": 0, "controller": 0, "rollouts": 0, "baselines": 0,
+    "_spec": 0, "loss": 0, "aggregation": 0, "schedules": 0, "controller": 0, "rollouts": 0, "baselines": 0, "stats": 0,
     # 1 facts: settings, releases, the reward registry, shipped files
     "config": 1, "trl_compat": 1, "rewards": 1, "resources": 1,
     # 2 inputs: datasets, paths; offline tasks, models and tokenizers built from floors 0-2
@@ -27,7 +27,7 @@ FLOORS = {
     # 4 wiring: TRL's hooks
     "trainer": 4,
     # 5 entry points: arguments, YAML, printing
-    "scripts": 5, "cli": 5, "offline.runs": 5, "quickstart.run": 5, "quickstart.__main__": 5,
+    "scripts": 5, "cli": 5, "probe": 5, "offline.runs": 5, "quickstart.run": 5, "quickstart.__main__": 5,
 }  # fmt: skip
 # Package roots re-export (lazily) from any floor; they are not floors themselves.
 ROOTS = {"", "offline", "quickstart"}

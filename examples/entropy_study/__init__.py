@@ -11,6 +11,8 @@ Run from the repository root (each module is a command line; `--help` lists its 
   collapse (`delta_low` / `delta_low_mode`) on settings it was not developed on, on both tasks.
 - `python -m examples.entropy_study.random_reward`: the clipping rule alone against entropy, on SmolLM2-135M-Instruct
   with a reward independent of the text (five (β1, β2) arms, three seeds).
+- `python -m examples.entropy_study.probe_study`: the β-response probe (`cegppo probe`) on SmolLM2-135M-Instruct,
+  six (β1, β2) arms branched from the same states at 12 branch points (docs/entropy-study.md).
 
 Results and their discussion: docs/entropy-study.md.
 """

@@ -1,0 +1,281 @@
+"""The β-response probe (`cegppo_trl.probe`) and its statistics (`cegppo_trl.stats`).
+
+The statistics are checked against values derived by hand (sign vectors enumerated in the comments, t quantiles from
+printed tables). The probe is checked off-policy (4 optimizer steps per rollout batch) on the tiny Llama: every arm
+trains on the same rollout batch, the probe set is fixed, the reference arm's path is the plain `trainer.train()`
+run, two runs of the same arm are bit-identical, and on a toy whose sign is known β1 > 0 lowers entropy against GRPO.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from helpers.batches import base_config_kwargs, count_ones_reward
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.probe import (
+    ProbeSettings,
+    _batch_digest,
+    _restore,
+    _set_betas,
+    _snapshot,
+    _train_rollout_batch,
+    build_probe_set,
+    parse_arms,
+    probe_entropy,
+    run_probe,
+    summarize_probe,
+)
+from cegppo_trl.stats import holm, sign_flip_p, t_interval, t_quantile
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Statistics, by hand
+# ----------------------------------------------------------------------------------------------------------------
+def test_sign_flip_p_three_positive_differences_is_one_eighth_one_sided_two_eighths_two_sided():
+    # 8 sign vectors; only (+,+,+) reaches the observed sum 6 (and only (-,-,-) its mirror).
+    assert sign_flip_p([1.0, 2.0, 3.0], "greater") == 1 / 8
+    assert sign_flip_p([1.0, 2.0, 3.0], "two-sided") == 2 / 8
+    assert sign_flip_p([1.0, 2.0, 3.0], "less") == 1.0
+
+
+def test_sign_flip_p_mixed_signs_enumerated_by_hand():
+    # d = (1, -2, 3), observed sum 2. The 8 signed sums ±1±2±3: 6, 0, 2, -4, 4, -2, 0, -6.
+    d = [1.0, -2.0, 3.0]
+    assert sign_flip_p(d, "greater") == 3 / 8  # 6, 2, 4
+    assert sign_flip_p(d, "less") == 6 / 8  # 0, 2, -4, -2, 0, -6
+    assert sign_flip_p(d, "two-sided") == 6 / 8  # |s| >= 2: 6, 2, -4, 4, -2, -6
+    # Ties count: (1, 1) has sums 2, 0, 0, -2.
+    assert sign_flip_p([1.0, 1.0], "greater") == 1 / 4
+    assert sign_flip_p([], "greater") == 1.0
+
+
+def test_sign_flip_p_smallest_value_is_two_to_the_minus_k_and_refuses_monte_carlo_sizes():
+    assert sign_flip_p([0.1] * 12, "greater") == 2**-12
+    assert sign_flip_p([0.1] * 12, "two-sided") == 2**-11
+    with pytest.raises(ValueError, match="too many"):
+        sign_flip_p([0.1] * 21)
+    with pytest.raises(ValueError, match="alternative"):
+        sign_flip_p([1.0], "bigger")
+
+
+@pytest.mark.parametrize(("df", "table"), [(1, 12.706), (2, 4.303), (5, 2.571), (11, 2.201), (30, 2.042)])
+def test_t_quantile_matches_the_printed_table(df, table):
+    assert t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
+
+
+def test_t_interval_of_one_two_three():
+    # mean 2, sd 1, t_{0.975, 2} = 4.3027: half-width 4.3027 / sqrt(3) = 2.4842.
+    mean, low, high = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0
+    assert (low, high) == pytest.approx((2 - 2.4842, 2 + 2.4842), abs=1e-4)
+
+
+def test_holm_adjusts_step_down_and_keeps_input_order():
+    # sorted: 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> max(0.06, 0.04) = 0.06.
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_parse_arms():
+    assert parse_arms("0,0; 0.5,1") == ((0.0, 0.0), (0.5, 1.0))
+    for bad in ("0,0", "0,0;1", "0,0;0,0", "0,0;-1,0", "0,0;a,b"):
+        with pytest.raises(ValueError):
+            parse_arms(bad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The probe on the tiny Llama, off-policy
+# ----------------------------------------------------------------------------------------------------------------
+PROMPTS = [f"{i % 4}+{i % 4}=" for i in range(32)]
+
+
+def _trainer(tmp_path, tokenizer, model=None, reward=count_ones_reward, **kw):
+    settings = dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4, loss_type="dapo",
+                    lr_scheduler_type="constant", learning_rate=1e-2)  # fmt: skip
+    settings.update(kw)
+    args = CEGPPOConfig(**base_config_kwargs(tmp_path, **settings))
+    return CEGPPOTrainer(
+        model=model if model is not None else build_tiny_llama(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        processing_class=tokenizer,
+    )
+
+
+def test_probe_set_is_fixed_and_leaves_the_training_rng_alone(tokenizer):
+    model = build_tiny_llama(tokenizer, seed=0)
+    before = torch.get_rng_state()
+    first = build_probe_set(model, tokenizer, PROMPTS[:6], max_new_tokens=6, seed=3)
+    assert torch.equal(torch.get_rng_state(), before)
+    again = build_probe_set(model, tokenizer, PROMPTS[:6], max_new_tokens=6, seed=3)
+    other = build_probe_set(model, tokenizer, PROMPTS[:6], max_new_tokens=6, seed=4)
+    assert first.digest() == again.digest() != other.digest()
+    assert probe_entropy(model, first) == probe_entropy(model, again)
+    # The entropy of a near-uniform random model over ~100 characters is near log(vocab).
+    assert 3.5 < probe_entropy(model, first) <= math.log(len(tokenizer)) + 1e-6
+
+
+@pytest.mark.slow
+def test_every_arm_trains_on_the_same_rollout_batch_and_the_output_is_complete(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer)
+    settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)), branch_points=2, probe_prompts=4)
+    result = run_probe(trainer, PROMPTS[:4], settings, log=None)
+    json.dumps(result)  # JSON-ready
+    assert len(result["branches"]) == 2
+    hashes = [b["batch_hash"] for b in result["branches"]]
+    assert hashes[0] != hashes[1]  # a new rollout batch at each branch point ...
+    for branch in result["branches"]:  # ... the same one for every arm
+        assert {a["batch_hash"] for a in branch["arms"].values()} == {branch["batch_hash"]}
+        assert all(a["tokens"] > 0 for a in branch["arms"].values())
+    # Branch point k starts where the reference arm of branch point k - 1 ended.
+    first, second = result["branches"]
+    assert second["step"] == first["step"] + 4
+    assert second["h0"] == first["arms"]["(0, 0)"]["h_after"]
+    # Off-policy: something left the clip range.
+    assert sum(result["summary"]["(0, 0)"]["clip"].values()) > 0
+    assert set(result["summary"]) == {"(0, 0)", "(1, 0)", "(0, 1)"}
+    assert result["summary"]["(1, 0)"]["k"] == 2
+
+
+@pytest.mark.slow
+def test_reference_path_is_the_plain_training_run_and_a_repeated_arm_is_bit_identical(tmp_path, tokenizer):
+    # The probe drives the trainer's own training_step / clip / optimizer / scheduler: its reference path over two
+    # rollout batches must give the weights of `trainer.train()` for the same 8 steps.
+    probe = _trainer(tmp_path / "a", tokenizer)
+    settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0)), branch_points=2, probe_prompts=2)
+    run_probe(probe, PROMPTS[:2], settings, log=None)
+    plain = _trainer(tmp_path / "b", tokenizer, max_steps=8, gppo_beta1=0.0, gppo_beta2=0.0)
+    plain.train()
+    for (name, a), (_, b) in zip(probe.model.state_dict().items(), plain.model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+    # Restoring a snapshot and training the same arm again gives the same bits; another arm does not.
+    trainer = _trainer(tmp_path / "c", tokenizer)
+    trainer.create_optimizer_and_scheduler(num_training_steps=8)
+    trainer.state.max_steps = 8
+    batches = list(trainer.get_train_dataloader())[:4]
+    snap = _snapshot(trainer)
+    ends = []
+    for arm in ((1.0, 0.0), (1.0, 0.0), (0.0, 0.0)):
+        _restore(trainer, snap)
+        _set_betas(trainer, arm)
+        _train_rollout_batch(trainer, batches, 1)
+        ends.append(({k: v.clone() for k, v in trainer.model.state_dict().items()}, _batch_digest(trainer)[0]))
+    assert ends[0][1] == ends[1][1] == ends[2][1]
+    assert all(torch.equal(ends[0][0][k], ends[1][0][k]) for k in ends[0][0])
+    assert not all(torch.equal(ends[0][0][k], ends[2][0][k]) for k in ends[0][0])
+
+
+@pytest.mark.slow
+def test_beta1_lowers_probe_entropy_against_grpo_on_a_toy_with_a_known_sign(tmp_path, tokenizer):
+    # One-token completions from a policy that puts ~half its mass on "7" (a bias on the LM head) and spreads the rest
+    # over ~100 characters; reward 1 for "7". Every other sampled token has A < 0 and probability ~0.005, far below
+    # e^-H: pushing it down lowers entropy (dH ∝ π_a (log π_a + H) < 0). GRPO stops pushing once r < 1 - ε
+    # (clipped, no gradient); β1 = 1 keeps pushing: the probe entropy must fall further than GRPO's. Plain SGD, so
+    # the extra gradient is not rescaled per parameter as Adam would.
+    torch.manual_seed(0)
+    model = build_tiny_llama(tokenizer, seed=0)
+    seven = tokenizer.convert_tokens_to_ids("7")
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[seven] = 4.6  # e^4.6 ≈ 99 ≈ the other characters together
+    model.lm_head = head
+
+    def seven_reward(completions, **kwargs):
+        return [float(c[:1] == "7") for c in completions]
+
+    trainer = _trainer(tmp_path, tokenizer, model=model, reward=seven_reward, num_generations=8,
+                       max_completion_length=1, optim="sgd", learning_rate=0.3)  # fmt: skip
+    settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0)), branch_points=2, probe_prompts=8)
+    result = run_probe(trainer, PROMPTS[:8], settings, log=None)
+    d = [b["arms"]["(1, 0)"]["delta"] - b["arms"]["(0, 0)"]["delta"] for b in result["branches"]]
+    assert all(x < -0.1 for x in d), d
+    assert result["summary"]["(0, 0)"]["clip"]["neg_below"] > 0.1  # the left-clipped tokens β1 acts on
+    assert result["summary"]["(1, 0)"]["mean"] < 0
+
+
+def test_summary_reports_the_exact_two_sided_p_over_branch_points():
+    branches = [{"arms": {"(0, 0)": {"delta": 0.0, "clip": dict.fromkeys(("pos_below", "pos_above", "neg_below",
+                 "neg_above"), 0.0)}, "(1, 0)": {"delta": x, "clip": dict.fromkeys(("pos_below", "pos_above",
+                 "neg_below", "neg_above"), 0.0)}}} for x in (-1.0, -2.0, -3.0)]  # fmt: skip
+    summary = summarize_probe(branches, (0.0, 0.0))
+    assert summary["(1, 0)"]["p_two_sided"] == 2 / 8
+    assert summary["(1, 0)"]["mean"] == -2.0
+    assert summary["(1, 0)"]["positive"] == 0
+    assert summary["(0, 0)"]["reference"]
+
+
+def test_probe_refuses_the_entropy_controller(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, entropy_controller="band=1-2")
+    with pytest.raises(ValueError, match="entropy_controller"):
+        run_probe(trainer, PROMPTS[:2], ProbeSettings(arms=((0, 0), (1, 0)), branch_points=1), log=None)
+
+
+@pytest.mark.slow
+def test_cegppo_probe_command_writes_its_table_json_and_plot(tmp_path, model_dir, data_file, capsys):
+    from cegppo_trl.cli import main
+
+    status = main([
+        "probe", "--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data_file,
+        "--output_dir", str(tmp_path), "--max_completion_length", "4", "--probe_arms", "0,0;1,1",
+        "--probe_branch_points", "2", "--probe_prompts", "3",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "(1, 1)" in out and "p (2-sided)" in out
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert len(result["branches"]) == 2 and result["probe_set"]["sequences"] == 3
+    assert (tmp_path / "probe.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The study's pre-registered verdict rules (examples/entropy_study/probe_study.py), on made-up branch points
+# ----------------------------------------------------------------------------------------------------------------
+def _branches(effects: dict[str, list[float]]) -> list[dict]:
+    """Branch records whose D(arm) are `effects[arm]` (the reference's change is 0.1 at every branch point)."""
+    zero = dict.fromkeys(("pos_below", "pos_above", "neg_below", "neg_above"), 0.0)
+    k = len(next(iter(effects.values())))
+    return [{"arms": {"(0, 0)": {"delta": 0.1, "clip": zero},
+                      **{a: {"delta": 0.1 + d[i], "clip": zero} for a, d in effects.items()}}} for i in range(k)]  # fmt: skip
+
+
+def test_study_claims_held_failed_and_unresolved_follow_the_preregistered_rules():
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from examples.entropy_study.probe_study import evaluate_claims
+
+    wobble = [0.001 * (i % 3) for i in range(12)]  # distinct magnitudes, no ties
+    effects = {
+        "(0.5, 0)": [-0.02 - w for w in wobble],  # A1: every branch point on the claimed side, both parts
+        "(1, 0)": [-0.05 - w for w in wobble],
+        "(0, 1)": [-0.03 - w for w in wobble],  # A2 claims > 0: every branch point reversed -> failed
+        "(0.5, 1)": [(-1) ** i * 0.01 for i in range(12)],  # A3's difference alternates in sign -> not resolved
+        "(0.75, 1)": [0.0] * 12,
+    }
+    pooled = _branches(effects)
+    rows = {r["id"]: r for r in evaluate_claims(pooled, {0: pooled[:6], 1: pooled[6:]})}
+    assert rows["A1"]["p"] == 2**-12 and rows["A1"]["p_holm"] == 4 * 2**-12
+    assert rows["A1"]["verdict"] == "held"
+    assert rows["A2"]["verdict"] == "failed (reversed)"
+    assert rows["A3"]["verdict"] == "not resolved at this power"
+    # A4: I = D(0.5,1) - D(0.5,0) - D(0,1) = ±0.01 + 0.05 + 2w: positive at every branch point -> interaction ≠ 0.
+    assert rows["A4"]["verdict"] == "failed (interaction ≠ 0)"
+    # Significant pooled but one seed's mean on the other side (2 + 14 branch points): not a held claim.
+    d = [0.01, 0.01] + [-0.1 - 0.001 * i for i in range(14)]
+    split = _branches({**{a: v[:1] * 16 for a, v in effects.items()}, "(0.5, 0)": d, "(1, 0)": [x - 0.03 for x in d]})
+    a1 = evaluate_claims(split, {0: split[:2], 1: split[2:]})[0]
+    assert a1["p_holm"] <= 0.05 and not a1["seeds_agree"]
+    assert a1["verdict"] == "not resolved (significant pooled, seeds disagree)"
