@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+# Multi-process or real-model work: a separate step of .ci/run (README, Contributing).
+pytestmark = [pytest.mark.slow, pytest.mark.campaign]
+
 VARIANTS = [
     {"save_total_limit": 1, "load_best": True, "kill": "save", "resume": "last"},
     {"save_total_limit": 2, "load_best": True, "kill": "time", "resume": "outside"},

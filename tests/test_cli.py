@@ -117,6 +117,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed")
 def test_example_script_under_torchrun_exits_cleanly_every_time(model_dir, data_file, tmp_path):
     # On main, rank 1 hung in native code after `main()` returned in 3 of 12 runs: the gloo group was left to

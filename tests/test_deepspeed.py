@@ -84,6 +84,7 @@ def _assert_crafted_resume_is_refused(config, checkpoint, tmp_path, member: str)
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, ddp_two_process_run):
     config = cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)
     zero2 = run(_accelerate_launch(config), tmp_path, {**DAPO, "save_steps": 2})
@@ -119,6 +120,7 @@ def test_zero2_trains_what_ddp_trains_and_resumes_exactly_and_safely(tmp_path, d
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run_ends(tmp_path):
     # The reviewer's scenario: a genuine checkpoint-2 whose trainer_state.json names checkpoint-1 as
     # the best model, beside a decoy checkpoint-1 (a DeepSpeed `latest` file and a pickled model-states file that
@@ -150,6 +152,7 @@ def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, ddp_two_process_run):
     config = cpu_accelerate_config("deepspeed_zero3.yaml", tmp_path)
     full = run(_accelerate_launch(config), tmp_path, {**DAPO, "zero3": True, "save_steps": 2})
@@ -185,6 +188,7 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_two_nodes_on_loopback_train_what_one_node_trains(tmp_path, ddp_two_process_run):
     port = str(free_port())
     nodes = [
@@ -215,6 +219,7 @@ def test_two_nodes_on_loopback_train_what_one_node_trains(tmp_path, ddp_two_proc
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_cpu_rehearsal_of_the_7b_recipe_under_zero3(tmp_path):
     # docs/usage.md, "Rehearse on CPU": the shipped recipe and accelerate config, a tiny model, 2 steps. The model is
     # loaded partition by partition (`zero3_init_flag`), generates through TRL's ZeRO-3 gather, and is saved whole.
@@ -311,6 +316,7 @@ import json, os
 from accelerate import Accelerator
 from cegppo_trl import CEGPPOConfig
 from cegppo_trl.distributed import check_distributed_engine
+
 args = CEGPPOConfig(output_dir=os.environ["OUT"], use_cpu=True, bf16=False, report_to="none")
 engine = check_distributed_engine(args)
 accelerator = Accelerator(deepspeed_plugin=args.deepspeed_plugin, mixed_precision=args.mixed_precision)
@@ -320,6 +326,7 @@ print(json.dumps({"engine": engine, "runs": accelerator.state.distributed_type.n
 
 @pytest.mark.parametrize("value", ["1", "yes"])
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_accelerate_use_deepspeed_as_any_true_word_runs_deepspeed_and_is_let_through(tmp_path, value):
     import os
     import subprocess
@@ -363,6 +370,7 @@ def test_xla_fsdp_is_transformers_own_and_not_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path):
     # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU. One process
     # each (refused before a second would matter), both at once.

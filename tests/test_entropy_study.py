@@ -305,6 +305,7 @@ def small_model(tmp_path_factory):
 
 
 @pytest.mark.slow  # trains a model (> 3 s)
+@pytest.mark.campaign
 def test_probe_uses_a_private_rng(small_model):
     model, tokenizer, _ = small_model
     torch.manual_seed(123)
@@ -323,6 +324,7 @@ QUICK_STEPS = 16  # --quick: two rollout batches, so the switch (58.5% -> step 1
 
 
 @pytest.mark.slow  # trains a model (> 3 s)
+@pytest.mark.campaign
 def test_digits_quick_run_writes_curves_with_the_right_keys_and_shapes(small_model, tmp_path):
     _, _, cache = small_model
     out = tmp_path / "digits"
@@ -379,6 +381,7 @@ def quick_study(tmp_path_factory):
 
 
 @pytest.mark.slow  # trains a model (> 3 s)
+@pytest.mark.campaign
 def test_first_study_quick_json_has_one_finite_curve_per_arm_and_seed(quick_study):
     out, returned = quick_study
     for name in addition.OUTPUT_FILES:
@@ -426,6 +429,7 @@ def test_first_study_switch_changes_beta1_and_matches_the_0_1_arm_before(quick_s
 
 
 @pytest.mark.slow  # trains a model (> 3 s)
+@pytest.mark.campaign
 def test_first_study_worker_processes_reproduce_the_in_process_runs(quick_study, tmp_path):
     _, in_process = quick_study
     _, parallel = _quick(tmp_path, "--arms", "grpo", "--workers", "2")

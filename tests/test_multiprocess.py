@@ -20,6 +20,9 @@ import sys
 import pytest
 from helpers.mp_launch import LAYOUT_ATOL, METRIC_RTOL, run, same_training
 
+# Multi-process or real-model work: a separate step of .ci/run (README, Contributing).
+pytestmark = [pytest.mark.slow, pytest.mark.campaign]
+
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, ddp_two_process_run):

@@ -422,11 +422,13 @@ def _contend(tmp_path: Path, trials: int, prefix: tuple[str, ...] = ()) -> list[
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_two_runs_started_together_never_both_hold_the_lock(tmp_path):
     assert _contend(tmp_path, 20) == [["held", "refused"]] * 20
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_the_lock_excludes_a_run_in_another_pid_namespace_and_dies_with_its_holder(tmp_path):
     unshare = ("unshare", "--pid", "--fork", "--mount-proc")
     probe = subprocess.run([*unshare, "true"], capture_output=True)
@@ -452,6 +454,7 @@ def test_the_lock_excludes_a_run_in_another_pid_namespace_and_dies_with_its_hold
 # A real 2-process save with a slow process (the kill-and-requeue trials: tests/test_chaos.py)
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_nor_is_resumed(tmp_path):
     """In a real 2-process DDP job with `save_total_limit=1`, process 1 stalls before writing its RNG state into
     checkpoint-2 while process 0 has finished its part; the job is then killed, as a preempted one is."""
@@ -490,6 +493,7 @@ def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_n
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_two_nodes_with_their_own_local_disks_each_commit_their_checkpoints(tmp_path):
     """Two nodes of one process each on loopback, each with its own `output_dir` (a local disk per node) and
     `save_on_each_node`: the old commit listed the folder on process 0 and crashed on the other node's RNG state."""

@@ -247,6 +247,7 @@ def _refused(proc, marker, *needles):
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_ddp_resume_of_a_crafted_per_rank_rng_file_runs_nothing(tmp_path):
     torchrun = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())]
     run(torchrun, tmp_path, {"loss_types": ["dapo"], "save_steps": 2}, ACCELERATE_USE_CPU="1")

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.campaign]
 
 PROMPTS = [
     [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}] for a, b in [(3, 4), (6, 2)]
