@@ -629,7 +629,7 @@ def _build_trainer(script_args, training_args, model_args, prepared, report):
 
 def _probe_prompts(script_args, prepared, count: int) -> list:
     """The probe prompts: the test split's first `count` prompts, else (with a warning) the train split's."""
-    from .data import load_dataset_dict
+    from .scripts import load_dataset_dict
 
     dataset = load_dataset_dict(script_args)
     split = script_args.dataset_test_split
