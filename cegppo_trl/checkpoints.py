@@ -201,9 +201,7 @@ def plan_resume(output_dir: str, requested: object, args: Any, run: str | None =
     elif wanted is not None:
         plan.checkpoint = marked[-1] if wanted == "last" else str(wanted)
         if not os.path.isdir(plan.checkpoint):
-            raise ValueError(
-                f"Can't find a valid checkpoint at {wanted}: no such folder. Give a checkpoint or `last`."
-            )
+            raise ValueError(f"Can't find a valid checkpoint at {wanted}: no such folder. Give one, or `last`.")
         if (reason := damage(plan.checkpoint)) is not None:
             raise ValueError(f"{plan.checkpoint} is not a committed checkpoint ({reason}). Resume another one.")
         if (record := marker(plan.checkpoint)).get("save_only_model"):
