@@ -56,7 +56,7 @@ def _train(output_dir, log: _StepLog, resume=None):
         }
 
     def reward(prompts, completions, **kwargs):
-        trainer = holder.get("trainer")  # None for the pre-flight's dry call, before the trainer exists
+        trainer = holder.get("trainer")  # set once the trainer exists (nothing calls the reward before)
         if trainer is not None and trainer.state.global_step in UNSCORABLE_AT:
             return [None] * len(completions)
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]

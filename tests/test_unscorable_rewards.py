@@ -39,7 +39,7 @@ def test_max_unscorable_batches_counts_consecutive_unscorable_batches(make_train
         return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
 
     trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2, max_unscorable_batches=2)
-    calls.clear()  # the pre-flight's dry call: count the training calls only
+    assert calls == []  # the pre-flight calls no reward of yours: every call is a training batch's
     trainer.train()  # one unscorable batch, then a scorable one: no stop
     assert trainer.state.global_step == 2
 
@@ -69,7 +69,7 @@ def test_one_unscorable_batch_warns_as_trl_does_and_training_goes_on(make_traine
         return [None] * len(completions) if len(calls) == 1 else [float(c.count("1")) for c in completions]
 
     trainer = make_trainer(reward_funcs=first_batch_unscorable, max_steps=2)
-    calls.clear()  # the pre-flight's dry call: count the training calls only
+    assert calls == []  # the pre-flight calls no reward of yours: every call is a training batch's
     with caplog.at_level(logging.WARNING):
         trainer.train()
     assert trainer.state.global_step == 2

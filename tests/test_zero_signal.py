@@ -124,7 +124,7 @@ def test_a_batch_with_signal_resets_the_streak_and_0_never_stops(make_trainer):
         return [1.0] * len(completions) if len(calls) % 2 else [float(i % 2) for i in range(len(completions))]
 
     trainer = make_trainer(reward_funcs=signal_every_other_batch, max_steps=4, max_zero_signal_batches=2)
-    calls.clear()  # the pre-flight's dry call: count the training calls only
+    assert calls == []  # the pre-flight calls no reward of yours: every call is a training batch's
     trainer.train()  # constant, signal, constant, signal: never two in a row
     assert trainer.state.global_step == 4
     assert make_trainer(reward_funcs=_constant(1.0), max_steps=3, max_zero_signal_batches=0).train().global_step == 3
@@ -140,7 +140,7 @@ def test_zero_signal_batches_are_exactly_those_dynamic_sampling_empties(make_tra
     trainer = make_trainer(
         reward_funcs=constant_then_spread, max_steps=3, dynamic_sampling=True, gradient_accumulation_steps=1
     )
-    calls.clear()  # the pre-flight's dry call: count the training calls only
+    assert calls == []  # the pre-flight calls no reward of yours: every call is a training batch's
     counts = []
     original = trainer.reward_monitor.observe_signal
 
