@@ -50,8 +50,8 @@ def cegppo_objective(
 ) -> torch.Tensor:
     """The CE-GPPO per-token loss by its definition (the module table), before masking and aggregation.
 
-    Computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype). Only
-    `logp` receives a gradient; `old_logp` and `advantages` are constants.
+    Computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype). Pass
+    `old_logp` and `advantages` as constants (detached), as in PPO. Not guarded against an overflowing ``r``.
 
     Args:
         logp: log-probabilities under the current policy, ``(B, T)`` (``(B, 1)`` for a sequence-level ratio).
@@ -67,6 +67,7 @@ def cegppo_objective(
     Returns:
         The per-token loss, shape ``broadcast(logp, advantages)``.
     """
+    check_left_guard(delta_low, delta_low_mode, epsilon_low)
     dtype = torch.promote_types(logp.dtype, torch.float32)  # a bf16 r is 1 +- 0.004
     logp, old_logp = logp.to(dtype), old_logp.to(dtype)
     A = advantages.to(dtype)

@@ -457,13 +457,13 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics, sums = cegppo_metrics(
             log_ratio, advantages, mask, coefficients, gather, weights, controller, logps=logps, entropies=entropies
         )
+        if mode == "train" and controller is not None:  # the step's entropy, logged once measured
+            controller.observe(sums["entropy"], sums["entropy_tokens"], step_end=self.accelerator.sync_gradients)
+            if controller.last_entropy is not None:
+                metrics["cegppo/controller/entropy"] = controller.last_entropy
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
-        if mode != "train":
-            return
-        if controller is not None:
-            controller.observe(sums["entropy"], sums["entropy_tokens"], step_end=self.accelerator.sync_gradients)
-        if self.left_drift_alarm is not None:
+        if mode == "train" and self.left_drift_alarm is not None:
             step_end, step = self.accelerator.sync_gradients, self.state.global_step + 1
             if (warning := self.left_drift_alarm.warning(sums, step_end, step, self.args, coefficients)) is not None:
                 logger.warning(warning, main_process_only=True)
