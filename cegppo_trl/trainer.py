@@ -394,7 +394,9 @@ class CEGPPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         if self.loss_type not in CEGPPO_LOSS_TYPES:  # cispo, sapo, vespo: TRL's objective as it is
             return super()._compute_loss(model, inputs)
-        if "keep_mask" in inputs:  # dynamic sampling: dropped groups leave the loss as TRL's tool mask takes tokens out
+        if (
+            "keep_mask" in inputs
+        ):  # dynamic sampling: dropped groups leave the loss as TRL's tool mask takes tokens out
             keep = inputs["keep_mask"].unsqueeze(1).to(inputs["completion_mask"].dtype)
             inputs = {**inputs, "tool_mask": keep * inputs["tool_mask"] if "tool_mask" in inputs else keep}
         self._loss_tensors = {}
@@ -409,7 +411,9 @@ class CEGPPOTrainer(GRPOTrainer):
         """What CE-GPPO adds to TRL's loss of one micro-batch, from the tensors TRL computed: the preserved gradient
         (value 0) and the authors' SFT term; the `cegppo/` metrics and the controller's entropy on the way."""
         mode = "train" if self.model.training else "eval"
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
         old_logps = inputs.get("old_per_token_logps")

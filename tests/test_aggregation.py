@@ -97,10 +97,6 @@ def test_sft_loss_is_the_correct_completions_nll_by_the_rollout_batch_rule_and_a
     assert loss.item() == pytest.approx(0.75)
 
 
-def test_the_aggregation_covers_the_cegppo_loss_types():
-    assert AGGREGATION_LOSS_TYPES == CEGPPO_LOSS_TYPES
-
-
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("loss_type", AGGREGATION_LOSS_TYPES)
 def test_diagnostics_grad_share_is_autograds_with_the_aggregation_weights(loss_type, level):

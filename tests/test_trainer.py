@@ -37,8 +37,8 @@ def assert_grads_close(grads_a, grads_b, **kw):
         torch.testing.assert_close(a, b, **kw)
 
 
-# float32: the definition and TRL's surrogate plus the term round differently (5e-8 in the gradient here); float64:
-# the same mathematics to 1e-15.
+# float32: the definition and TRL's surrogate plus the term round differently (5e-8 in the gradient here); float64
+# log-probabilities (TRL 1.16 keeps the model's dtype; older releases compute them in float32): the same mathematics.
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-7), torch.float64: dict(rtol=1e-12, atol=1e-15)}
 
 
@@ -66,7 +66,7 @@ def test_training_gradient_equals_cegppo_formula(make_trainer, loss_type, delta,
     trl_per_token = trl_clip_loss(logp.detach(), inputs["old_per_token_logps"], inputs["advantages"], delta=delta)
     value = aggregate(trl_per_token, inputs["completion_mask"], loss_type, trainer.max_completion_length)
     torch.testing.assert_close(loss, value.to(loss.dtype))  # TRL's value: the term adds 0
-    assert_grads_close(grads, expected_grads, **TOLERANCE[dtype])
+    assert_grads_close(grads, expected_grads, **TOLERANCE[logp.dtype])
 
 
 def test_sequence_level_ratio_gradient_equals_formula(make_trainer):

@@ -20,7 +20,13 @@ SEAM = {
     "_compute_loss": ["self", "model", "inputs"],
     "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep"],
     "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
-    "get_off_policy_mask": ["advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold"],
+    "get_off_policy_mask": [
+        "advantages",
+        "per_token_logps",
+        "sampling_per_token_logps",
+        "mask",
+        "off_policy_threshold",
+    ],
     "_generate_and_score_completions": ["self", "inputs"],
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
 }
@@ -184,7 +190,9 @@ def test_use_liger_kernel_is_refused_where_compute_loss_sends_it_to_a_fused_loss
     monkeypatch.setattr(trl, "__version__", version)
     liger = types.SimpleNamespace(use_liger_kernel=True)
     if Version(version) < Version("1.14.0"):
-        with pytest.raises(ValueError, match=rf"`use_liger_kernel=True` with trl {version}: .* would train plain GRPO"):
+        with pytest.raises(
+            ValueError, match=rf"`use_liger_kernel=True` with trl {version}: .* would train plain GRPO"
+        ):
             trl_compat.check_trl_compatibility(liger)
     else:
         trl_compat.check_trl_compatibility(liger)
