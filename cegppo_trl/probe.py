@@ -243,8 +243,8 @@ def probe_entropy(policy, probe_set: ProbeSet, batch_size: int = 16, *, temperat
 
     Args:
         policy: a `GRPOTrainer` (then TRL's `_get_per_token_logps_and_entropies` on its model: the distribution it
-            trains and whose entropy it logs, logits divided by `args.temperature`), or a bare model (its logits
-            divided by `temperature`, as TRL divides them).
+            trains and whose entropy it logs, logits divided by `args.temperature`, under its autocast dtype), or a
+            bare model (its fp32 logits divided by `temperature`, as TRL divides them).
         probe_set: the fixed sequences.
         batch_size: sequences per forward pass.
         temperature: the bare model's temperature (a trainer uses its own).
@@ -298,11 +298,14 @@ def _numpy():
 
 
 def _rng_state() -> dict:
-    """Every global generator a rollout batch or the probe set can draw from: torch's CPU generator, every CUDA
-    device's (sampling on a GPU draws from the device's), Python's and NumPy's (reward functions may)."""
+    """Every global generator a rollout batch or the probe set can draw from: torch's CPU generator, every CUDA (and
+    XPU) device's and MPS's (sampling on an accelerator draws from the device's; `torch.manual_seed` seeds them all),
+    Python's and NumPy's (reward functions may)."""
     np = _numpy()
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "xpu": torch.xpu.get_rng_state_all() if torch.xpu.is_available() else None,
+            "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
             "numpy": None if np is None else np.random.get_state()}  # fmt: skip
 
 
@@ -310,6 +313,10 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
+    if state["xpu"] is not None:
+        torch.xpu.set_rng_state_all(state["xpu"])
+    if state["mps"] is not None:
+        torch.mps.set_rng_state(state["mps"])
     random.setstate(state["python"])
     if state["numpy"] is not None:
         _numpy().random.set_state(state["numpy"])
