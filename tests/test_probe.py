@@ -438,7 +438,10 @@ def test_study_claims_held_failed_and_unresolved_follow_the_preregistered_rules(
     }
     pooled = _branches(effects)
     rows = {r["id"]: r for r in evaluate_claims(pooled, {0: pooled[:6], 1: pooled[6:]})}
-    assert rows["A1"]["p"] == 2**-12 and rows["A1"]["p_holm"] == 4 * 2**-12
+    # One Holm family of seven tests (A1-A4 and the reverses of A1-A3): A1 and A2's reverse share the smallest p,
+    # 2^-12, so both adjust to 7 × 2^-12; the pre-registered split families (4 forward, 3 reverse) sit beside it.
+    assert rows["A1"]["p"] == 2**-12 and rows["A1"]["p_holm"] == 7 * 2**-12
+    assert rows["A1"]["p_holm_split"] == 4 * 2**-12 and rows["A2"]["p_reverse_holm_split"] == 3 * 2**-12
     assert rows["A1"]["verdict"] == "held"
     assert rows["A2"]["verdict"] == "failed (reversed)"
     assert rows["A3"]["verdict"] == "not resolved at this power"
@@ -450,3 +453,26 @@ def test_study_claims_held_failed_and_unresolved_follow_the_preregistered_rules(
     a1 = evaluate_claims(split, {0: split[:2], 1: split[2:]})[0]
     assert a1["p_holm"] <= 0.05 and not a1["seeds_agree"]
     assert a1["verdict"] == "not resolved (significant pooled, seeds disagree)"
+
+
+def test_stage_a_in_one_holm_family_leaves_a2s_reversal_unresolved_and_the_split_reading_is_labelled_beside_it():
+    # Stage A's own branch records (docs/entropy-study/probe-stage-a). A2's reverse test (D(0,1) < 0) has the
+    # smallest of the seven p-values, 52/4096 (11 of 12 branch points below zero): Holm multiplies it by 7, 0.089 >
+    # 0.05. Only the split reading (3 reverse tests on their own: × 3 = 0.038) called it a failure.
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from examples.entropy_study.probe_study import evaluate_claims, family_tests, load_branches
+
+    pooled, per_seed, _ = load_branches(root / "docs" / "entropy-study" / "probe-stage-a")
+    rows = {r["id"]: r for r in evaluate_claims(pooled, per_seed)}
+    a2 = rows["A2"]
+    assert a2["p_reverse"] == 52 / 4096
+    assert a2["p_reverse_holm"] == pytest.approx(7 * 52 / 4096) and a2["verdict"] == "not resolved at this power"
+    assert a2["p_reverse_holm_split"] == pytest.approx(3 * 52 / 4096) and a2["verdict_split"] == "failed (reversed)"
+    tests = family_tests(list(rows.values()))
+    assert len(tests) == 7 and min(t["p_holm"] for t in tests) == pytest.approx(7 * 52 / 4096)
+    assert rows["A4"]["verdict"] == "held" and rows["A4"]["p_holm"] == pytest.approx(6 * rows["A4"]["p"])
