@@ -476,3 +476,23 @@ def test_stage_a_in_one_holm_family_leaves_a2s_reversal_unresolved_and_the_split
     tests = family_tests(list(rows.values()))
     assert len(tests) == 7 and min(t["p_holm"] for t in tests) == pytest.approx(7 * 52 / 4096)
     assert rows["A4"]["verdict"] == "held" and rows["A4"]["p_holm"] == pytest.approx(6 * rows["A4"]["p"])
+
+
+def test_stage_b_reports_that_5_of_5_can_no_longer_happen_not_a_reversal_and_three_seeds_as_their_range():
+    # Stage B's three finished seed pairs: (0.5, 1) − GRPO = -0.102, -0.294, +0.039 at step 64. Two below GRPO rule
+    # out "5/5 above"; (0.5, 1) below GRPO is not shown either (one-sided p 2/8: only the all-minus pattern and
+    # the observed one reach the observed sum). A percentile bootstrap of 3 values returns their range.
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from examples.entropy_study.probe_study import summarize_b
+
+    text, data = summarize_b(root / "docs" / "entropy-study" / "probe-stage-b")
+    assert data["b1"]["p_one_sided_lower"] == 0.25 and data["b1"]["verdict"].startswith("cannot hold: 5/5")
+    assert "failed" not in text and "Not a reversal" in text
+    greedy = data["greedy_accuracy"]
+    assert greedy["bootstrap95"] == pytest.approx(greedy["range"])
+    assert "range over [-0.175, -0.050]" in text and "bootstrap interval over seeds" not in text
