@@ -21,7 +21,7 @@ The claims and their tests are fixed here and in the docs before the run:
 - Pre-registered: Holm across the four p-values at family-wise α = 0.05. A1-A3 hold when their Holm-adjusted p <=
   0.05 and each seed's mean over its own branch points is on the claimed side; they fail when the reverse one-sided
   test, Holm-adjusted over the reverse tests, is <= 0.05; otherwise they are not resolved at this power.
-- Reported since (issue 52): those are two families, forward (4 tests) and reverse (3), each corrected on its own, so
+- Changed after the run: those are two families, forward (4 tests) and reverse (3), each corrected on its own, so
   a claim can pass through either door at α = 0.05 each. The verdicts now come from **one Holm family over all seven
   tests** (`p_holm`, `p_reverse_holm`, `verdict`); the split reading stays beside it, labelled (`p_holm_split`,
   `p_reverse_holm_split`, `verdict_split`). `summarize` prints and writes both.
