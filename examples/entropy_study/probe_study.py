@@ -339,7 +339,8 @@ def sampled_accuracy(model, tokenizer, task, samples: int = B_SAMPLES, seed: int
     attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
     was_training = model.training
     model.eval()
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    # `torch.manual_seed` seeds every CUDA device too: fork them all, not only the CPU generator.
+    with torch.no_grad(), torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(seed)
         out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
                              top_p=1.0, max_new_tokens=task.max_completion_length, num_return_sequences=samples,
