@@ -15,8 +15,10 @@ Protocol (`run_probe`), in this order:
    optimizer, lr scheduler, the torch RNG of the CPU and of every CUDA device, Python's and NumPy's, `trainer.state`,
    TRL's step counter, buffered rollout batch and vLLM weight-sync step, the trainer's run state, and the dataloader
    batches of the next rollout batch (pulled once). With `vllm_mode="server"` the server samples in another process,
-   whose generator no snapshot reaches: the probe gives every arm of a branch point the same request seed instead
-   (`_vllm_request_seed`); colocated vLLM samples in this process, from the restored device generator.
+   whose generator no snapshot reaches: the probe gives every request of a rollout batch a seed of that batch's
+   instead (`_VllmRequestSeed`), the same for every arm. Colocated vLLM samples in this process, from the device
+   generator the snapshot restores (neither vLLM path is exercised by the CPU tests: the batch-hash check below stops
+   the probe if one does not hold).
 3. Each arm restores that snapshot, sets its constant (β1, β2) and takes the run's optimizer steps for one rollout
    batch (`steps_per_generation × num_iterations / gradient_accumulation_steps`) through the trainer's own
    `training_step`, clipping, optimizer and scheduler, exactly as `Trainer`'s loop does. Restoring the RNG makes every
@@ -428,10 +430,11 @@ def _batch_digest(trainer) -> tuple[str, float]:
 
 
 class _VllmRequestSeed:
-    """Server-mode vLLM samples in the server's process, out of the snapshot's reach: `set(seed)` gives its requests
-    that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`) so that every arm of a branch point draws the
-    same rollout batch; the user's `generation_kwargs` are put back on exit. Nothing changes without vLLM, with
-    colocated vLLM (it samples in this process, from the restored device generator) or with a seed of the user's."""
+    """Server-mode vLLM samples in the server's process, out of the snapshot's reach: `set(seed)` before a rollout
+    batch gives its requests that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`) so that every arm of
+    a branch point draws the same rollout batch; the user's `generation_kwargs` are put back on exit. Nothing changes
+    without vLLM, with colocated vLLM (it samples in this process, from the restored device generator) or with a seed
+    of the user's. A per-request seed gives two requests of the same prompt in one rollout batch the same samples."""
 
     def __init__(self, trainer):
         generation = getattr(trainer, "vllm_generation", None)
@@ -558,6 +561,7 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
             for _ in range(settings.branch_every - 1):  # rollout batches between branch points: the reference arm
                 _set_betas(trainer, reference)
                 recorder.arm = reference
+                vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)  # one seed per rollout batch
                 _train_rollout_batch(trainer, next_batches(), ga)
             batches = next_batches()
             h0 = probe_entropy(trainer, probe_set)
