@@ -381,7 +381,7 @@ class _Recorder:
     def __enter__(self):
         trainer = self.trainer
 
-        def hooked(mode, log_ratio, advantages, mask, coefficients, weights=None):
+        def hooked(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs):  # the rest: passed through
             if mode == "train":
                 low, high = math.log(1 - coefficients["epsilon_low"]), math.log1p(coefficients["epsilon_high"])
                 lr, adv, m = log_ratio.detach(), advantages.detach().expand_as(log_ratio), mask.detach().float()
@@ -393,7 +393,7 @@ class _Recorder:
                 ):
                     self.counts[name] += float((region.float() * m).sum())
                 self.tokens += float(m.sum())
-            return self.original(mode, log_ratio, advantages, mask, coefficients, weights)
+            return self.original(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs)
 
         trainer._log_cegppo_metrics = hooked
         alarm = trainer.left_drift_alarm
