@@ -145,12 +145,18 @@ def cegppo_regions(
         epsilon_low, epsilon_high, delta, delta_low: as in `cegppo_objective`.
     """
     ratio, adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio)
-    negative = adv < 0
-    left = negative & (ratio < 1 - epsilon_low)
-    right = (adv > 0) & (ratio > 1 + epsilon_high)
+    negative = adv < 0  # [B, 1]
+
+    def bound(rows: torch.Tensor, value: float, otherwise: float) -> torch.Tensor:
+        # Each test applies to one sign of A: its bound is one number per row (+-inf for the other sign), in the
+        # ratio's dtype as TRL's comparison with a Python float: one comparison per token.
+        return torch.where(rows, adv.new_tensor(value), adv.new_tensor(otherwise))  # [B, 1]
+
+    left = ratio < bound(negative, 1 - epsilon_low, -math.inf)
+    right = ratio > bound(adv > 0, 1 + epsilon_high, math.inf)
     off = torch.zeros_like(left)
-    dual = off if delta is None else negative & (ratio > delta)
-    guard = off if delta_low is None else left & (ratio < delta_low)
+    dual = off if delta is None else ratio > bound(negative, delta, math.inf)
+    guard = off if delta_low is None else ratio < bound(negative, delta_low, -math.inf)  # within `left`
     return CEGPPORegions(left, right, dual, guard)
 
 
@@ -166,17 +172,20 @@ def preserved_coefficient(
     delta: float | None = None,
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
+    regions: CEGPPORegions | None = None,
 ) -> torch.Tensor:
     """Per token, the weight of the gradient CE-GPPO keeps where PPO's clip drops it (a constant, no gradient).
 
     ``beta1 * (1 - eps_l)`` on left-clipped tokens (times 0 below `delta_low` under ``"cutoff"``, ``r / delta_low``
     under ``"decay"``), ``beta2 * (1 + eps_h)`` on right-clipped ones, 0 elsewhere; shape
     ``broadcast(log_ratio, advantages)``, `log_ratio`'s dtype. `delta` is accepted for the signature's sake: the dual
-    region is disjoint from the left one (``delta > 1``).
+    region is disjoint from the left one (``delta > 1``). `regions`: `cegppo_regions` of the same inputs, if at hand.
     """
-    left, right, _, guard = cegppo_regions(
-        log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
-    )
+    if regions is None:
+        regions = cegppo_regions(
+            log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
+        )
+    left, right, _, guard = regions
     zero = log_ratio.new_zeros(())
     left_weight = log_ratio.new_tensor(beta1 * (1 - epsilon_low))
     if delta_low is not None:  # the left guard: how far beta1 may push a token out of the policy
@@ -243,6 +252,8 @@ def cegppo_diagnostics(
     weights: torch.Tensor | None = None,
     logps: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
+    regions: CEGPPORegions | None = None,
+    coefficient: torch.Tensor | None = None,
 ) -> CEGPPODiagnostics:
     """What the CE-GPPO loss did to one micro-batch: regions, ratio, the gradient weight it preserved, and which way
     the preserved gradient pushes entropy.
@@ -268,6 +279,7 @@ def cegppo_diagnostics(
             (`cegppo_trl.aggregation.trl_weights` times TRL's off-policy mask, entropy mask, vLLM ratio). None: 1.
         logps, entropies: ``(B, T)`` current log-probabilities and entropies (TRL's, under the sampling
             temperature), for the entropy sums and the predictor; None leaves those sums out.
+        regions, coefficient: `cegppo_regions` and `preserved_coefficient` of the same inputs, if at hand.
 
     Returns:
         `CEGPPODiagnostics`.
@@ -276,13 +288,17 @@ def cegppo_diagnostics(
     dtype = log_ratio.dtype
     mask = mask.to(dtype)
     settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low)
-    left, right, dual, guard = (x.to(dtype) for x in cegppo_regions(log_ratio, advantages, **settings, delta=delta))
-    coefficient = preserved_coefficient(log_ratio, advantages, **settings, beta1=beta1, beta2=beta2,
-                                        delta_low_mode=delta_low_mode)  # fmt: skip
-    ratio, abs_adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio).abs()
+    if regions is None:
+        regions = cegppo_regions(log_ratio, advantages, **settings, delta=delta)
+    if coefficient is None:
+        coefficient = preserved_coefficient(log_ratio, advantages, **settings, beta1=beta1, beta2=beta2,
+                                            delta_low_mode=delta_low_mode, regions=regions)  # fmt: skip
+    left, right, dual, guard = (x.to(dtype) for x in regions)
+    coefficient = coefficient.to(dtype)
+    ratio, adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio)
     dropped = torch.clamp(left + right + dual, max=1.0)  # no PPO gradient there
-    grad_weight = abs_adv * (ratio * (1 - dropped) + coefficient)  # [B, T] or [B, 1]
-    preserved = abs_adv * coefficient
+    grad_weight = adv.abs() * (ratio * (1 - dropped) + coefficient)  # [B, T] or [B, 1]
+    preserved = adv.abs() * coefficient
     token_weight = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
     if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
         count = (mask.sum(-1, keepdim=True) > 0).to(dtype)  # [B, 1]
@@ -291,35 +307,41 @@ def cegppo_diagnostics(
         token_share = total_weight / mask.sum(-1, keepdim=True).clamp(min=1.0) * mask  # [B, T]
     else:
         count, total_weight, token_share = mask, token_weight, token_weight
-    sums = dict(
-        tokens=count,
-        left=left * count,
-        right=right * count,
-        dual=dual * count,
-        guard=guard * count,
-        ratio=ratio * count,
-        grad_weight=grad_weight * total_weight,
-        preserved_grad_weight=preserved * total_weight,
-        left_log_ratio=left * log_ratio * count,
-    )
+    shape = torch.broadcast_shapes(ratio.shape, adv.shape, count.shape)
+    # The sums in two stacks, one reduction each: entries counted once each, and gradient weights.
+    counted = {
+        "tokens": torch.ones_like(ratio),
+        "left": left,
+        "right": right,
+        "dual": dual,
+        "guard": guard,
+        "ratio": ratio,
+        "left_log_ratio": left * log_ratio,
+    }
+    stacked = torch.stack([x.expand(shape) for x in counted.values()])  # [K, B, T] or [K, B, 1]
+    sums = dict(zip(counted, (stacked * count).sum(dim=(1, 2)).unbind()))
+    weighted = torch.stack([(grad_weight * total_weight).expand(shape), (preserved * total_weight).expand(shape)])
+    sums.update(zip(("grad_weight", "preserved_grad_weight"), weighted.sum(dim=(1, 2)).unbind()))
     if entropies is not None and logps is not None:
         H, logp = entropies.detach().to(dtype), logps.detach().to(dtype)  # [B, T]
-        raises = logp < -H  # pushing such a token up raises the entropy; pushing it down lowers it
-        sums.update(
-            entropy=H * mask,
-            entropy_tokens=mask,
-            right_raise=(right * raises) * mask,
-            right_tokens=right * mask,
-            left_raise=(left * ~raises) * mask,
-            left_tokens=left * mask,
+        raises = (logp < -H).to(dtype)  # pushing such a token up raises the entropy; pushing it down lowers it
+        right_tokens, left_tokens = right * mask, left * mask
+        per_token = {
+            "entropy": H * mask,
+            "entropy_tokens": mask,
+            "right_raise": right_tokens * raises,
+            "right_tokens": right_tokens,
+            "left_raise": left_tokens * (1 - raises),
+            "left_tokens": left_tokens,
             # d logp = +A * coefficient * weight per unit learning rate (gradient descent on the loss)
-            entropy_change=-(_as_rows(advantages, log_ratio) * coefficient * token_share) * logp.exp() * (logp + H),
-        )
-    sums = {name: x.sum() for name, x in sums.items()}
+            "entropy_change": -(adv * coefficient * token_share) * logp.exp() * (logp + H),
+        }
+        stacked = torch.stack([x.expand_as(mask) for x in per_token.values()])  # [K, B, T]
+        sums.update(zip(per_token, stacked.sum(dim=(1, 2)).unbind()))
     tokens_per_sequence = count.sum(-1)  # [B]; 0 / 0 = NaN below for a sequence without tokens, ignored
     left_share = (left * count).sum(-1) / tokens_per_sequence  # [B]
     right_share = (right * count).sum(-1) / tokens_per_sequence  # [B]
-    valid = count.bool().expand_as(ratio) if ratio.shape != count.shape else count.bool()
+    valid = count.bool()
     minima = dict(
         ratio=torch.where(valid, ratio, torch.inf).amin(),
         left_share=torch.where(left_share.isnan(), torch.inf, left_share).amin(),

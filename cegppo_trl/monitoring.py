@@ -404,13 +404,13 @@ def cegppo_metrics(
     gather: Callable[[torch.Tensor], torch.Tensor],
     weights: torch.Tensor | None = None,
     controller: EntropyController | None = None,
-    logps: torch.Tensor | None = None,
-    entropies: torch.Tensor | None = None,
+    **tensors: torch.Tensor,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """One micro-batch's `cegppo/` metrics over all processes, in one `gather` and one host transfer.
 
     Args:
-        log_ratio, advantages, mask, weights, logps, entropies: `cegppo_diagnostics`' arguments.
+        log_ratio, advantages, mask, weights: `cegppo_diagnostics`' arguments; `tensors` its optional keywords
+            (`logps`, `entropies`, `regions`, `coefficient`).
         coefficients: the step's clip range, betas and guards (`CEGPPOTrainer.cegppo_coefficients`).
         gather: concatenates a 1-D tensor over the processes (`accelerator.gather`).
         controller: the entropy controller, whose target and last entropy are logged, or None.
@@ -424,9 +424,7 @@ def cegppo_metrics(
         metrics["cegppo/controller/target_low"], metrics["cegppo/controller/target_high"] = controller.target
         if controller.last_entropy is not None:
             metrics["cegppo/controller/entropy"] = controller.last_entropy
-    diagnostics = cegppo_diagnostics(
-        log_ratio, advantages, mask, **coefficients, weights=weights, logps=logps, entropies=entropies
-    )
+    diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights, **tensors)
     sums, minima, maxima = combine_diagnostics(diagnostics, gather)
     metrics.update(diagnostics_metrics(sums, minima, maxima, left_guard=coefficients["delta_low"] is not None))
     return metrics, sums

@@ -31,7 +31,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 )
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
 from .controller import EntropyController, parse_controller
-from .loss import preserved_coefficient, preserved_gradient_term
+from .loss import cegppo_regions, preserved_coefficient, preserved_gradient_term
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
@@ -432,13 +432,16 @@ class CEGPPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             weights = weights * inputs["importance_sampling_ratio"]
         coefficients = self.cegppo_coefficients()
+        bounds = {k: coefficients[k] for k in ("epsilon_low", "epsilon_high", "delta", "delta_low")}
+        regions = cegppo_regions(log_ratio.detach(), advantages, **bounds)
+        coefficient = preserved_coefficient(log_ratio.detach(), advantages, **coefficients, regions=regions)
         term = logps.new_zeros(())
         if coefficients["beta1"] or coefficients["beta2"]:  # at beta = 0, TRL's loss and nothing else
-            coefficient = preserved_coefficient(log_ratio.detach(), advantages, **coefficients)
             term = (preserved_gradient_term(log_ratio, advantages, coefficient) * weights).sum()
         if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
             term = term + self.args.sft_loss_coef * self._sft_loss(logps, mask, inputs, mode)
-        self._log_cegppo_metrics(mode, log_ratio.detach(), advantages, mask, coefficients, weights, logps, entropies)
+        tensors = dict(weights=weights, logps=logps, entropies=entropies, regions=regions, coefficient=coefficient)
+        self._log_cegppo_metrics(mode, log_ratio.detach(), advantages, mask, coefficients, **tensors)
         return term
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
@@ -454,12 +457,13 @@ class CEGPPOTrainer(GRPOTrainer):
                 self._metrics[mode]["cegppo/sft_loss"].append(nll_sum / num_tokens)
         return loss
 
-    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights, logps, entropies) -> None:
+    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights=None, **tensors) -> None:
         """`monitoring.cegppo_metrics` into TRL's metrics (`log()` averages them over the logging window); the
-        entropy controller and the left-drift alarm read the same sums, alike on every process."""
+        entropy controller and the left-drift alarm read the same sums, alike on every process. `tensors`: the
+        `cegppo_diagnostics` keywords at hand (log-probs, entropies, regions, coefficient)."""
         gather, controller = self.accelerator.gather, self.entropy_controller
         metrics, sums = cegppo_metrics(
-            log_ratio, advantages, mask, coefficients, gather, weights, controller, logps=logps, entropies=entropies
+            log_ratio, advantages, mask, coefficients, gather, weights, controller, **tensors
         )
         if mode == "train" and controller is not None:  # the step's entropy, logged once measured
             controller.observe(sums["entropy"], sums["entropy_tokens"], step_end=self.accelerator.sync_gradients)

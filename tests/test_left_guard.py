@@ -313,7 +313,7 @@ def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batc
     with caplog.at_level(logging.WARNING):
         for sync, log_ratio in zip((False, True), (calm, deep) if deep_last else (deep, calm)):
             trainer.accelerator.gradient_state._set_sync_gradients(sync)
-            trainer._log_cegppo_metrics("train", log_ratio, torch.tensor([-1.0]), mask, coefficients, None, None, None)
+            trainer._log_cegppo_metrics("train", log_ratio, torch.tensor([-1.0]), mask, coefficients)
     # (-3 + 4 * -0.5) / 5 = -1.0 > -1.5
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
     assert trainer.left_drift_alarm.armed
