@@ -160,7 +160,7 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser
         norm: `normaliser` of the rule.
 
     Returns:
-        The loss scaled for gradient accumulation (its gradient w.r.t. `per_token_loss` is `aggregation_weights`),
+        The loss scaled for gradient accumulation,
         and its unscaled detached value (the same quantity for every loss type: the aggregated per-token values of
         this micro-batch with the rollout-batch normaliser).
     """
