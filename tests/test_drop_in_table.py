@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_drop_in import PAIR, assert_same, differential, none_reward, ones_reward, prompts, run_script
+from test_drop_in import PAIR, differential, none_reward, ones_reward, prompts, run_script
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
