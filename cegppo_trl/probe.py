@@ -29,7 +29,9 @@ Protocol (`run_probe`), in this order:
 4. The reference arm (the first arm, GRPO's (0, 0) by default) runs last; its end state is the base run's next state
    (not recomputed). Non-branch rollout batches (`branch_every` > 1) are trained with the reference arm.
 5. Per arm: D = its probe-entropy change minus the reference arm's at the same branch point; over the K branch points
-   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.stats`).
+   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.stats`), and how often
+   the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
+   reference arm's) had D's sign.
 
 CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py; on a GPU, as far
 as its kernels are deterministic: the batch-hash check says when they are not), and the only
@@ -456,8 +458,9 @@ class _VllmRequestSeed:
         return False
 
 
-def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> list[float]:
-    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the losses."""
+def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[list[float], float]:
+    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the losses, and
+    the entropy change the trainer's per-step predictor summed over them (`cegppo/predictor/entropy_change`)."""
     model = trainer.model
     losses = []
     for start in range(0, len(batches), ga):
@@ -472,9 +475,10 @@ def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> list[floa
         trainer.lr_scheduler.step()
         model.zero_grad(set_to_none=True)
         trainer.state.global_step += 1
+    predicted = sum(trainer._metrics["train"].get("cegppo/predictor/entropy_change", []))
     for values in trainer._metrics.values():  # TRL's log() would clear them; nothing is logged here
         values.clear()
-    return losses
+    return losses, predicted
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -574,13 +578,14 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
                 _set_betas(trainer, arm)
                 recorder.reset()
                 recorder.arm = arm
-                losses = _train_rollout_batch(trainer, batches, ga)
+                losses, predicted = _train_rollout_batch(trainer, batches, ga)
                 digest, adv = _batch_digest(trainer)
                 h = probe_entropy(trainer, probe_set)
                 record["arms"][arm_name(arm)] = {
                     "beta1": arm[0], "beta2": arm[1], "h_after": h, "delta": h - h0, "clip": recorder.shares(),
                     "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,
-                    "loss_mean": sum(losses) / len(losses), "seconds": time.perf_counter() - t0,
+                    "loss_mean": sum(losses) / len(losses), "predicted": predicted,
+                    "seconds": time.perf_counter() - t0,
                 }  # fmt: skip
             hashes = {a["batch_hash"] for a in record["arms"].values()}
             if len(hashes) != 1:
@@ -632,8 +637,13 @@ def summarize_probe(branches: Sequence[dict], reference: tuple[float, float] | s
             continue
         d = arm_differences(branches, arm, ref)
         mean, low, high = t_interval(d) if len(d) > 1 else (d[0], math.nan, math.nan)
+        # The trainer's first-order predictor (docs/algorithm.md): does the sign of its summed entropy change, arm
+        # minus reference, say which way D went? Counted where it predicts anything (not 0).
+        predicted = [b["arms"][arm].get("predicted", 0.0) - b["arms"][ref].get("predicted", 0.0) for b in branches]
+        called = [(p, x) for p, x in zip(predicted, d, strict=True) if p != 0]
         out[arm] = {"k": len(d), "mean": mean, "ci95": [low, high], "p_two_sided": sign_flip_p(d, "two-sided"),
-                    "positive": sum(x > 0 for x in d), "clip": clip}  # fmt: skip
+                    "positive": sum(x > 0 for x in d), "clip": clip,
+                    "predictor_agrees": sum((p > 0) == (x > 0) for p, x in called), "predictor_k": len(called)}  # fmt: skip
     return out
 
 
@@ -648,8 +658,11 @@ def format_summary(summary: dict[str, dict]) -> str:
                          f"{'':>13}{'':>7}   {clip}")  # fmt: skip
             continue
         interval = f"[{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]"
+        predictor = (
+            f"   predictor's sign = D's: {s['predictor_agrees']}/{s['predictor_k']}" if "predictor_k" in s else ""
+        )
         lines.append(f"{arm:<14}{s['k']:>4}{s['mean']:>+15.4f}{interval:>26}{s['p_two_sided']:>13.4g}"
-                     f"{str(s['positive']) + '/' + str(s['k']):>7}   {clip}")  # fmt: skip
+                     f"{str(s['positive']) + '/' + str(s['k']):>7}   {clip}{predictor}")  # fmt: skip
     lines.append("D = the arm's change in probe entropy over one rollout batch minus the reference arm's, per branch "
                  "point; p: exact two-sided sign-flip test over the branch points.")  # fmt: skip
     return "\n".join(lines)

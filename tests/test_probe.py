@@ -345,7 +345,7 @@ def test_reference_path_is_the_plain_training_run_and_a_repeated_arm_is_bit_iden
 
 
 @pytest.mark.slow
-def test_beta1_lowers_probe_entropy_against_grpo_on_a_toy_with_a_known_sign(tmp_path, tokenizer):
+def test_beta1_and_beta2_lower_probe_entropy_on_a_toy_with_a_known_sign_and_the_predictor_says_so(tmp_path, tokenizer):
     # One-token completions from a policy that puts ~half its mass on "7" (a bias on the LM head) and spreads the rest
     # over ~100 characters; reward 1 for "7". Every other sampled token has A < 0 and probability ~0.005, far below
     # e^-H: pushing it down lowers entropy (dH ∝ π_a (log π_a + H) < 0). GRPO stops pushing once r < 1 - ε
@@ -366,12 +366,20 @@ def test_beta1_lowers_probe_entropy_against_grpo_on_a_toy_with_a_known_sign(tmp_
 
     trainer = _trainer(tmp_path, tokenizer, model=model, reward=seven_reward, num_generations=8,
                        max_completion_length=1, optim="sgd", learning_rate=0.3)  # fmt: skip
-    settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0)), branch_points=2, probe_prompts=8)
+    settings = ProbeSettings(arms=((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)), branch_points=2, probe_prompts=8)
     result = run_probe(trainer, PROMPTS[:8], settings, log=None)
     d = [b["arms"]["(1, 0)"]["delta"] - b["arms"]["(0, 0)"]["delta"] for b in result["branches"]]
     assert all(x < -0.1 for x in d), d
     assert result["summary"]["(0, 0)"]["clip"]["neg_below"] > 0.1  # the left-clipped tokens β1 acts on
     assert result["summary"]["(1, 0)"]["mean"] < 0
+    # The trainer's per-step predictor calls the sign from the tokens alone (docs/algorithm.md): pushing rare tokens
+    # down lowers entropy; the right-clipped tokens are "7"s (p ~ 0.5, log p > -H), and pushing a likely token up
+    # lowers it too, the reverse of the paper's PA&LP picture. Its sign matches D at every branch point.
+    for arm in ("(1, 0)", "(0, 1)"):
+        assert all(b["arms"][arm]["predicted"] < 0 for b in result["branches"]), arm
+        summary = result["summary"][arm]
+        assert summary["predictor_agrees"] == summary["predictor_k"] == 2, (arm, summary)
+    assert result["summary"]["(0, 1)"]["mean"] < 0
 
 
 def test_summary_reports_the_exact_two_sided_p_over_branch_points():
