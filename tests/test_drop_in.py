@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+import trl
 from datasets import Dataset, DatasetDict
 from helpers.batches import base_config_kwargs
+from packaging.version import Version
 from transformers import AutoModelForCausalLM, LlamaForSequenceClassification, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
@@ -560,7 +562,12 @@ def test_tools_and_environments(tmp_path, monkeypatch, case):
 
 def test_tool_chat_template_renders_and_parses_calls():
     """The offline tool-calling tokenizer passes TRL's checks and its parser reads a call back."""
+    import inspect
+
     from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
+
+    if "tools" not in inspect.signature(parse_response).parameters:
+        pytest.skip("this TRL's `parse_response` takes no `tools`: a check of the harness's tokenizer, not of the trainer")
 
     plain, tools = build_char_tokenizer(), build_char_tokenizer(tool_calling=True)
     assert not supports_tool_calling(plain)
@@ -855,8 +862,10 @@ def test_same_exception(tmp_path, monkeypatch, case):
             kwargs["trainer_kwargs"] = dict(peft_config=_lora_on_lm_head())
         outcomes.append(run_script(trainer_cls, config_cls, tmp_path, **kwargs))
     grpo, cegppo = outcomes
+    assert cegppo.error is grpo.error, (grpo.message, cegppo.message)  # the same outcome, whatever the release
+    if grpo.error is None and Version(trl.__version__) < Version("1.16.0"):
+        pytest.skip(f"trl {trl.__version__}'s GRPOTrainer trains this script (and so does CEGPPOTrainer)")
     assert grpo.error is not None and says in grpo.message, grpo.message
-    assert cegppo.error is grpo.error, (grpo.message, cegppo.message)
 
 
 # ----------------------------------------------------------------------------------------------------------------
