@@ -567,7 +567,9 @@ def test_tool_chat_template_renders_and_parses_calls():
     from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
 
     if "tools" not in inspect.signature(parse_response).parameters:
-        pytest.skip("this TRL's `parse_response` takes no `tools`: a check of the harness's tokenizer, not of the trainer")
+        pytest.skip(
+            "this TRL's `parse_response` takes no `tools`: a check of the harness's tokenizer, not of the trainer"
+        )
 
     plain, tools = build_char_tokenizer(), build_char_tokenizer(tool_calling=True)
     assert not supports_tool_calling(plain)
