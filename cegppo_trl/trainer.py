@@ -59,14 +59,22 @@ def holds_model(folder: str) -> bool:
 
 
 class EpochSeededRepeatSampler(RepeatSampler):
-    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`)."""
+    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`).
+
+    The epoch is `set_epoch`'s, and `epoch_of()` (the trainer's epoch) for an iteration that no `set_epoch` preceded:
+    the epoch a multi-process run resumes in, where transformers' call cannot reach the sampler."""
 
     epoch = 0
+    epoch_of = None
+    _told = False
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self._told = epoch, True
 
     def __iter__(self):
+        if not self._told and self.epoch_of is not None:
+            self.epoch = self.epoch_of()
+        self._told = False
         self.generator.manual_seed(self.seed + self.epoch)
         return super().__iter__()
 
@@ -223,10 +231,15 @@ class CEGPPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
         # epoch's permutation; reseeded with seed + epoch (accelerate's `SeedableRandomSampler`), every epoch draws
-        # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch.
+        # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch, but in
+        # the epoch a run with 2+ processes resumes in the call stops short: accelerate's `skip_first_batches` wraps the
+        # `BatchSamplerShard` in a `SkipBatchSampler`, one level deeper than `set_epoch` looks, and that epoch drew
+        # epoch 1's order (issue 51, item 1). Then the sampler takes the epoch from the resumed trainer state: the
+        # integer part of `state.epoch` is the epoch under way (transformers sets it to exactly `e` at epoch e's start).
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is RepeatSampler and sampler.shuffle and sampler.seed is not None:
             sampler.__class__ = EpochSeededRepeatSampler  # TRL's construction kept, its iteration reseeded
+            sampler.epoch_of = lambda: int(self.state.epoch or 0)
         return sampler
 
     def _save_checkpoint(self, model, trial):
