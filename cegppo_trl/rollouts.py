@@ -183,14 +183,3 @@ def resume_offset(
         updates_per_epoch = max(math.ceil(micro_batches / gradient_accumulation_steps), 1)
         position = global_step % updates_per_epoch * gradient_accumulation_steps
     return position % generate_every
-
-
-def rollout_batch_steps(args) -> int:
-    """Optimizer steps from one rollout-batch end to the next (`resume_offset` is 0 at each multiple): the save and
-    evaluation steps a run may take (`config.check_rollout_batch_steps`).
-
-    Args:
-        args: the run's `GRPOConfig` (its batch layout).
-    """
-    generate_every = args.steps_per_generation * args.num_iterations  # micro-batches per rollout batch
-    return generate_every // math.gcd(generate_every, args.gradient_accumulation_steps)
