@@ -238,6 +238,7 @@ class CEGPPOConfig(GRPOConfig):
             "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
         },
     )
+
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()

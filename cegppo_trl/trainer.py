@@ -233,10 +233,10 @@ class CEGPPOTrainer(GRPOTrainer):
         # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
         # epoch's permutation; reseeded with seed + epoch (accelerate's `SeedableRandomSampler`), every epoch draws
         # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch, but in
-        # the epoch a run with 2+ processes resumes in the call stops short: accelerate's `skip_first_batches` wraps the
-        # `BatchSamplerShard` in a `SkipBatchSampler`, one level deeper than `set_epoch` looks, and that epoch drew
-        # epoch 1's order (issue 51, item 1). Then the sampler takes the epoch from the resumed trainer state: the
-        # integer part of `state.epoch` is the epoch under way (transformers sets it to exactly `e` at epoch e's start).
+        # the epoch that a run of 2+ processes resumes in, the call stops short: accelerate's `skip_first_batches`
+        # wraps the `BatchSamplerShard` in a `SkipBatchSampler`, one level deeper than `set_epoch` looks, so that epoch
+        # drew epoch 1's order (a DDP resume in epoch 2 or 3 ended on other weights). There the sampler takes the
+        # resumed trainer state's epoch: the integer part of `state.epoch`, exactly `e` when epoch e begins.
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is RepeatSampler and sampler.shuffle and sampler.seed is not None:
             sampler.__class__ = EpochSeededRepeatSampler  # TRL's construction kept, its iteration reseeded
@@ -318,7 +318,9 @@ class CEGPPOTrainer(GRPOTrainer):
         if self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             return  # a rollout-batch end: the resume generates, as the uninterrupted run does
         layout = {**self._rollout_layout(), "global_step": self.state.global_step}
-        save_rollout_batch(rollout_batch_file(folder, self.args.process_index), self._buffered_inputs, self._step, layout)
+        save_rollout_batch(
+            rollout_batch_file(folder, self.args.process_index), self._buffered_inputs, self._step, layout
+        )
 
     def _load_rollout_batch(self, checkpoint: str) -> None:
         """The resume's rollout batch: the saved one, continued (`rollout_state`); else TRL's, generated at once."""
@@ -339,7 +341,9 @@ class CEGPPOTrainer(GRPOTrainer):
         code = 3 if why else 0 if batch is None else 2 if changed or batch.unsaved else 1
         codes = self.accelerator.gather(torch.tensor([code], device=self.accelerator.device)).tolist()
         if 3 in codes:
-            raise why or RolloutBatchError(f"process {codes.index(3)} refused its rollout-batch file (its log says why)")
+            raise why or RolloutBatchError(
+                f"process {codes.index(3)} refused its rollout-batch file (its log says why)"
+            )
         name = os.path.basename(os.path.normpath(checkpoint))
         if 0 in codes and any(codes):
             raise RolloutBatchError(

@@ -91,8 +91,8 @@ def test_a_resume_inside_a_batch_generates_nothing_until_the_batch_ends(
     resumed = _trainer(resumed_dir, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
     generated = []
     generate = resumed._generate_and_score_completions
-    resumed._generate_and_score_completions = lambda inputs: generated.append(resumed.state.global_step) or generate(
-        inputs
+    resumed._generate_and_score_completions = lambda inputs: (
+        generated.append(resumed.state.global_step) or generate(inputs)
     )
     resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-1"))
     assert generated == [2]  # step 2 trains on the saved batch; step 3 begins the next one
@@ -102,7 +102,7 @@ def test_a_resume_inside_a_batch_generates_nothing_until_the_batch_ends(
 def test_the_end_of_training_checkpoint_inside_a_batch_resumes_exactly_with_more_max_steps(
     tmp_path, tokenizer, prompt_dataset, one_torch_thread
 ):
-    # Issue 51, item 3: `max_steps=5` with 2 steps a batch ends inside the third batch; transformers' final save
+    # `max_steps=5` with 2 steps a batch ends inside the third batch; transformers' final save
     # writes checkpoint-5, and a run given `max_steps=8` resumes it (a constant learning rate: a schedule over 5
     # steps is not one over 8). It ends where a run of 8 steps does.
     kw = dict(save_steps=4, lr_scheduler_type="constant")
