@@ -106,13 +106,14 @@ def load_rollout_batch(path: str, device: torch.device | str = "cpu") -> Rollout
         )
 
     try:
-        with safe_open(path, framework="pt", device=str(device)) as f:
+        with safe_open(path, framework="pt", device="cpu") as f:  # then moved (safetensors refuses e.g. "cpu:0")
             names = set(f.keys())
             metadata = f.metadata() or {}
             record = json.loads(metadata[_METADATA_KEY])
             tensors = {name: f.get_tensor(name) for name in names}
     except Exception as error:  # safetensors' own error types differ between releases
         raise refuse(f"not a safetensors file with its record: {type(error).__name__}: {error}") from None
+    tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
     if not (
         isinstance(record, dict)
         and record.get("format") == ROLLOUT_BATCH_FORMAT

@@ -11,6 +11,10 @@ steps. A real difference in the objective is three orders larger: the dapo and g
 and fp32 0.12 apart, and the whole update is 0.125. With TrainingArguments' default `bf16=True` the forward runs
 under CPU bf16 autocast, whose rounding hides most of that noise (2e-6 here): a tight tolerance then passes by
 rounding luck, on a precision nobody trains the CPU recipe in.
+
+The resume tests at the end are bit for bit (`torch.equal`): a finished DDP job cut after checkpoint N, as a kill -9
+right after that checkpoint would leave it, and resumed with `last`, at every step of three rollout batches and in
+epochs 2 and 3; and one real kill -9 of every process right after a checkpoint inside a batch.
 """
 
 from __future__ import annotations
