@@ -355,7 +355,11 @@ class CEGPPOTrainer(GRPOTrainer):
             self._step, self._buffered_inputs = batch.step, batch.micro_batches
             return
         if any(codes):
-            reason = f"its layout differs from this run's {changed}" if changed else f"{batch.unsaved} are not tensors"
+            reason = (
+                f"the batch layout changed, saved -> now: {changed}" if changed
+                else f"these values are not tensors: {batch.unsaved}" if batch.unsaved
+                else "another process could not use its file"
+            )  # fmt: skip
             logger.warning(
                 f"{name} falls inside a rollout batch, whose saved micro-batches are not used ({reason}): a new batch "
                 "is generated there, as TRL does, so the run goes on but not as the uninterrupted one would.",

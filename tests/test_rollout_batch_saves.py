@@ -5,6 +5,7 @@ kill -9: tests/test_multiprocess.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -96,6 +97,37 @@ def test_a_resume_inside_a_batch_generates_nothing_until_the_batch_ends(
     )
     resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-1"))
     assert generated == [2]  # step 2 trains on the saved batch; step 3 begins the next one
+
+
+@pytest.mark.slow
+def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_naming_why(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread, caplog
+):
+    import logging
+
+    from cegppo_trl.checkpoints import commit
+
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=1)
+    run.train()
+    # A layout the resumed run changed: 4 micro-batches a rollout batch instead of 2
+    changed = tmp_path / "changed" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", changed)
+    resumed = _trainer(changed.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2, steps_per_generation=4)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+        resumed.train(resume_from_checkpoint=str(changed))
+    assert resumed.state.global_step == 2
+    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated there" in caplog.text
+    # A checkpoint inside a batch without its file (as cegppo-trl 0.4 wrote at the end of training)
+    caplog.clear()
+    old = tmp_path / "old" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", old)
+    (old / "rollout_batch_0.safetensors").unlink()
+    commit(str(old), True, json.loads((old / COMMIT_FILE).read_text())["run"], lambda: None)
+    resumed = _trainer(old.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+        resumed.train(resume_from_checkpoint=str(old))
+    assert resumed.state.global_step == 2
+    assert "checkpoint-1 falls 1 micro-batch(es) into a rollout batch but holds no rollout_batch_" in caplog.text
 
 
 @pytest.mark.slow
