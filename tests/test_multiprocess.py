@@ -14,7 +14,8 @@ rounding luck, on a precision nobody trains the CPU recipe in.
 
 The resume tests at the end are bit for bit (`torch.equal`): a finished DDP job cut after checkpoint N, as a kill -9
 right after that checkpoint would leave it, and resumed with `last`, at every step of three rollout batches and in
-epochs 2 and 3; and one real kill -9 of every process right after a checkpoint inside a batch.
+epochs 2 and 3 (DeepSpeed ZeRO-2 inside batches of epochs 2 and 3); and one real kill -9 of every process right
+after a checkpoint inside a batch.
 """
 
 from __future__ import annotations
@@ -114,4 +115,18 @@ def test_ddp_resumes_in_epochs_2_and_3_end_with_the_uninterrupted_weights(tmp_pa
     for step in (6, 10):  # step 2 of epoch 2, of epoch 3
         cut = _finished_run_cut_after(out, step, tmp_path / f"cut-{step}")
         resumed = run(_torchrun(), cut, {**EPOCHS, "resume": "last"}, ACCELERATE_USE_CPU="1")["dapo"][0]
+        _assert_equal_params(reference, resumed, step)
+
+
+@pytest.mark.slow
+def test_zero2_resumes_inside_a_batch_in_epochs_2_and_3_end_with_the_uninterrupted_weights(tmp_path):
+    # DeepSpeed ZeRO-2 on CPU (the shipped config's CPU copy): each process's batch file as under DDP
+    from helpers.chaos import launcher
+
+    prefix, env, extra = launcher("zero2", tmp_path)
+    reference = run(prefix, tmp_path / "run", {**EVERY_STEP, **extra}, **env)["dapo"][0]
+    for step in (6, 10):  # steps 2 of the batches of epochs 2 and 3
+        cut = _finished_run_cut_after(tmp_path / "run", step, tmp_path / f"cut-{step}")
+        prefix, env, extra = launcher("zero2", tmp_path)  # a fresh port
+        resumed = run(prefix, cut, {**EVERY_STEP, **extra, "resume": "last"}, **env)["dapo"][0]
         _assert_equal_params(reference, resumed, step)
