@@ -340,8 +340,11 @@ class CEGPPOTrainer(GRPOTrainer):
         if os.path.isfile(path):
             try:
                 batch = load_rollout_batch(path, self.accelerator.device)
-                if batch.layout.pop("global_step", None) != self.state.global_step:
-                    raise RolloutBatchError(f"{path} was written at another step than its checkpoint's")
+                if (saved := batch.layout.pop("global_step", None)) != self.state.global_step:
+                    raise RolloutBatchError(
+                        f"{path} was written at step {saved}, its checkpoint is at step {self.state.global_step}: it "
+                        "belongs to another checkpoint, so nothing of it was used. Resume an earlier checkpoint."
+                    )
             except RolloutBatchError as error:
                 why = error
         changed = {} if batch is None else {
