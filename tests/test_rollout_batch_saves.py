@@ -196,6 +196,24 @@ def test_a_crafted_batch_file_with_a_pickle_payload_is_refused_and_runs_nothing(
 
 
 @pytest.mark.slow
+def test_a_batch_file_of_another_checkpoint_is_refused_naming_both_steps(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    from cegppo_trl.checkpoints import commit
+
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    run.train()
+    moved = tmp_path / "moved" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", moved)
+    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.safetensors", moved)  # also inside a batch
+    commit(str(moved), True, json.loads((moved / COMMIT_FILE).read_text())["run"], lambda: None)
+    resumed = _trainer(moved.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    with pytest.raises(RolloutBatchError, match=r"written at step 3, its checkpoint is at step 1"):
+        resumed.train(resume_from_checkpoint=str(moved))
+    assert resumed.state.global_step == 1
+
+
+@pytest.mark.slow
 def test_save_strategy_best_with_eval_steps_1_trains_as_grpo_trainer_does(tmp_path):
     from test_drop_in import differential, prompts
 
