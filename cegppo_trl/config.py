@@ -11,7 +11,6 @@ from trl import GRPOConfig
 from ._spec import format_number as _format_number
 from .controller import parse_controller
 from .loss import check_left_guard
-from .rollouts import rollout_batch_steps
 from .schedules import parse_schedule
 
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
@@ -51,29 +50,6 @@ def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list]
     if getattr(args, "entropy_controller", None) is None and "controller" in (state or {}):
         changes.setdefault("entropy_controller", ["(state in the checkpoint)", None])
     return changes
-
-
-def check_rollout_batch_steps(args: Any) -> None:
-    """Refuse save steps inside a rollout batch (TRL keeps the rollout batch in memory only, so a checkpoint inside one
-    does not resume the run), and evaluation steps there when an evaluation picks a checkpoint (the best model would
-    have none). An evaluation that picks nothing may fall anywhere."""
-    every = rollout_batch_steps(args)
-    picks = args.load_best_model_at_end or str(args.save_strategy).split(".")[-1].lower() == "best"
-    for name, strategy in (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy")):
-        value = getattr(args, name) if name == "save_steps" else (args.eval_steps or args.logging_steps)
-        if str(getattr(args, strategy)).split(".")[-1].lower() != "steps" or every == 1:
-            continue
-        if name == "eval_steps" and not picks:
-            continue
-        steps = math.ceil(value * args.max_steps) if 0 < value < 1 and args.max_steps > 0 else value
-        if not (steps >= 1 and steps == int(steps) and int(steps) % every == 0):
-            raise ValueError(
-                f"`{name}={value}` falls inside a rollout batch: each rollout batch is {every} optimizer steps "
-                f"(steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations} "
-                f"micro-batches, gradient_accumulation_steps={args.gradient_accumulation_steps} per step), and "
-                "TRL keeps the batch in memory only, so a checkpoint inside it does not resume the run. Use a "
-                f"multiple of {every} (an integer number of steps): {', '.join(str(every * k) for k in (1, 2, 4))}."
-            )
 
 
 def is_on_policy(args: Any) -> bool:
@@ -165,12 +141,6 @@ class CEGPPOConfig(GRPOConfig):
             `trainer.stop_reason` is `"zero_signal"` (`"unscorable"` for `max_unscorable_batches`), and
             `cegppo train` saves the model and exits 3 (4). `0` never stops. See docs/configuration.md for the
             default.
-        save_steps (`int` or `float`, *optional*, defaults to `500`):
-            transformers' field, with one CE-GPPO rule: with `save_strategy="steps"` it must be a multiple of the
-            optimizer steps per rollout batch (`rollout_batch_steps`), where a resume continues exactly the
-            interrupted run (TRL does not save the rollout batch, so a resume inside one generates another); so must
-            `eval_steps` with `eval_strategy="steps"`. Other values are refused at construction, naming those that
-            work.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
             Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
             falls below it, once per episode of drift. `None` disables the warning.
@@ -268,16 +238,6 @@ class CEGPPOConfig(GRPOConfig):
             "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
         },
     )
-    save_steps: float | None = field(
-        default=None,
-        metadata={
-            "help": "Save checkpoint every X updates steps (an integer, or a float in `[0,1)`: a ratio of the total "
-            "training steps). CE-GPPO: it must be a multiple of the optimizer steps per rollout batch, where a resume "
-            "is exact (TRL does not save the rollout batch); other values are refused, as are `eval_steps` inside a "
-            "rollout batch when an evaluation picks the best checkpoint. Unset: transformers' 500, rounded up to such "
-            "a multiple."
-        },
-    )
 
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
@@ -287,13 +247,7 @@ class CEGPPOConfig(GRPOConfig):
             # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
             # transformers would, without its FutureWarning on every config the user did not cause.
             self.activation_checkpointing = True
-        # Unset: transformers' default until TRL derives the layout, then rounded up to a rollout batch's end.
-        unset_save_steps = self.save_steps is None
-        self.save_steps = 500 if unset_save_steps else self.save_steps
         super().__post_init__()
-        if unset_save_steps:
-            self.save_steps = math.ceil(500 / (every := rollout_batch_steps(self))) * every
-        check_rollout_batch_steps(self)  # after TRL derived `steps_per_generation`; before any model loads
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
@@ -323,8 +277,6 @@ class CEGPPOConfig(GRPOConfig):
         if unknown:
             raise TypeError(f"`CEGPPOConfig` has no field(s) {unknown}.")
         values["generation_batch_size"] = None  # derived from steps_per_generation, the per-device setting
-        if grpo_config.save_steps == 500 and "save_steps" not in overrides:
-            values["save_steps"] = None  # transformers' default: rounded to the rollout batch as an unset one is
         if "generation_batch_size" in overrides and "steps_per_generation" not in overrides:
             values["steps_per_generation"] = None
         elif "steps_per_generation" not in overrides:

@@ -160,8 +160,8 @@ def resume_offset(
     """Micro-batches into its rollout batch at which a run resumed at `global_step` continues; 0 at a boundary.
 
     TRL's `GRPOTrainer._prepare_inputs` generates a rollout batch when its micro-batch counter is a multiple of
-    ``steps_per_generation * num_iterations`` and serves the buffered batch's micro-batches in between. Neither the
-    counter nor the buffer is in a checkpoint: a resumed run counts from 0 and generates at its first micro-batch,
+    ``steps_per_generation * num_iterations`` and serves the buffered batch's micro-batches in between. Without both
+    in the checkpoint (`rollout_state`), a resumed run counts from 0 and generates at its first micro-batch,
     which transformers takes at ``(global_step % updates per epoch) * gradient_accumulation_steps`` micro-batches
     into the epoch (it skips the ones already trained). An epoch holds ``num_prompts // (generation_batch_size //
     num_generations)`` rollout batches of ``steps_per_generation * num_iterations`` micro-batches each (TRL's
@@ -183,14 +183,3 @@ def resume_offset(
         updates_per_epoch = max(math.ceil(micro_batches / gradient_accumulation_steps), 1)
         position = global_step % updates_per_epoch * gradient_accumulation_steps
     return position % generate_every
-
-
-def rollout_batch_steps(args) -> int:
-    """Optimizer steps from one rollout-batch end to the next (`resume_offset` is 0 at each multiple): the save and
-    evaluation steps a run may take (`config.check_rollout_batch_steps`).
-
-    Args:
-        args: the run's `GRPOConfig` (its batch layout).
-    """
-    generate_every = args.steps_per_generation * args.num_iterations  # micro-batches per rollout batch
-    return generate_every // math.gcd(generate_every, args.gradient_accumulation_steps)

@@ -42,7 +42,8 @@ from .monitoring import (
 from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rewards import resolve_reward_names
-from .rollouts import rollout_batch_masks, total_rewards
+from .rollout_state import RolloutBatchError, load_rollout_batch, rollout_batch_file, save_rollout_batch
+from .rollouts import resume_offset, rollout_batch_masks, total_rewards
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
 
@@ -57,14 +58,22 @@ def holds_model(folder: str) -> bool:
 
 
 class EpochSeededRepeatSampler(RepeatSampler):
-    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`)."""
+    """TRL's `RepeatSampler` with its generator reseeded to `seed + epoch` at each epoch (see `_get_train_sampler`).
+
+    The epoch is `set_epoch`'s, and `epoch_of()` (the trainer's epoch) for an iteration that no `set_epoch` preceded:
+    the epoch a multi-process run resumes in, where transformers' call cannot reach the sampler."""
 
     epoch = 0
+    epoch_of = None
+    _told = False
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self._told = epoch, True
 
     def __iter__(self):
+        if not self._told and self.epoch_of is not None:
+            self.epoch = self.epoch_of()
+        self._told = False
         self.generator.manual_seed(self.seed + self.epoch)
         return super().__iter__()
 
@@ -223,10 +232,15 @@ class CEGPPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
         # epoch's permutation; reseeded with seed + epoch (accelerate's `SeedableRandomSampler`), every epoch draws
-        # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch.
+        # the same order whether the run was resumed or not. transformers calls `set_epoch` before each epoch, but in
+        # the epoch that a run of 2+ processes resumes in, the call stops short: accelerate's `skip_first_batches`
+        # wraps the `BatchSamplerShard` in a `SkipBatchSampler`, one level deeper than `set_epoch` looks, so that epoch
+        # drew epoch 1's order (a DDP resume in epoch 2 or 3 ended on other weights). There the sampler takes the
+        # resumed trainer state's epoch: the integer part of `state.epoch`, exactly `e` when epoch e begins.
         sampler = super()._get_train_sampler(dataset)
         if type(sampler) is RepeatSampler and sampler.shuffle and sampler.seed is not None:
             sampler.__class__ = EpochSeededRepeatSampler  # TRL's construction kept, its iteration reseeded
+            sampler.epoch_of = lambda: int(self.state.epoch or 0)
         return sampler
 
     def _save_checkpoint(self, model, trial):
@@ -246,6 +260,7 @@ class CEGPPOTrainer(GRPOTrainer):
             super()._save_checkpoint(model, trial)
         finally:
             self.args.push_to_hub = push
+        self._save_rollout_batch(folder)
         commit(folder, self.args.should_save, self._run, self.accelerator.wait_for_everyone, self.args.save_only_model)
         if self.args.should_save:
             rotate(run_dir, self._save_total_limit, self.state.best_model_checkpoint, self._run)
@@ -283,8 +298,106 @@ class CEGPPOTrainer(GRPOTrainer):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_rng_state(self, checkpoint):
+        # transformers calls it once per resume, on every process, before the first micro-batch trains
         with safe_resume_loads(checkpoint):
-            return super()._load_rng_state(checkpoint)
+            super()._load_rng_state(checkpoint)
+        if checkpoint is not None:
+            self._load_rollout_batch(checkpoint)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The rollout batch a checkpoint falls inside (`rollout_state`): saved with it, continued on resume
+    # ------------------------------------------------------------------------------------------------------------
+    _step_began = (-1, 0)  # (global_step, TRL's micro-batch counter `_step`) where the optimizer step under way began
+
+    def _prepare_inputs(self, generation_batch):
+        if self.model.training and self._step_began[0] != self.state.global_step:
+            self._step_began = (self.state.global_step, self._step)
+        return super()._prepare_inputs(generation_batch)
+
+    def _rollout_layout(self) -> dict:
+        """The settings that size and split this process's rollout batch (`rollout_state`, rule 3)."""
+        names = ("steps_per_generation", "gradient_accumulation_steps", "per_device_train_batch_size")
+        return {**{name: getattr(self.args, name) for name in names}, "num_iterations": self.num_iterations,
+                "num_generations": self.num_generations, "world_size": self.accelerator.num_processes}  # fmt: skip
+
+    def _save_rollout_batch(self, folder: str) -> None:
+        """`rollout_state` rule 1: inside a rollout batch, this process's buffered micro-batches and TRL's counter.
+
+        The counter where the checkpoint's step ends: a checkpoint written before the optimizer step under way is
+        counted (transformers' SIGTERM checkpoint, in `on_pre_optimizer_step`) resumes that step from its start."""
+        began, step = self._step_began
+        step = step if began == self.state.global_step else self._step
+        if step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
+            return  # a rollout-batch end: the resume generates, as the uninterrupted run does
+        layout = {**self._rollout_layout(), "global_step": self.state.global_step}
+        save_rollout_batch(rollout_batch_file(folder, self.args.process_index), self._buffered_inputs, step, layout)
+
+    def _load_rollout_batch(self, checkpoint: str) -> None:
+        """The resume's rollout batch: the saved one, continued (`rollout_state`); else TRL's, generated at once."""
+        self._step, self._buffered_inputs = 0, None  # TRL's at a resume (a trainer that trained before holds its own)
+        self._step_began = (-1, 0)
+        path, batch, why = rollout_batch_file(checkpoint, self.args.process_index), None, None
+        if os.path.isfile(path):
+            try:
+                batch = load_rollout_batch(path, self.accelerator.device)
+                if (saved := batch.layout.pop("global_step", None)) != self.state.global_step:
+                    raise RolloutBatchError(
+                        f"{path} was written at step {saved}, its checkpoint is at step {self.state.global_step}: it "
+                        "belongs to another checkpoint, so nothing of it was used. Resume an earlier checkpoint."
+                    )
+            except RolloutBatchError as error:
+                why = error
+        changed = {} if batch is None else {
+            k: [batch.layout.get(k), v] for k, v in self._rollout_layout().items() if batch.layout.get(k) != v
+        }  # fmt: skip
+        # 0 no file, 1 a batch to continue, 2 one that cannot be, 3 refused: alike on every process, or none
+        # continues (a process that generated alone would wait in TRL's gathers for the others)
+        code = 3 if why else 0 if batch is None else 2 if changed or batch.unsaved else 1
+        codes = self.accelerator.gather(torch.tensor([code], device=self.accelerator.device)).tolist()
+        if 3 in codes:
+            raise why or RolloutBatchError(
+                f"process {codes.index(3)} refused its rollout-batch file (its log says why)"
+            )
+        name = os.path.basename(os.path.normpath(checkpoint))
+        if 0 in codes and any(codes):
+            raise RolloutBatchError(
+                f"{name} holds a rollout-batch file for processes {[i for i, c in enumerate(codes) if c]} but not for "
+                f"{[i for i, c in enumerate(codes) if not c]}: a file of the checkpoint was lost. Resume an earlier "
+                "checkpoint of the run."
+            )
+        if codes == [1] * len(codes):
+            self._step, self._buffered_inputs = batch.step, batch.micro_batches
+            return
+        if any(codes):
+            reason = (
+                f"the batch layout changed, saved -> now: {changed}" if changed
+                else f"these values are not tensors: {batch.unsaved}" if batch.unsaved
+                else "another process could not use its file"
+            )  # fmt: skip
+            logger.warning(
+                f"{name} falls inside a rollout batch, whose saved micro-batches are not used ({reason}): a new batch "
+                "is generated there, as TRL does, so the run goes on but not as the uninterrupted one would.",
+                main_process_only=True,
+            )
+            return
+        args = self.args
+        try:
+            num_prompts = len(self.train_dataset)
+        except TypeError:  # an iterable dataset: one endless epoch
+            num_prompts = None
+        offset = resume_offset(
+            self.state.global_step, gradient_accumulation_steps=args.gradient_accumulation_steps,
+            steps_per_generation=args.steps_per_generation, num_iterations=self.num_iterations,
+            num_prompts=num_prompts, generation_batch_size=args.generation_batch_size,
+            num_generations=self.num_generations,
+        )  # fmt: skip
+        if offset:
+            logger.warning(
+                f"{name} falls {offset} micro-batch(es) into a rollout batch but holds no rollout_batch_*.safetensors "
+                "(a checkpoint of cegppo-trl 0.4 or of GRPOTrainer): a new batch is generated there, as TRL does, so "
+                "the run goes on but not as the uninterrupted one would.",
+                main_process_only=True,
+            )
 
     def _load_best_model(self):
         # `best_model_checkpoint` may come from a resumed checkpoint's `trainer_state.json`, i.e. name any folder.

@@ -34,12 +34,8 @@ def test_from_grpo_config_keeps_every_grpo_field_and_adds_the_cegppo_ones(tmp_pa
         CEGPPOConfig(**grpo.to_dict())
     config = CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.75, entropy_controller="band=0.3-0.6")
     assert type(config) is CEGPPOConfig
-    kept = [n for n in _grpo_fields() if n != "save_steps"]
-    assert {n: getattr(config, n) for n in kept} == {n: getattr(grpo, n) for n in kept}
-    # transformers' default `save_steps=500` becomes the first multiple of the rollout batch at or above it (8
-    # optimizer steps for 4 micro-batches x 2 iterations; 4 and 2 divide 500)
-    every = config.steps_per_generation * config.num_iterations // config.gradient_accumulation_steps
-    assert (every, config.save_steps) in ((8, 504), (4, 500), (2, 500))
+    kept = _grpo_fields()
+    assert {n: getattr(config, n) for n in kept} == {n: getattr(grpo, n) for n in kept}  # save_steps 500 too
     assert config.hub_token == "hf_secret"  # not to_dict()'s "<HUB_TOKEN>" mask
     assert (config.gppo_beta1, config.gppo_beta2, config.entropy_controller) == (0.75, 1.0, "band=0.3-0.6")
     # And back: a CEGPPOConfig converts to itself, CE-GPPO fields included.
@@ -49,15 +45,15 @@ def test_from_grpo_config_keeps_every_grpo_field_and_adds_the_cegppo_ones(tmp_pa
     }
 
 
-def test_an_unset_save_steps_is_rounded_to_the_rollout_batch_and_a_chosen_one_inside_it_refused(tmp_path):
+def test_save_and_eval_steps_anywhere_in_a_rollout_batch_are_transformers_values(tmp_path):
+    # 3 optimizer steps per rollout batch: every checkpoint inside one holds the batch (tests/test_rollout_batch_saves.py)
     layout = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4,
                   num_generations=4, steps_per_generation=3, gradient_accumulation_steps=1)  # fmt: skip
-    assert CEGPPOConfig(**layout).save_steps == 501  # 3 optimizer steps per rollout batch
-    assert CEGPPOConfig(**layout, save_steps=6).save_steps == 6
-    with pytest.raises(ValueError, match=r"`save_steps=500` falls inside a rollout batch.*multiple of 3"):
-        CEGPPOConfig(**layout, save_steps=500)
-    # An evaluation that picks no checkpoint may fall inside a rollout batch (TRL's default `logging_steps=10`).
-    assert CEGPPOConfig(**layout, eval_strategy="steps").eval_strategy == "steps"
+    assert CEGPPOConfig(**layout).save_steps == GRPOConfig(**layout).save_steps == 500
+    assert CEGPPOConfig(**layout, save_steps=1).save_steps == 1
+    best = dict(save_strategy="best", eval_strategy="steps", eval_steps=1, metric_for_best_model="eval_loss")
+    assert CEGPPOConfig(**layout, **best).eval_steps == 1
+    assert CEGPPOConfig(**layout, save_steps=4, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True)
 
 
 def test_from_grpo_config_overrides_the_batch_layout_and_names_unknown_fields(tmp_path):

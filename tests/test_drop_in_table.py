@@ -42,7 +42,6 @@ SHOWN_BY = {
     "`resume_from_checkpoint=True`": "test_drop_in_table.py::test_resume_true_with_no_checkpoint",
     "Resuming a finished run (`global_step >= max_steps`)": "test_drop_in_table.py::test_resuming_past_the_end",
     "Resuming a checkpoint without `cegppo_commit.json`": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
-    "`save_steps` (with the `\"steps\"` strategy), or `eval_steps` that picks the best checkpoint, inside a rollout batch (off-policy)": "test_drop_in_table.py::test_a_save_step_inside_a_rollout_batch",
     "Checkpoint folders": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
     "End of `train()` with `save_total_limit=1` and `load_best_model_at_end`": "test_drop_in_table.py::test_the_end_of_train_deletion_keeps_the_newest",
     "The order of the prompts in epochs 2 and later": "test_drop_in_table.py::test_the_order_of_prompts_in_epoch_2",
@@ -190,12 +189,6 @@ def test_settings_that_corrupt_a_run(tmp_path, model_dir, setting):
 # ----------------------------------------------------------------------------------------------------------------
 # The checkpoint rows (docs/usage.md has the protocol; tests/test_preemption.py one test per rule)
 # ----------------------------------------------------------------------------------------------------------------
-def test_a_save_step_inside_a_rollout_batch(tmp_path):
-    grpo, cegppo = differential(tmp_path, save_strategy="steps", save_steps=1)  # 2 optimizer steps per batch
-    assert grpo.error is None and (tmp_path / "GRPOTrainer" / "checkpoint-1").is_dir()
-    assert cegppo.error is ValueError and "`save_steps=1` falls inside a rollout batch" in cegppo.message
-
-
 def test_a_second_live_run_into_the_same_output_dir(tmp_path):
     from cegppo_trl.checkpoints import acquire_lock, release_lock
 

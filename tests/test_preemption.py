@@ -131,22 +131,6 @@ def test_item1_a_resume_of_an_earlier_checkpoint_of_the_same_run_is_refused_whil
     assert _start(tmp_path, str(tmp_path / "checkpoint-4")).run == "run-a"  # the newest: the run goes on
 
 
-def test_item3_save_and_eval_steps_inside_a_rollout_batch_are_refused_before_the_model_loads(tmp_path):
-    from cegppo_trl import monitoring
-
-    layout = dict(output_dir=str(tmp_path), use_cpu=True, num_iterations=2, per_device_train_batch_size=8,
-                  num_generations=4)  # 2 optimizer steps per rollout batch  # fmt: skip
-    with pytest.raises(ValueError, match=r"`save_steps=1` falls inside a rollout batch.*Use a multiple of 2.*2, 4, 8"):
-        CEGPPOConfig(**layout, save_strategy="steps", save_steps=1)
-    with pytest.raises(ValueError, match=r"`eval_steps=3` falls inside a rollout batch"):  # it would pick the best
-        CEGPPOConfig(**layout, save_strategy="steps", save_steps=6, eval_strategy="steps", eval_steps=3,
-                     load_best_model_at_end=True)  # fmt: skip
-    # An evaluation that picks no checkpoint may fall anywhere; an unset `save_steps` is rounded to a batch's end.
-    assert CEGPPOConfig(**layout, eval_strategy="steps", eval_steps=3).save_steps == 500
-    CEGPPOConfig(**layout, save_strategy="steps", save_steps=4, eval_strategy="steps", eval_steps=2)
-    assert not hasattr(monitoring, "SaveAtRolloutBatchEnd")  # transformers' best-model bookkeeping is transformers'
-
-
 def test_item4_the_repeat_sampler_draws_seed_plus_epoch_so_a_resumed_epoch_gets_the_uninterrupted_order():
     from trl.trainer.utils import RepeatSampler
 

@@ -1,18 +1,22 @@
-"""Every checkpoint resumes exactly off-policy, in every epoch: saves and evaluations are taken only at rollout-batch
-ends (other steps are refused by `CEGPPOConfig`: TRL keeps the rollout batch in memory only, so a checkpoint inside one
-would resume another run), and the repeat sampler draws each epoch's order from seed + epoch."""
+"""Every checkpoint resumes exactly off-policy, wherever it falls in a rollout batch and in every epoch: a checkpoint
+inside a batch holds each process's buffered micro-batches (`cegppo_trl.rollout_state`), which the resume continues
+without generating, and the repeat sampler draws each epoch's order from seed + epoch. Two-process DDP and a real
+kill -9: tests/test_multiprocess.py."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
 from helpers.batches import base_config_kwargs, count_ones_reward
+from helpers.crafted import crafted_copy
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.checkpoints import COMMIT_FILE
 from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.rollout_state import RolloutBatchError
 
 # Off-policy: two optimizer steps per rollout batch (steps_per_generation = 2 x gradient_accumulation_steps), a
 # checkpoint at every rollout-batch end; 6 steps stay inside the first epoch (32 prompts, 4 per rollout batch).
@@ -32,24 +36,198 @@ def _params(trainer) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
 
+def _steps(folder) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*"))
+
+
+def _resume_copy(tmp_path, run, step, tokenizer, prompts, **kw) -> CEGPPOTrainer:
+    """checkpoint-`step` of `run`, copied into a fresh `output_dir` and resumed there to the end."""
+    resumed_dir = tmp_path / f"resumed-{step}"
+    shutil.copytree(run / f"checkpoint-{step}", resumed_dir / f"checkpoint-{step}")
+    resumed = _trainer(resumed_dir, tokenizer, prompts, **kw)
+    resumed.train(resume_from_checkpoint=str(resumed_dir / f"checkpoint-{step}"))
+    return resumed
+
+
 @pytest.mark.slow
-def test_checkpoints_are_taken_at_rollout_batch_ends_and_each_resumes_the_run_bit_for_bit(
-    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # 4 optimizer steps per rollout batch, one batch per epoch (8 prompts): three batches in three epochs
+        dict(steps_per_generation=4, num_iterations=1, max_steps=12),
+        # 2 micro-batches, 2 passes over them: 4 steps per batch, the second pass off-policy on the first's updates
+        dict(steps_per_generation=2, num_iterations=2, max_steps=8),
+    ],
+    ids=["steps_per_generation=4", "num_iterations=2"],
+)
+def test_a_resume_from_the_checkpoint_of_every_step_ends_with_the_uninterrupted_runs_weights(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread, layout
 ):
-    reference = _trainer(tmp_path / "run", tokenizer, prompt_dataset)
+    prompts = prompt_dataset.select(range(8))
+    kw = dict(save_steps=1, **layout)
+    reference = _trainer(tmp_path / "run", tokenizer, prompts, **kw)
     reference.train()
     final = _params(reference)
-    saved = sorted(int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*"))
-    assert saved == [2, 4, 6]
-    for step in saved[:-1]:
-        resumed_dir = tmp_path / f"resumed-{step}"
-        shutil.copytree(tmp_path / "run" / f"checkpoint-{step}", resumed_dir / f"checkpoint-{step}")
-        resumed = _trainer(resumed_dir, tokenizer, prompt_dataset)
-        resumed.train(resume_from_checkpoint=str(resumed_dir / f"checkpoint-{step}"))
-        assert resumed.state.global_step == 6
+    steps = _steps(tmp_path / "run")
+    assert steps == list(range(1, layout["max_steps"] + 1))
+    # a batch file inside each rollout batch (4 steps), none at its end
+    inside = [s for s in steps if (tmp_path / "run" / f"checkpoint-{s}" / "rollout_batch_0.safetensors").exists()]
+    assert inside == [s for s in steps if s % 4]
+    for step in steps[:-1]:
+        resumed = _resume_copy(tmp_path, tmp_path / "run", step, tokenizer, prompts, **kw)
+        assert resumed.state.global_step == layout["max_steps"]
         for name, value in _params(resumed).items():
             assert torch.equal(value, final[name]), (step, name)
     assert any(not torch.equal(v, p) for v, p in zip(final.values(), build_tiny_llama(tokenizer, seed=0).parameters()))
+
+
+@pytest.mark.slow
+def test_a_resume_inside_a_batch_generates_nothing_until_the_batch_ends(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    run.train()
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", resumed_dir / "checkpoint-1")
+    resumed = _trainer(resumed_dir, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    generated = []
+    generate = resumed._generate_and_score_completions
+    resumed._generate_and_score_completions = lambda inputs: (
+        generated.append(resumed.state.global_step) or generate(inputs)
+    )
+    resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-1"))
+    assert generated == [2]  # step 2 trains on the saved batch; step 3 begins the next one
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_optimizer_step_resumes_that_step_inside_the_batch(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    # transformers' SIGTERM checkpoint (`enable_jit_checkpoint`) is written in `on_pre_optimizer_step`: the step's
+    # micro-batch is trained but the step not counted. Written so before step 3 (of a 4-step batch), checkpoint-2
+    # resumes at step 3 of the batch, and the run ends on the uninterrupted weights.
+    from transformers import TrainerCallback
+
+    class SaveBeforeStep3(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                trainer._save_checkpoint(trainer.model, None)
+
+    kw = dict(save_strategy="no", steps_per_generation=4, max_steps=8)
+    trainer = _trainer(tmp_path / "run", tokenizer, prompt_dataset, **kw)
+    trainer.add_callback(SaveBeforeStep3())
+    trainer.train()
+    assert _steps(tmp_path / "run") == [2]
+    resumed = _resume_copy(tmp_path, tmp_path / "run", 2, tokenizer, prompt_dataset, **kw)
+    final = _params(trainer)
+    for name, value in _params(resumed).items():
+        assert torch.equal(value, final[name]), name
+
+
+@pytest.mark.slow
+def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_naming_why(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread, caplog
+):
+    import logging
+
+    from cegppo_trl.checkpoints import commit
+
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=1)
+    run.train()
+    # A layout the resumed run changed: 4 micro-batches a rollout batch instead of 2
+    changed = tmp_path / "changed" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", changed)
+    resumed = _trainer(changed.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2, steps_per_generation=4)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+        resumed.train(resume_from_checkpoint=str(changed))
+    assert resumed.state.global_step == 2
+    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated there" in caplog.text
+    # A checkpoint inside a batch without its file (as cegppo-trl 0.4 wrote at the end of training)
+    caplog.clear()
+    old = tmp_path / "old" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", old)
+    (old / "rollout_batch_0.safetensors").unlink()
+    commit(str(old), True, json.loads((old / COMMIT_FILE).read_text())["run"], lambda: None)
+    resumed = _trainer(old.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+        resumed.train(resume_from_checkpoint=str(old))
+    assert resumed.state.global_step == 2
+    assert "checkpoint-1 falls 1 micro-batch(es) into a rollout batch but holds no rollout_batch_" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_end_of_training_checkpoint_inside_a_batch_resumes_exactly_with_more_max_steps(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    # `max_steps=5` with 2 steps a batch ends inside the third batch; transformers' final save
+    # writes checkpoint-5, and a run given `max_steps=8` resumes it (a constant learning rate: a schedule over 5
+    # steps is not one over 8). It ends where a run of 8 steps does.
+    kw = dict(save_steps=4, lr_scheduler_type="constant")
+    uninterrupted = _trainer(tmp_path / "eight", tokenizer, prompt_dataset, max_steps=8, **kw)
+    uninterrupted.train()
+    short = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=5, **kw)
+    short.train()
+    assert _steps(tmp_path / "run") == [4, 5]
+    assert (tmp_path / "run" / "checkpoint-5" / "rollout_batch_0.safetensors").exists()
+    longer = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=8, **kw)
+    longer.train(resume_from_checkpoint="last")
+    assert longer.state.global_step == 8
+    final = _params(uninterrupted)
+    for name, value in _params(longer).items():
+        assert torch.equal(value, final[name]), name
+
+
+@pytest.mark.slow
+def test_a_crafted_batch_file_with_a_pickle_payload_is_refused_and_runs_nothing(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=1)
+    run.train()
+    payload_ran = tmp_path / "payload-ran"
+    crafted = crafted_copy(
+        tmp_path / "run" / "checkpoint-1", tmp_path / "crafted" / "checkpoint-1", "rollout_batch_0.safetensors",
+        payload_ran,
+    )  # fmt: skip
+    resumed = _trainer(tmp_path / "crafted", tokenizer, prompt_dataset, save_steps=1, max_steps=2)
+    with pytest.raises(RolloutBatchError, match=r"rollout_batch_0\.safetensors is not a rollout batch"):
+        resumed.train(resume_from_checkpoint=str(crafted))
+    assert not payload_ran.exists()
+    assert resumed.state.global_step == 1 and _steps(tmp_path / "crafted") == [1]  # no step trained, none saved
+
+
+@pytest.mark.slow
+def test_a_batch_file_of_another_checkpoint_is_refused_naming_both_steps(
+    tmp_path, tokenizer, prompt_dataset, one_torch_thread
+):
+    from cegppo_trl.checkpoints import commit
+
+    run = _trainer(tmp_path / "run", tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    run.train()
+    moved = tmp_path / "moved" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", moved)
+    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.safetensors", moved)  # also inside a batch
+    commit(str(moved), True, json.loads((moved / COMMIT_FILE).read_text())["run"], lambda: None)
+    resumed = _trainer(moved.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
+    with pytest.raises(RolloutBatchError, match=r"written at step 3, its checkpoint is at step 1"):
+        resumed.train(resume_from_checkpoint=str(moved))
+    assert resumed.state.global_step == 1
+
+
+@pytest.mark.slow
+def test_save_strategy_best_with_eval_steps_1_trains_as_grpo_trainer_does(tmp_path):
+    from test_drop_in import differential, prompts
+
+    # 2 optimizer steps per rollout batch: every other evaluation (and the best checkpoint it may pick) falls inside
+    best = dict(save_strategy="best", eval_strategy="steps", eval_steps=1, metric_for_best_model="eval_loss",
+                greater_is_better=False, max_steps=4)  # fmt: skip
+    grpo, cegppo = differential(tmp_path, trainer_kwargs=dict(eval_dataset=prompts(4)), **best)
+    assert grpo.error is None and cegppo.error is None, (grpo.message, cegppo.message)
+    for outcome in (grpo, cegppo):
+        assert outcome.trainer.state.global_step == 4
+        assert len([h for h in outcome.log_history if "eval_loss" in h]) == 4
+    saved = [sorted(p.name for p in (tmp_path / cls).glob("checkpoint-*")) for cls in ("GRPOTrainer", "CEGPPOTrainer")]
+    assert saved[0] == saved[1] and saved[0], saved
+    assert (tmp_path / "CEGPPOTrainer" / saved[1][-1] / COMMIT_FILE).exists()
 
 
 @pytest.mark.slow
@@ -63,10 +241,7 @@ def test_item4_a_run_resumed_in_epochs_2_and_3_ends_with_the_uninterrupted_runs_
     reference.train()
     final = _params(reference)
     for step in (4, 6, 10):  # the end of epoch 1, inside epoch 2, inside epoch 3
-        resumed_dir = tmp_path / f"resumed-{step}"
-        shutil.copytree(tmp_path / "run" / f"checkpoint-{step}", resumed_dir / f"checkpoint-{step}")
-        resumed = _trainer(resumed_dir, tokenizer, prompts, max_steps=12)
-        resumed.train(resume_from_checkpoint=str(resumed_dir / f"checkpoint-{step}"))
+        resumed = _resume_copy(tmp_path, tmp_path / "run", step, tokenizer, prompts, max_steps=12)
         assert resumed.state.global_step == 12 and resumed.state.epoch == 3
         for name, value in _params(resumed).items():
             assert torch.equal(value, final[name]), (step, name)

@@ -16,7 +16,8 @@ state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow o
 `load_best_model_at_end` (bool), `claim_best_step` (k: the trainer state names `checkpoint-k` as the best model from
 the first step on, so every checkpoint's `trainer_state.json` says so), `dataset_repeats` (the 4 prompts this many times, default 4), `steps_per_generation` (default
 `gradient_accumulation_steps`, 1), `on_save_writes` (a callback appends a line to
-each checkpoint's `notes.txt` in `on_save`, as an EMA or a README callback does). Used by tests/test_multiprocess.py,
+each checkpoint's `notes.txt` in `on_save`, as an EMA or a README callback does), `kill_after_save` (k: every
+process SIGKILLs itself once checkpoint-k is committed, as a preemption right after a checkpoint would). Used by tests/test_multiprocess.py,
 tests/test_deepspeed.py and tests/helpers/chaos.py.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -133,6 +135,8 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         trainer.add_callback(ClaimBest(os.path.join(args.output_dir, f"checkpoint-{spec['claim_best_step']}")))
     if spec.get("on_save_writes"):
         trainer.add_callback(WritesIntoCheckpoints())
+    if spec.get("kill_after_save") is not None:
+        trainer.add_callback(KilledAfterSave(spec["kill_after_save"]))
     slow = spec.get("slow_save")
     if slow and trainer.accelerator.process_index == slow["rank"]:
         save_rng_state = trainer._save_rng_state
@@ -192,6 +196,22 @@ class WritesIntoCheckpoints(TrainerCallback):
         if state.is_world_process_zero:
             with open(os.path.join(args.output_dir, f"checkpoint-{state.global_step}", "notes.txt"), "a") as f:
                 f.write(f"saved at step {state.global_step}\n")
+
+
+class KilledAfterSave(TrainerCallback):
+    """SIGKILLs this process once checkpoint-`step` is committed (its marker written by the main process)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            from cegppo_trl.checkpoints import COMMIT_FILE
+
+            marker = os.path.join(args.output_dir, f"checkpoint-{self.step}", COMMIT_FILE)
+            while not os.path.exists(marker):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
