@@ -1,26 +1,29 @@
 """Checkpoints as torch DCP and Orbax do them: a marker written last. The protocol, in the order the code follows:
 
-1. Commit. Each process writes its files and fsyncs the folder's (clean pages cost nothing: no guessing whose file is
-   whose); a barrier; the folder's owner (the main process; each node's under `save_on_each_node`) writes
-   `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of `trainer_state.json` and
-   `cegppo_state.json`, the run. Resumable iff marked and matching: a stat per file, two small reads.
-2. `last` is the newest marked `checkpoint-<step>` of `output_dir`; none there is a fresh start with a notice (a
-   requeued command line's first launch). An explicit path must be a marked checkpoint.
+1. Commit, once everything that writes into a checkpoint has written: the folder is cleared of an earlier save's
+   files and `cegppo_state.json` written first; transformers' files, then every callback's `on_save`; then each
+   process fsyncs the folder's files, a barrier, and the folder's owner (the main process; each node's under
+   `save_on_each_node`) writes `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of
+   `trainer_state.json` and `cegppo_state.json`, the run. Resumable iff marked and matching (a stat per file, two
+   small reads), or written by another trainer (GRPOTrainer's, Trainer's: `trainer_state.json` and no file of this
+   library), which only transformers' own checks apply to.
+2. `last` is the newest resumable `checkpoint-<step>` of `output_dir`, a committed one before another trainer's; each
+   newer one passed over is named with its reason; none is a fresh start with a notice (a requeued command line's
+   first launch). An explicit path must be resumable.
 3. One run per `output_dir`. A resume continues its checkpoint's run. A launch is refused while `output_dir` holds a
-   marked checkpoint of another run, or of this run past the resumed step (`last` would bring it back); the way out
-   is `--overwrite_output_dir` (deletes exactly those) or another folder. Rotation is transformers' rule over this
-   run's marked checkpoints only (the trainer holds back transformers' end-of-train deletion). Non-numbered folders
-   (`last-checkpoint`, copies) are checkpoints under no rule.
+   resumable committed checkpoint of another run (`last` would bring it back); the way out is
+   `--overwrite_output_dir` (deletes exactly those) or another folder. Resuming an older checkpoint of the run moves
+   its newer ones aside (`superseded-checkpoint-<step>`). Rotation is transformers' rule over this run's marked
+   checkpoints only (the trainer holds back transformers' own). Other folders (`last-checkpoint`, copies, another
+   trainer's) are deleted by no rule.
 4. Same run. A resume names, old -> new, every setting that differs from the checkpoint's (all config fields but
    `config.SAFE_TO_CHANGE`). A `save_only_model` checkpoint is not resumed: no optimizer, schedule or RNG state.
 5. Lock. `flock` on `output_dir/_cegppo_run.lock` for the run's life (released by the kernel at death), close-on-exec
-   and closed in forked children; where the file system refuses `flock`, one warning and the run goes on.
+   and closed in forked children; where the file system refuses it, one warning naming the file and the run goes on.
 """
-
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -81,10 +84,12 @@ def read_state(checkpoint: str) -> dict[str, Any]:  # its `cegppo_state.json`; {
 
 # 1. Commit
 def begin_checkpoint(folder: str, record: dict[str, Any]) -> None:
-    """Start writing `folder` (its owner, first): drop an old marker (a step saved again), write `cegppo_state.json`."""
-    os.makedirs(folder, exist_ok=True)
+    """Start writing `folder` (its owner, first; a barrier before the others write): an earlier save's files go,
+    marker first (a step saved again lists only what this save writes), then `cegppo_state.json`."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(folder, COMMIT_FILE))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, exist_ok=True)
     _write_json(os.path.join(folder, CEGPPO_STATE_FILE), record)
 
 
@@ -105,10 +110,21 @@ def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker; None: no
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
+def foreign(folder: str) -> bool:  # another trainer's checkpoint: transformers' state, nothing of this library
+    names = (COMMIT_FILE, CEGPPO_STATE_FILE)
+    return os.path.isfile(os.path.join(folder, TRAINER_STATE_FILE)) and not any(
+        os.path.exists(os.path.join(folder, n)) for n in names)  # fmt: skip
+
+
 def damage(folder: str) -> str | None:
-    """Why `folder` cannot be resumed (no marker, or a file that no longer matches it), or None."""
+    """Why `folder` cannot be resumed (not committed, a file that no longer matches its marker, model only), or
+    None (committed and matching, or another trainer's)."""
     if (record := marker(folder)) is None:
-        return f"it has no {COMMIT_FILE}: a run stopped while writing it, or another trainer wrote it"
+        if foreign(folder):
+            return None
+        if not os.path.isfile(os.path.join(folder, CEGPPO_STATE_FILE)):
+            return f"it has neither {COMMIT_FILE} nor {TRAINER_STATE_FILE}: not a checkpoint"
+        return f"it has no {COMMIT_FILE}: a run of this library began it and did not commit it"
     for name, size in record["files"].items():
         size = size[0] if isinstance(size, list) else size  # format 2 also held a CRC-32, no longer read
         now = os.path.getsize(path) if os.path.isfile(path := os.path.join(folder, name)) else None
@@ -117,6 +133,9 @@ def damage(folder: str) -> str | None:
     for name, digest in (record.get("state") or {}).items():
         if _sha256(os.path.join(folder, name)) != digest:
             return f"{name} changed after the commit (its SHA-256 differs from the marker's)"
+    if record.get("save_only_model"):
+        return ("it was saved with `save_only_model=True`: no optimizer, learning-rate schedule or RNG state to resume. "
+                "To train on from its weights, start a new run with it as the model")  # fmt: skip
     return None
 
 
@@ -160,6 +179,7 @@ class ResumePlan:
     lock: int | None = None  # the main process's lock descriptor
     settings: dict = field(default_factory=dict)  # `config.run_settings` now: what this run's checkpoints record
     changes: dict = field(default_factory=dict)  # the settings that differ from the resumed checkpoint's
+    superseded: list = field(default_factory=list)  # the run's committed checkpoints past the resumed one
 
     def release(self) -> None:
         self.lock = release_lock(self.lock)  # None
@@ -180,7 +200,7 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
             raise ValueError(f"`max_steps={max_steps}` but {checkpoint} is at global step {step}: resuming it would "
                              f"train 0 steps. `max_steps` counts the whole run: set it above {step}.")  # fmt: skip
         text = f"Nothing left to train: {checkpoint} is at global step {step}, the run's end. The final model is "
-        return text + f"written from it if `{args.output_dir}` has none. Raise `max_steps` to go on.", True, step
+        return text + f"written from it into `{args.output_dir}`. Raise `max_steps` to go on.", True, step
     state, text = read_state(checkpoint), f"Resuming from {checkpoint} (global step {step})."
     if changes := changed_settings(state, args):
         changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in changes.items())
@@ -192,33 +212,49 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
 
 def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None) -> tuple[ResumePlan, list[str]]:
     """Rules 2-4: the checkpoint a launch resumes, the run it continues (`run`: a fresh start's, for a second
-    `train()` of one trainer; else a new one), and the marked folders rule 3 refuses beside it. ValueError: refused."""
+    `train()` of one trainer; else a new one), and the committed folders rule 3 refuses beside it (the run's own
+    newer ones go to `plan.superseded`). ValueError: refused."""
     plan, wanted, step = ResumePlan(run=run or uuid.uuid4().hex), _wanted(requested), None
-    marked = [f for f in checkpoint_folders(output_dir) if marker(f) is not None]
-    if wanted == "last" and not marked:
-        message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
-        plan.messages.append(message + " (The first launch of a requeued command line.)")
+    folders = checkpoint_folders(output_dir)
+    why = {f: damage(f) for f in folders}
+    if wanted == "last":
+        ok = [f for f in folders if why[f] is None]
+        plan.checkpoint = ([f for f in ok if marker(f)] or ok or [None])[-1]
+        newer = [f for f in folders if f != plan.checkpoint and (plan.checkpoint is None or checkpoint_step(f) >
+                 checkpoint_step(plan.checkpoint))]  # fmt: skip
+        passed = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it: a committed one comes first'})"
+                  for f in newer]  # fmt: skip
+        plan.messages += [f"`last` passes over {'; '.join(passed)}."] if passed else []
+        if plan.checkpoint is None:
+            message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
+            plan.messages.append(message + " (The first launch of a requeued command line.)")
     elif wanted is not None:
-        plan.checkpoint = marked[-1] if wanted == "last" else str(wanted)
+        plan.checkpoint = str(wanted)
         if not os.path.isdir(plan.checkpoint):
             raise ValueError(f"Can't find a valid checkpoint at {wanted}: no such folder. Give one, or `last`.")
         if (reason := damage(plan.checkpoint)) is not None:
-            raise ValueError(f"{plan.checkpoint} is not a committed checkpoint ({reason}). Resume another one.")
-        if (record := marker(plan.checkpoint)).get("save_only_model"):
-            raise ValueError(
-                f"{plan.checkpoint} was saved with `save_only_model=True`: no optimizer, learning-rate schedule or "
-                "RNG state to resume. To train on from its weights, start a new run with it as the model."
-            )
+            raise ValueError(f"{plan.checkpoint} cannot be resumed ({reason}). Resume another one.")
+    elif unresumable := [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in folders
+                         if why[f] or not marker(f)]:  # fmt: skip
+        plan.messages.append(f"A new run into {output_dir}, beside checkpoints it does not resume (a save of this "
+                             f"run at the same step replaces one): {'; '.join(unresumable)}.")  # fmt: skip
+    if plan.checkpoint is not None:
         text, plan.finished, step = _resume_message(plan.checkpoint, args)
-        plan.run, plan.messages = record.get("run"), [text]
+        record = marker(plan.checkpoint)
+        if record is None:
+            text += (" It carries no commit record (another trainer wrote it, e.g. GRPOTrainer): only transformers' "
+                     "own checks apply, and this run's first checkpoint is committed as usual.")  # fmt: skip
+        plan.run = record.get("run") if record else plan.run
+        plan.messages.append(text)
     resumed, past = plan.checkpoint and os.path.realpath(plan.checkpoint), float("inf") if step is None else step
-    others = [f for f in marked if os.path.realpath(f) != resumed]  # refused: another run's, or this one's past `step`
-    return plan, [f for f in others if marker(f).get("run") != plan.run or checkpoint_step(f) > past]
+    others = [f for f in folders if why[f] is None and marker(f) and os.path.realpath(f) != resumed]
+    plan.superseded = [f for f in others if marker(f).get("run") == plan.run and checkpoint_step(f) > past]
+    return plan, [f for f in others if marker(f).get("run") != plan.run]
 
 
 def refusal(plan: ResumePlan, blocking: list[str], output_dir: str) -> str:  # rule 3's words, for `cegppo check` too
     return (f"{f'Resuming {plan.checkpoint}' if plan.checkpoint else 'A new run'} into {output_dir}, which holds "
-            f"committed checkpoints of another run or past the resumed step ({', '.join(map(os.path.basename, blocking))}"
+            f"committed checkpoints of another run ({', '.join(map(os.path.basename, blocking))}"
             "): `last` would pick them up after a stop. Resume the newest with `--resume_from_checkpoint last` (Python "
             "API: `train(resume_from_checkpoint=True)`), pick another `--output_dir`, or delete them "
             "(`--overwrite_output_dir true`).")  # fmt: skip
@@ -244,6 +280,8 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
                 shutil.rmtree(folder)
             deleted = ", ".join(map(os.path.basename, blocking))
             plan.messages += [f"`overwrite_output_dir`: deleted {deleted} from {args.output_dir}."] if blocking else []
+            moved = [_move_aside(folder) for folder in plan.superseded]  # `last` must not bring them back
+            plan.messages += [f"Moved this run's later checkpoints aside, out of every rule: {', '.join(moved)}."] * bool(moved)
             for message in plan.messages:
                 log(message)
             answer = [plan.checkpoint, plan.finished, plan.run, None]
@@ -260,6 +298,14 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
     return plan
 
 
+def _move_aside(folder: str) -> str:  # `checkpoint-8` -> `superseded-checkpoint-8` (`-2`, ... if taken)
+    name, n = f"superseded-{os.path.basename(folder)}", 1
+    while os.path.exists(target := os.path.join(os.path.dirname(folder), name + (f"-{n}" if n > 1 else ""))):
+        n += 1
+    os.rename(folder, target)
+    return os.path.basename(target)
+
+
 # 5. The lock (taken by `start_run`)
 _HELD: set[int] = set()
 
@@ -270,24 +316,23 @@ def _close_held_in_child() -> None:  # a forked child (loader worker, reward sub
 
 
 os.register_at_fork(after_in_child=_close_held_in_child)
-_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
     """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
-    where the file system has no `flock`. Raises RuntimeError while another live process holds it."""
+    where the file system refuses it. Raises RuntimeError while another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
-    fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd, path = None, os.path.join(output_dir, LOCK_FILE)
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         if isinstance(error, BlockingIOError):
             message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
             raise RuntimeError(message) from None
-        if error.errno not in _NO_FLOCK:
-            raise
-        warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run from "
+        warn(f"{path}: the file system refuses `flock` ({error.strerror or error}); nothing stops a second run from "
              "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
         return None
     _HELD.add(fd)

@@ -12,11 +12,13 @@ train on a mismatch, naming the method (tests/test_trl_drift.py pins the same ha
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerState
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
@@ -51,11 +53,15 @@ from .schedules import parse_schedule
 logger = get_logger(__name__)
 
 
-def holds_model(folder: str) -> bool:
-    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
-    names = [s + e + i for s in ("model", "pytorch_model", "adapter_model") for e in (".safetensors", ".bin")
-             for i in ("", ".index.json")]  # fmt: skip
-    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
+class CommitAfterCallbacks(TrainerCallback):
+    """Commits the checkpoint `_save_checkpoint` wrote once every callback's `on_save` has run (`train()` keeps it
+    last): what a callback writes into the folder (an adapter, a README line, an EMA file) is in the commit."""
+
+    def __init__(self, trainer: CEGPPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        self.trainer._commit_checkpoint()
 
 
 class EpochSeededRepeatSampler(RepeatSampler):
@@ -184,7 +190,12 @@ class CEGPPOTrainer(GRPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         folder = self.args.output_dir if output_dir is None else output_dir
         write_model_card(self, folder)  # before the weights: PEFT's `save_pretrained` then updates it
-        super().save_model(output_dir, _internal_call)
+        held = self.args.save_total_limit  # None in `train()`: training_args.bin records the real one
+        self.args.save_total_limit = self._save_total_limit if held is None else held
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            self.args.save_total_limit = held
         finish_trainer_card(self, folder)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -192,16 +203,19 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train` from the launch's `checkpoints.ResumePlan` (`start_run`, or the one `cegppo train` made);
-        a checkpoint at the run's end trains nothing: the final model is written from it if missing.
+        a checkpoint at the run's end trains nothing but the final model, written from it.
 
         `save_total_limit` is held back for the call: rotation runs after each commit, over this run's committed
-        checkpoints (`_save_checkpoint`), and transformers' end-of-train deletion (with `save_total_limit=1` and
-        `load_best_model_at_end`, every checkpoint but the best) does not run, so the newest one stays."""
+        checkpoints (`_commit_checkpoint`), and transformers' end-of-train deletion (with `save_total_limit=1` and
+        `load_best_model_at_end`, every checkpoint but the best) does not run, so the newest one stays. A run that
+        transformers stopped for a SIGTERM (`enable_jit_checkpoint`) ends as SIGTERM would have ended it."""
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
             plan = start_run(self.args, resume_from_checkpoint, logger.warning, run=self._run)
         self._run, self._plan, self._save_total_limit = plan.run, plan, self.args.save_total_limit
-        self.args.save_total_limit = None
+        self.args.save_total_limit, self._sigterm_at = None, None
+        self.pop_callback(CommitAfterCallbacks)
+        self.add_callback(CommitAfterCallbacks(self))  # last: after every other callback's `on_save`
         try:
             if not plan.finished:
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
@@ -212,13 +226,18 @@ class CEGPPOTrainer(GRPOTrainer):
             if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                 self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
                 self._load_best_model()
-            if not holds_model(self.args.output_dir):
-                self.save_model(self.args.output_dir)
+            self.save_model(self.args.output_dir)  # whatever `output_dir` holds may be another run's
             return TrainOutput(self.state.global_step, 0.0, {})
         finally:
             self.args.save_total_limit = self._save_total_limit
             if plan is not resume_from_checkpoint:
                 plan.release()
+            if self._sigterm_at is not None:
+                with contextlib.suppress(OSError):  # transformers' folder for it, left empty
+                    os.rmdir(os.path.join(self._get_output_dir(trial), f"checkpoint-{self._sigterm_at}"))
+                logger.warning(f"SIGTERM: stopped at step {self.state.global_step} of {self.state.max_steps} after "
+                               "committing its checkpoint; requeue with `--resume_from_checkpoint last`.")  # fmt: skip
+                signal.raise_signal(signal.SIGTERM)  # the handler transformers put back: by default, the exit
 
     def _get_train_sampler(self, dataset=None):
         # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
@@ -230,26 +249,33 @@ class CEGPPOTrainer(GRPOTrainer):
         return sampler
 
     def _save_checkpoint(self, model, trial):
-        # The protocol of `checkpoints` (rule 1): `cegppo_state.json` first (an old marker dropped); transformers'
-        # files; every process fsyncs, a barrier, the owner's marker; then rotation over this run's marked
-        # checkpoints and the Hub push, which transformers would run before the other processes finished.
-        run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        # The protocol of `checkpoints` (rule 1): `cegppo_state.json` first (an earlier save's files gone), a barrier;
+        # transformers' files. The commit, rotation and Hub push follow every callback's `on_save`.
+        self._pending = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if os.path.exists(os.path.join(self._pending, "checkpoint-is-incomplete.txt")):
+            # transformers' SIGTERM checkpoint (`enable_jit_checkpoint`), taken mid-step: a save at this step's end
+            # instead, through the callbacks, then the stop transformers asked for
+            self._pending, self._sigterm_at, self.control.should_save = None, self.state.global_step, True
+            return
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
             record = {"settings": self._plan.settings, "controller": controller,
                       "run_state": self.cegppo_run_state(), "history": self.settings_history}  # fmt: skip
             # format 2: every config field that changes the run (1, cegppo-trl 0.4: a fixed list of them)
-            begin_checkpoint(folder, {"format": 2, **{k: v for k, v in record.items() if v}})
+            begin_checkpoint(self._pending, {"format": 2, **{k: v for k, v in record.items() if v}})
+        self.accelerator.wait_for_everyone()
         push, self.args.push_to_hub = self.args.push_to_hub, False
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.push_to_hub = push
-        commit(folder, self.args.should_save, self._run, self.accelerator.wait_for_everyone, self.args.save_only_model)
-        if self.args.should_save:
-            rotate(run_dir, self._save_total_limit, self.state.best_model_checkpoint, self._run)
-        if push:
+
+    def _commit_checkpoint(self) -> None:  # `CommitAfterCallbacks.on_save`: what every process wrote is in
+        folder, self._pending, owner = self._pending, None, self.args.should_save
+        commit(folder, owner, self._run, self.accelerator.wait_for_everyone, self.args.save_only_model)
+        if owner:
+            rotate(os.path.dirname(folder), self._save_total_limit, self.state.best_model_checkpoint, self._run)
+        if self.args.push_to_hub:
             self._push_from_checkpoint(folder)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
