@@ -23,7 +23,6 @@ from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, COMMIT_FILE, commit, plan_
 from cegppo_trl.config import changed_settings, run_settings
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
-from cegppo_trl.trainer import holds_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
@@ -302,23 +301,6 @@ def _resolve(output_dir: Path, value: str):
     for message in plan.messages:
         logging.getLogger("cegppo_trl.scripts").warning(message)
     return plan.checkpoint
-
-
-@pytest.mark.parametrize(
-    ("files", "expected"),
-    [
-        ((), False),
-        (("config.json", "training_args.bin", "model.pt"), False),  # no weights by the names transformers saves
-        (("model.safetensors",), True),
-        (("pytorch_model.bin",), True),
-        (("adapter_model.safetensors",), True),  # a PEFT adapter
-        (("model.safetensors.index.json",), True),  # an index of shards
-    ],
-)
-def test_holds_model_sees_a_full_model_an_adapter_or_an_index_of_shards(tmp_path, files, expected):
-    for name in files:
-        (tmp_path / name).write_text("{}")
-    assert holds_model(str(tmp_path)) is expected
 
 
 def test_last_passes_over_unmarked_folders_and_an_explicit_one_is_refused(tmp_path, caplog):
