@@ -148,11 +148,18 @@ def test_a_marked_checkpoint_without_cegppo_state_has_nothing_to_compare_and_one
     assert message == f"Resuming from {checkpoint} (global step 4)."
 
 
-def test_another_trainers_checkpoint_has_no_marker_and_is_not_resumed(tmp_path):
-    checkpoint = _checkpoint(tmp_path)  # as GRPOTrainer writes it: no cegppo_commit.json
+def test_another_trainers_checkpoint_resumes_with_one_line_and_a_begun_one_of_this_library_does_not(tmp_path):
+    checkpoint = _checkpoint(tmp_path)  # as GRPOTrainer writes it: no cegppo_commit.json, no cegppo_state.json
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
     args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
-    with pytest.raises(ValueError, match=r"not a committed checkpoint \(it has no cegppo_commit.json"):
+    for requested in (str(checkpoint), "last"):
+        plan, blocking = plan_resume(str(tmp_path), requested, args)
+        assert (plan.checkpoint, blocking) == (str(checkpoint), [])
+        assert plan.messages == [f"Resuming from {checkpoint} (global step 4). It carries no commit record (another "
+                                 "trainer wrote it, e.g. GRPOTrainer): only transformers' own checks apply, and this "
+                                 "run's first checkpoint is committed as usual."]  # fmt: skip
+    (checkpoint / CEGPPO_STATE_FILE).write_text("{}")  # a run of this library began it: not committed
+    with pytest.raises(ValueError, match=r"cannot be resumed \(it has no cegppo_commit.json: a run of this library"):
         plan_resume(str(tmp_path), str(checkpoint), args)
 
 
@@ -260,13 +267,16 @@ def test_resume_past_max_steps_is_refused_before_the_model_loads(model_dir, data
         train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "4"))
 
 
+@pytest.mark.parametrize("left", ["nothing", "half of a model"])
 def test_a_cli_requeue_after_the_last_checkpoint_exits_cleanly_and_writes_the_final_model(
-    model_dir, data_file, tmp_path, caplog
+    model_dir, data_file, tmp_path, caplog, left
 ):
     """Killed after checkpoint-1 of `max_steps=1` and before the final save: the requeue (the same command with
-    `last`) trains nothing, says so, and writes the final model from the checkpoint."""
+    `last`) trains nothing, says so, and writes the final model from the checkpoint, whatever `output_dir` held
+    (issue 51 item 2: a model cut in half, or another run's, was kept)."""
     train(*smoke_args(model_dir, data_file, tmp_path))
-    (tmp_path / "model.safetensors").unlink()
+    final = tmp_path / "model.safetensors"
+    final.write_bytes(final.read_bytes()[: final.stat().st_size // 2]) if left != "nothing" else final.unlink()
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last"))
     assert trainer.state.global_step == 1
@@ -308,7 +318,8 @@ def test_last_passes_over_unmarked_folders_and_an_explicit_one_is_refused(tmp_pa
     (tmp_path / "checkpoint-4").mkdir()  # killed after the weights, before the marker
     (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
     assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
-    with pytest.raises(ValueError, match=r"checkpoint-4 is not a committed checkpoint \(it has no cegppo_commit"):
+    with pytest.raises(ValueError, match=r"checkpoint-4 cannot be resumed \(it has neither cegppo_commit.json nor "
+                       r"trainer_state.json: not a checkpoint\)"):  # fmt: skip
         _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
 
 
@@ -367,6 +378,7 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     # transformers' `train(resume_from_checkpoint=True)` takes the highest-numbered folder, even a half-written one.
 
     from accelerate import PartialState
+    from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
 
     from cegppo_trl import CEGPPOTrainer
@@ -379,5 +391,6 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, checkpoint, *rest, **kw: received.append(checkpoint))
     trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args` is read before `super().train`
     trainer.args, trainer._run = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=10), None
+    trainer.callback_handler = CallbackHandler([], None, None, None, None)
     CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
     assert received == [str(tmp_path / "checkpoint-3")]
