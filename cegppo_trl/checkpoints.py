@@ -1,26 +1,23 @@
 """Checkpoints as torch DCP and Orbax do them: a marker written last. The protocol, in the order the code follows:
 
-1. Commit, once everything that writes into a checkpoint has written: the folder is cleared of an earlier save's
-   files and `cegppo_state.json` written first; transformers' files, then every callback's `on_save`; then each
-   process fsyncs the folder's files, a barrier, and the folder's owner (the main process; each node's under
-   `save_on_each_node`) writes `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of
-   `trainer_state.json` and `cegppo_state.json`, the run. Resumable iff marked and matching (a stat per file, two
-   small reads), or written by another trainer (GRPOTrainer's, Trainer's: `trainer_state.json` and no file of this
-   library), which only transformers' own checks apply to.
-2. `last` is the newest resumable `checkpoint-<step>` of `output_dir`, a committed one before another trainer's; each
-   newer one passed over is named with its reason; none is a fresh start with a notice (a requeued command line's
-   first launch). An explicit path must be resumable.
-3. One run per `output_dir`. A resume continues its checkpoint's run. A launch is refused while `output_dir` holds a
-   resumable committed checkpoint of another run (`last` would bring it back); the way out is
-   `--overwrite_output_dir` (deletes exactly those) or another folder. Resuming an older checkpoint of the run moves
-   its newer ones aside (`superseded-checkpoint-<step>`). Rotation is transformers' rule over this run's marked
-   checkpoints only (the trainer holds back transformers' own). Other folders (`last-checkpoint`, copies, another
-   trainer's) are deleted by no rule.
+1. Commit, once everything that writes into the folder has written (transformers, then every callback's `on_save`):
+   the owner (the main process; each node's under `save_on_each_node`) first clears the folder of an earlier save
+   and writes `cegppo_state.json`; at the end each process fsyncs the folder's files, a barrier, and the owner writes
+   `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of `trainer_state.json` and
+   `cegppo_state.json`, the run. Resumable iff marked and matching (a stat per file, two small reads), or another
+   trainer's (`trainer_state.json`, no file of this library: only transformers' checks apply).
+2. `last` is the newest resumable `checkpoint-<step>` of `output_dir`, a marked one before another trainer's; each
+   newer one is named with the reason it is passed over; none is a fresh start with a notice.
+3. One run per `output_dir`. A resume continues its checkpoint's run, and moves the run's later marked checkpoints
+   aside (`superseded-...`). A launch is refused while `output_dir` holds a resumable marked checkpoint of another
+   run; the way out is `--overwrite_output_dir` (deletes exactly those) or another folder. Rotation is transformers'
+   rule over this run's marked checkpoints only (transformers' own is held back). No rule deletes other folders.
 4. Same run. A resume names, old -> new, every setting that differs from the checkpoint's (all config fields but
    `config.SAFE_TO_CHANGE`). A `save_only_model` checkpoint is not resumed: no optimizer, schedule or RNG state.
 5. Lock. `flock` on `output_dir/_cegppo_run.lock` for the run's life (released by the kernel at death), close-on-exec
    and closed in forked children; where the file system refuses it, one warning naming the file and the run goes on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,21 +107,14 @@ def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker; None: no
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
-def foreign(folder: str) -> bool:  # another trainer's checkpoint: transformers' state, nothing of this library
-    names = (COMMIT_FILE, CEGPPO_STATE_FILE)
-    return os.path.isfile(os.path.join(folder, TRAINER_STATE_FILE)) and not any(
-        os.path.exists(os.path.join(folder, n)) for n in names)  # fmt: skip
-
-
 def damage(folder: str) -> str | None:
-    """Why `folder` cannot be resumed (not committed, a file that no longer matches its marker, model only), or
-    None (committed and matching, or another trainer's)."""
+    """Why `folder` cannot be resumed, or None: marked and matching, or another trainer's (no marker, no
+    `cegppo_state.json`, transformers' `trainer_state.json`)."""
     if (record := marker(folder)) is None:
-        if foreign(folder):
-            return None
-        if not os.path.isfile(os.path.join(folder, CEGPPO_STATE_FILE)):
-            return f"it has neither {COMMIT_FILE} nor {TRAINER_STATE_FILE}: not a checkpoint"
-        return f"it has no {COMMIT_FILE}: a run of this library began it and did not commit it"
+        if os.path.exists(os.path.join(folder, CEGPPO_STATE_FILE)):
+            return f"it has no {COMMIT_FILE}: a run of this library began it and did not commit it"
+        trainers = os.path.isfile(os.path.join(folder, TRAINER_STATE_FILE))
+        return None if trainers else f"it has neither {COMMIT_FILE} nor {TRAINER_STATE_FILE}: not a checkpoint"
     for name, size in record["files"].items():
         size = size[0] if isinstance(size, list) else size  # format 2 also held a CRC-32, no longer read
         now = os.path.getsize(path) if os.path.isfile(path := os.path.join(folder, name)) else None
@@ -207,47 +197,44 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
         text += f" Settings that differ from the checkpoint's (the run follows the new ones): {changed}."
     if getattr(args, "entropy_controller", None) is not None and "controller" not in state:
         text += " It holds no entropy-controller state, so the controller starts fresh at the resumed step."
+    if marker(checkpoint) is None:
+        text += (" It carries no commit record (another trainer wrote it, e.g. GRPOTrainer): only transformers' own "
+                 "checks apply, and this run's first checkpoint is committed as usual.")  # fmt: skip
     return text, False, step
 
 
 def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None) -> tuple[ResumePlan, list[str]]:
     """Rules 2-4: the checkpoint a launch resumes, the run it continues (`run`: a fresh start's, for a second
-    `train()` of one trainer; else a new one), and the committed folders rule 3 refuses beside it (the run's own
-    newer ones go to `plan.superseded`). ValueError: refused."""
+    `train()` of one trainer; else a new one), and the marked folders rule 3 refuses beside it (the run's own later
+    ones: `plan.superseded`). ValueError: refused."""
     plan, wanted, step = ResumePlan(run=run or uuid.uuid4().hex), _wanted(requested), None
     folders = checkpoint_folders(output_dir)
     why = {f: damage(f) for f in folders}
+    ok = [f for f in folders if why[f] is None]
     if wanted == "last":
-        ok = [f for f in folders if why[f] is None]
         plan.checkpoint = ([f for f in ok if marker(f)] or ok or [None])[-1]
-        newer = [f for f in folders if f != plan.checkpoint and (plan.checkpoint is None or checkpoint_step(f) >
-                 checkpoint_step(plan.checkpoint))]  # fmt: skip
-        passed = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it: a committed one comes first'})"
+        newer = [f for f in folders if not plan.checkpoint or checkpoint_step(f) > checkpoint_step(plan.checkpoint)]
+        passed = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it: a marked one comes first'})"
                   for f in newer]  # fmt: skip
-        plan.messages += [f"`last` passes over {'; '.join(passed)}."] if passed else []
+        plan.messages += [f"`last` passes over {'; '.join(passed)}."] * bool(passed)
         if plan.checkpoint is None:
-            message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
-            plan.messages.append(message + " (The first launch of a requeued command line.)")
+            message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh"
+            plan.messages.append(message + " start. (The first launch of a requeued command line.)")
     elif wanted is not None:
         plan.checkpoint = str(wanted)
         if not os.path.isdir(plan.checkpoint):
             raise ValueError(f"Can't find a valid checkpoint at {wanted}: no such folder. Give one, or `last`.")
         if (reason := damage(plan.checkpoint)) is not None:
             raise ValueError(f"{plan.checkpoint} cannot be resumed ({reason}). Resume another one.")
-    elif unresumable := [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in folders
-                         if why[f] or not marker(f)]:  # fmt: skip
+    elif left := [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in folders
+                  if f not in ok or not marker(f)]:  # fmt: skip
         plan.messages.append(f"A new run into {output_dir}, beside checkpoints it does not resume (a save of this "
-                             f"run at the same step replaces one): {'; '.join(unresumable)}.")  # fmt: skip
+                             f"run at the same step replaces one): {'; '.join(left)}.")  # fmt: skip
     if plan.checkpoint is not None:
         text, plan.finished, step = _resume_message(plan.checkpoint, args)
-        record = marker(plan.checkpoint)
-        if record is None:
-            text += (" It carries no commit record (another trainer wrote it, e.g. GRPOTrainer): only transformers' "
-                     "own checks apply, and this run's first checkpoint is committed as usual.")  # fmt: skip
-        plan.run = record.get("run") if record else plan.run
-        plan.messages.append(text)
+        plan.run, plan.messages = (marker(plan.checkpoint) or {"run": plan.run}).get("run"), [*plan.messages, text]
     resumed, past = plan.checkpoint and os.path.realpath(plan.checkpoint), float("inf") if step is None else step
-    others = [f for f in folders if why[f] is None and marker(f) and os.path.realpath(f) != resumed]
+    others = [f for f in ok if marker(f) and os.path.realpath(f) != resumed]
     plan.superseded = [f for f in others if marker(f).get("run") == plan.run and checkpoint_step(f) > past]
     return plan, [f for f in others if marker(f).get("run") != plan.run]
 
@@ -280,7 +267,9 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
                 shutil.rmtree(folder)
             deleted = ", ".join(map(os.path.basename, blocking))
             plan.messages += [f"`overwrite_output_dir`: deleted {deleted} from {args.output_dir}."] if blocking else []
-            moved = [_move_aside(folder) for folder in plan.superseded]  # `last` must not bring them back
+            moved = [f"superseded-{os.path.basename(f)}-{uuid.uuid4().hex[:6]}" for f in plan.superseded]
+            for folder, name in zip(plan.superseded, moved):  # `last` must not bring them back
+                os.rename(folder, os.path.join(args.output_dir, name))
             plan.messages += [f"Moved this run's later checkpoints aside, out of every rule: {', '.join(moved)}."] * bool(moved)
             for message in plan.messages:
                 log(message)
@@ -296,14 +285,6 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
     plan.settings = run_settings(args)  # before `cegppo train` fills in `model_init_kwargs`: what a requeue compares
     plan.changes = changed_settings(read_state(plan.checkpoint), args) if plan.checkpoint else {}
     return plan
-
-
-def _move_aside(folder: str) -> str:  # `checkpoint-8` -> `superseded-checkpoint-8` (`-2`, ... if taken)
-    name, n = f"superseded-{os.path.basename(folder)}", 1
-    while os.path.exists(target := os.path.join(os.path.dirname(folder), name + (f"-{n}" if n > 1 else ""))):
-        n += 1
-    os.rename(folder, target)
-    return os.path.basename(target)
 
 
 # 5. The lock (taken by `start_run`)

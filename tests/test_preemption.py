@@ -134,9 +134,10 @@ def test_issue51_item5_an_explicit_older_checkpoint_of_the_run_resumes_and_its_l
     plan = _start(tmp_path, str(tmp_path / "checkpoint-2"), messages)
     assert (plan.checkpoint, plan.run) == (str(tmp_path / "checkpoint-2"), "run-a")  # the run goes on from step 2
     assert _names(tmp_path) == ["checkpoint-2"]  # `last` cannot bring the later ones back
-    assert sorted(p.name for p in tmp_path.glob("superseded-*")) == ["superseded-checkpoint-4", "superseded-checkpoint-6"]
-    assert messages[-1] == ("Moved this run's later checkpoints aside, out of every rule: superseded-checkpoint-4, "
-                            "superseded-checkpoint-6.")  # fmt: skip
+    moved = sorted(p.name for p in tmp_path.glob("superseded-*"))
+    assert [name.rsplit("-", 1)[0] for name in moved] == ["superseded-checkpoint-4", "superseded-checkpoint-6"]
+    assert messages[-1] == f"Moved this run's later checkpoints aside, out of every rule: {', '.join(moved)}."
+    assert all((tmp_path / name / COMMIT_FILE).exists() for name in moved)  # nothing deleted
     assert _start(tmp_path, str(tmp_path / "checkpoint-2")).run == "run-a"  # nothing left to move
 
 
