@@ -123,9 +123,9 @@ def damage(folder: str) -> str | None:
     for name, digest in (record.get("state") or {}).items():
         if _sha256(os.path.join(folder, name)) != digest:
             return f"{name} changed after the commit (its SHA-256 differs from the marker's)"
+    only = "it was saved with `save_only_model=True`: no optimizer, learning-rate schedule or RNG state to resume. To"
     if record.get("save_only_model"):
-        return ("it was saved with `save_only_model=True`: no optimizer, learning-rate schedule or RNG state to resume. "
-                "To train on from its weights, start a new run with it as the model")  # fmt: skip
+        return f"{only} train on from its weights, start a new run with it as the model"
     return None
 
 
@@ -197,10 +197,8 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
         text += f" Settings that differ from the checkpoint's (the run follows the new ones): {changed}."
     if getattr(args, "entropy_controller", None) is not None and "controller" not in state:
         text += " It holds no entropy-controller state, so the controller starts fresh at the resumed step."
-    if marker(checkpoint) is None:
-        text += (" It carries no commit record (another trainer wrote it, e.g. GRPOTrainer): only transformers' own "
-                 "checks apply, and this run's first checkpoint is committed as usual.")  # fmt: skip
-    return text, False, step
+    no_record = " It carries no commit record (another trainer wrote it): only transformers' own checks apply."
+    return text + no_record * (marker(checkpoint) is None), False, step
 
 
 def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None) -> tuple[ResumePlan, list[str]]:
@@ -267,10 +265,10 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
                 shutil.rmtree(folder)
             deleted = ", ".join(map(os.path.basename, blocking))
             plan.messages += [f"`overwrite_output_dir`: deleted {deleted} from {args.output_dir}."] if blocking else []
-            moved = [f"superseded-{os.path.basename(f)}-{uuid.uuid4().hex[:6]}" for f in plan.superseded]
-            for folder, name in zip(plan.superseded, moved):  # `last` must not bring them back
-                os.rename(folder, os.path.join(args.output_dir, name))
-            plan.messages += [f"Moved this run's later checkpoints aside, out of every rule: {', '.join(moved)}."] * bool(moved)
+            for folder in plan.superseded:  # `last` must not bring them back
+                name = os.path.basename(folder)
+                os.rename(folder, aside := os.path.join(args.output_dir, f"superseded-{name}-{uuid.uuid4().hex[:6]}"))
+                plan.messages.append(f"Moved {name}, a later checkpoint of this run, aside: {aside}.")
             for message in plan.messages:
                 log(message)
             answer = [plan.checkpoint, plan.finished, plan.run, None]
@@ -303,13 +301,11 @@ def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
     """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
     where the file system refuses it. Raises RuntimeError while another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
-    fd, path = None, os.path.join(output_dir, LOCK_FILE)
+    fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if fd is not None:
-            os.close(fd)
+    except OSError as error:  # any: where `flock` is refused (ENOLCK, EACCES, EIO, ...), the run goes on unlocked
+        os.close(fd)
         if isinstance(error, BlockingIOError):
             message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
             raise RuntimeError(message) from None

@@ -159,7 +159,8 @@ def test_ddp_a_checkpoint_only_rank_0s_callback_wrote_into_resumes_the_run_bit_f
     spec = dict(trainer="cegppo", max_steps=8, callback="readme")
     torchrun({**spec, "output_dir": tmp_path / "run", "params": tmp_path / "reference.pt"})
     newest = tmp_path / "run" / "checkpoint-6"
-    assert {"rng_state_0.pth", "rng_state_1.pth", "README.md"} <= set(json.loads((newest / COMMIT_FILE).read_text())["files"])
+    files = json.loads((newest / COMMIT_FILE).read_text())["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "README.md"} <= set(files)  # both processes', and the callback's
     requeue = _killed_after(tmp_path / "run", tmp_path / "requeue", 6)
     torchrun({**spec, "output_dir": requeue, "resume": True, "params": tmp_path / "resumed.pt"})
     resumed, final = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "reference.pt")

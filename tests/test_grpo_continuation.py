@@ -24,7 +24,7 @@ from cegppo_trl.checkpoints import COMMIT_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "helpers" / "ckpt_job.py"
-NO_RECORD = "It carries no commit record (another trainer wrote it, e.g. GRPOTrainer): only transformers' own checks apply"
+NO_RECORD = "It carries no commit record (another trainer wrote it): only transformers' own checks apply."
 
 
 @pytest.fixture(scope="module")

@@ -156,8 +156,7 @@ def test_another_trainers_checkpoint_resumes_with_one_line_and_a_begun_one_of_th
         plan, blocking = plan_resume(str(tmp_path), requested, args)
         assert (plan.checkpoint, blocking) == (str(checkpoint), [])
         assert plan.messages == [f"Resuming from {checkpoint} (global step 4). It carries no commit record (another "
-                                 "trainer wrote it, e.g. GRPOTrainer): only transformers' own checks apply, and this "
-                                 "run's first checkpoint is committed as usual."]  # fmt: skip
+                                 "trainer wrote it): only transformers' own checks apply."]  # fmt: skip
     (checkpoint / CEGPPO_STATE_FILE).write_text("{}")  # a run of this library began it: not committed
     with pytest.raises(ValueError, match=r"cannot be resumed \(it has no cegppo_commit.json: a run of this library"):
         plan_resume(str(tmp_path), str(checkpoint), args)

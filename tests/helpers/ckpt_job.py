@@ -1,5 +1,5 @@
-"""One small off-policy job through either trainer, for the checkpoint tests that resume it (tests/test_callback_commit.py,
-tests/test_grpo_continuation.py): in-process (`build`) or as its own process, one or two (`python ckpt_job.py SPEC`
+"""One small off-policy job through either trainer, for the checkpoint tests that resume it
+(tests/test_callback_commit.py, tests/test_grpo_continuation.py): in-process (`build`) or as its own process, one or two (`python ckpt_job.py SPEC`
 under `torchrun`, which writes the final parameters to `SPEC["params"]` from the main process).
 
 The job: a tiny seeded Llama, 32 prompts, 2 prompts (8 completions) an optimizer step, two optimizer steps per rollout
@@ -24,7 +24,8 @@ from transformers import TrainerCallback
 
 JOB = dict(per_device_train_batch_size=8, num_generations=4, steps_per_generation=2, gradient_accumulation_steps=1,
            max_completion_length=6, learning_rate=0.1, lr_scheduler_type="constant", save_strategy="steps",
-           save_steps=2, use_cpu=True, bf16=False, report_to="none", logging_steps=1, seed=0, disable_tqdm=True)  # fmt: skip
+           save_steps=2, use_cpu=True, bf16=False, report_to="none", logging_steps=1, seed=0,
+           disable_tqdm=True)  # fmt: skip
 
 
 def count_ones(completions, **kwargs):  # spread in every group
