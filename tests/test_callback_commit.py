@@ -141,6 +141,9 @@ def test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as
     assert reference.returncode == 0, reference.stderr[-3000:]
     resumed, final = torch.load(tmp_path / "resumed.pt"), torch.load(tmp_path / "reference.pt")
     assert resumed.keys() == final.keys() and all(torch.equal(resumed[k], final[k]) for k in final)
+    # GRPOTrainer: transformers' checkpoint at the start of step 4 (global step 3), then a normal end (exit 0)
+    grpo = _job({**spec, "trainer": "grpo", "output_dir": tmp_path / "grpo", "callback": "sigterm"})
+    assert grpo.returncode == 0 and not (tmp_path / "grpo" / "checkpoint-4").exists(), grpo.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -46,6 +46,7 @@ SHOWN_BY = {
     "`save_steps` (with the `\"steps\"` strategy), or `eval_steps` that picks the best checkpoint, inside a rollout batch (off-policy)": "test_drop_in_table.py::test_a_save_step_inside_a_rollout_batch",
     "Checkpoint folders": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
     "End of `train()` with `save_total_limit=1` and `load_best_model_at_end`": "test_drop_in_table.py::test_the_end_of_train_deletion_keeps_the_newest",
+    "transformers' SIGTERM checkpoint (`enable_jit_checkpoint`)": "test_callback_commit.py::test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as_sigterm_does",
     "The order of the prompts in epochs 2 and later": "test_drop_in_table.py::test_the_order_of_prompts_in_epoch_2",
     "Checkpoint loads": "test_safe_load.py::test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model",
     "The logged `loss` (and `train_loss`, `policy_loss`) when tokens are clipped": "test_drop_in_table.py::test_the_logged_loss_of_clipped_tokens",

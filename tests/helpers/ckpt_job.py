@@ -1,6 +1,6 @@
 """One small off-policy job through either trainer, for the checkpoint tests that resume it
-(tests/test_callback_commit.py, tests/test_grpo_continuation.py): in-process (`build`) or as its own process, one or two (`python ckpt_job.py SPEC`
-under `torchrun`, which writes the final parameters to `SPEC["params"]` from the main process).
+(tests/test_callback_commit.py, tests/test_grpo_continuation.py): in-process (`build`) or as its own process, one or
+two (`python ckpt_job.py SPEC` under `torchrun`; the main process writes the final parameters to `SPEC["params"]`).
 
 The job: a tiny seeded Llama, 32 prompts, 2 prompts (8 completions) an optimizer step, two optimizer steps per rollout
 batch (`steps_per_generation=2`: the second is off-policy), a checkpoint every rollout batch (`save_steps=2`), a
