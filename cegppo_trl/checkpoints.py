@@ -181,7 +181,13 @@ def _wanted(requested: object) -> object:  # `resume_from_checkpoint` as None (f
     return None if none else "last" if last else requested
 
 
-def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
+def _changes(state: dict, args: Any, script: dict | None) -> dict[str, list]:  # rule 4, the script's arguments too
+    old, now = (state.get("settings") or {}).get("script") or {}, json.loads(json.dumps(script or {}, default=str))
+    changed = {k: [v, now.get(k)] for k, v in old.items() if script is not None and now.get(k) != v}
+    return {**changed_settings(state, args), **changed}
+
+
+def _resume_message(checkpoint: str, args: Any, script: dict | None = None) -> tuple[str, bool, int]:
     """What resuming `checkpoint` tells the user (once), whether it leaves nothing to train, and its step."""
     trainer_state = _read_json(os.path.join(checkpoint, TRAINER_STATE_FILE)) or {}
     step, epoch, max_steps = int(trainer_state.get("global_step", 0)), trainer_state.get("epoch"), args.max_steps
@@ -192,7 +198,7 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
         text = f"Nothing left to train: {checkpoint} is at global step {step}, the run's end. The final model is "
         return text + f"written from it into `{args.output_dir}`. Raise `max_steps` to go on.", True, step
     state, text = read_state(checkpoint), f"Resuming from {checkpoint} (global step {step})."
-    if changes := changed_settings(state, args):
+    if changes := _changes(state, args, script):
         changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in changes.items())
         text += f" Settings that differ from the checkpoint's (the run follows the new ones): {changed}."
     if getattr(args, "entropy_controller", None) is not None and "controller" not in state:
@@ -201,10 +207,11 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
     return text + no_record * (marker(checkpoint) is None), False, step
 
 
-def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None) -> tuple[ResumePlan, list[str]]:
+def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None, script: dict | None = None
+                ) -> tuple[ResumePlan, list[str]]:  # fmt: skip
     """Rules 2-4: the checkpoint a launch resumes, the run it continues (`run`: a fresh start's, for a second
     `train()` of one trainer; else a new one), and the marked folders rule 3 refuses beside it (the run's own later
-    ones: `plan.superseded`). ValueError: refused."""
+    ones: `plan.superseded`); `script`: the script's arguments, compared too. ValueError: refused."""
     plan, wanted, step = ResumePlan(run=run or uuid.uuid4().hex), _wanted(requested), None
     folders = checkpoint_folders(output_dir)
     why = {f: damage(f) for f in folders}
@@ -229,7 +236,7 @@ def plan_resume(output_dir: str, requested: object, args: Any, run: str | None =
         plan.messages.append(f"A new run into {output_dir}, beside checkpoints it does not resume (a save of this "
                              f"run at the same step replaces one): {'; '.join(left)}.")  # fmt: skip
     if plan.checkpoint is not None:
-        text, plan.finished, step = _resume_message(plan.checkpoint, args)
+        text, plan.finished, step = _resume_message(plan.checkpoint, args, script)
         plan.run, plan.messages = (marker(plan.checkpoint) or {"run": plan.run}).get("run"), [*plan.messages, text]
     resumed, past = plan.checkpoint and os.path.realpath(plan.checkpoint), float("inf") if step is None else step
     others = [f for f in ok if marker(f) and os.path.realpath(f) != resumed]
@@ -245,7 +252,8 @@ def refusal(plan: ResumePlan, blocking: list[str], output_dir: str) -> str:  # r
             "(`--overwrite_output_dir true`).")  # fmt: skip
 
 
-def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None) -> ResumePlan:
+def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None,
+              script: dict | None = None) -> ResumePlan:  # fmt: skip
     """The launch's plan, made by the main process (lock, plan, rule 3's refusal or `overwrite`, messages) and
     broadcast; an error of the main process (ValueError, RuntimeError, OSError) is raised on every process."""
     from accelerate import PartialState
@@ -256,7 +264,7 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
     if state.is_main_process:
         try:
             lock = acquire_lock(args.output_dir, log) if getattr(args, "should_save", True) else None
-            plan, blocking = plan_resume(args.output_dir, resume, args, run)
+            plan, blocking = plan_resume(args.output_dir, resume, args, run, script)
             plan.lock = lock
             if blocking and not overwrite:
                 raise ValueError(refusal(plan, blocking, args.output_dir))
@@ -281,7 +289,8 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
         raise {"ValueError": ValueError, "OSError": OSError}.get(answer[3][0], RuntimeError)(answer[3][1])
     plan.checkpoint, plan.finished, plan.run = answer[:3]
     plan.settings = run_settings(args)  # before `cegppo train` fills in `model_init_kwargs`: what a requeue compares
-    plan.changes = changed_settings(read_state(plan.checkpoint), args) if plan.checkpoint else {}
+    plan.settings |= {"script": json.loads(json.dumps(script, default=str))} if script else {}
+    plan.changes = _changes(read_state(plan.checkpoint), args, script) if plan.checkpoint else {}
     return plan
 
 

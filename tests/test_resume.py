@@ -57,7 +57,9 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     assert set(state) == {"format", "settings", "run_state"} and state["format"] == 2
     # every field that changes the run, as the launch's plan saw them (before `cegppo train` fills in
     # `model_init_kwargs` from the model arguments)
+    script = state["settings"].pop("script")
     assert state["settings"] == {**run_settings(first.args), "model_init_kwargs": None}
+    assert script["reward_funcs"] == ["format"]  # and the script's arguments (issue 51 item 6)
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
@@ -393,3 +395,31 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     trainer.callback_handler = CallbackHandler([], None, None, None, None)
     CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
     assert received == [str(tmp_path / "checkpoint-3")]
+
+
+def test_issue51_item6_a_resume_names_changed_script_arguments_and_save_only_model(tmp_path):
+    before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    script = {"reward_funcs": ["format"], "dataset_name": "a.jsonl", "max_train_samples": 64}
+    checkpoint = _checkpoint(tmp_path, {**run_settings(before), "script": script})
+    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, save_only_model=True)
+    message = _resume_message_with(checkpoint, now, {**script, "reward_funcs": ["gsm8k"], "dataset_name": "b.jsonl"})
+    assert message.endswith("Settings that differ from the checkpoint's (the run follows the new ones): "
+                            "save_only_model: False -> True; reward_funcs: ['format'] -> ['gsm8k']; dataset_name: "
+                            "'a.jsonl' -> 'b.jsonl'.")  # fmt: skip
+    assert "reward_funcs" not in _resume_message_with(checkpoint, now, None)  # the API: no script to compare
+
+
+def _resume_message_with(checkpoint: Path, args: CEGPPOConfig, script) -> str:
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    commit(str(checkpoint), True, "run", lambda: None)
+    return plan_resume(str(checkpoint.parent), str(checkpoint), args, script=script)[0].messages[0]
+
+
+@pytest.mark.slow
+def test_issue51_item6_the_cli_names_a_changed_script_argument_on_resume(model_dir, data_file, tmp_path, caplog):
+    train(*smoke_args(model_dir, data_file, tmp_path, "--max_train_samples", "16"))
+    assert read_state(str(tmp_path / "checkpoint-1"))["settings"]["script"]["max_train_samples"] == 16
+    with caplog.at_level(logging.WARNING):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2",
+                          "--max_train_samples", "8"))  # fmt: skip
+    assert "max_steps: 1 -> 2; max_train_samples: 16 -> 8." in caplog.text
