@@ -1,21 +1,19 @@
 """Checkpoints as torch DCP and Orbax do them: a marker written last. The protocol, in the order the code follows:
 
-1. Commit, once everything that writes into the folder has written (transformers, then every callback's `on_save`):
-   the owner (the main process; each node's under `save_on_each_node`) first clears the folder of an earlier save
-   and writes `cegppo_state.json`; at the end each process fsyncs the folder's files, a barrier, and the owner writes
-   `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of `trainer_state.json` and
-   `cegppo_state.json`, the run. Resumable iff marked and matching (a stat per file, two small reads), or another
-   trainer's (`trainer_state.json`, no file of this library: only transformers' checks apply).
-2. `last` is the newest resumable `checkpoint-<step>` of `output_dir`, a marked one before another trainer's; each
-   newer one is named with the reason it is passed over; none is a fresh start with a notice.
-3. One run per `output_dir`. A resume continues its checkpoint's run, and moves the run's later marked checkpoints
-   aside (`superseded-...`). A launch is refused while `output_dir` holds a resumable marked checkpoint of another
-   run; the way out is `--overwrite_output_dir` (deletes exactly those) or another folder. Rotation is transformers'
-   rule over this run's marked checkpoints only (transformers' own is held back). No rule deletes other folders.
+1. Commit, after everything that writes into the folder (transformers, then every callback's `on_save`): its owner
+   (the main process; each node's under `save_on_each_node`) clears it and writes `cegppo_state.json` first; at the
+   end every process fsyncs its files, a barrier, and the owner writes `cegppo_commit.json` by atomic rename: each
+   file's size, the SHA-256 of the two state files, the run. Resumable iff marked and matching (a stat per file, two
+   small reads), or another trainer's (`trainer_state.json`, nothing of this library: transformers' checks apply).
+2. `last` is the newest resumable `checkpoint-<step>`, a marked one first; each newer one is named with its reason.
+3. One run per `output_dir`. A resume continues its checkpoint's run and moves the run's later marked checkpoints
+   aside. A launch is refused while `output_dir` holds a resumable marked checkpoint of another run (the way out:
+   `--overwrite_output_dir`, deleting exactly those, or another folder). Rotation is transformers' rule over this
+   run's marked checkpoints (transformers' own is held back). No rule deletes any other folder.
 4. Same run. A resume names, old -> new, every setting that differs from the checkpoint's (all config fields but
-   `config.SAFE_TO_CHANGE`). A `save_only_model` checkpoint is not resumed: no optimizer, schedule or RNG state.
+   `config.SAFE_TO_CHANGE`, the script's arguments). A `save_only_model` checkpoint is not resumed.
 5. Lock. `flock` on `output_dir/_cegppo_run.lock` for the run's life (released by the kernel at death), close-on-exec
-   and closed in forked children; where the file system refuses it, one warning naming the file and the run goes on.
+   and closed in forked children; where the file system refuses it, one warning naming the file.
 """
 
 from __future__ import annotations
@@ -210,31 +208,27 @@ def _resume_message(checkpoint: str, args: Any, script: dict | None = None) -> t
 def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None, script: dict | None = None
                 ) -> tuple[ResumePlan, list[str]]:  # fmt: skip
     """Rules 2-4: the checkpoint a launch resumes, the run it continues (`run`: a fresh start's, for a second
-    `train()` of one trainer; else a new one), and the marked folders rule 3 refuses beside it (the run's own later
-    ones: `plan.superseded`); `script`: the script's arguments, compared too. ValueError: refused."""
+    `train()` of one trainer), the marked folders rule 3 refuses beside it, the run's later ones (`superseded`)."""
     plan, wanted, step = ResumePlan(run=run or uuid.uuid4().hex), _wanted(requested), None
     folders = checkpoint_folders(output_dir)
     why = {f: damage(f) for f in folders}
     ok = [f for f in folders if why[f] is None]
-    if wanted == "last":
+    if wanted == "last":  # the newer folders are named; on a fresh start, those it does not resume (rules 2, 3)
         plan.checkpoint = ([f for f in ok if marker(f)] or ok or [None])[-1]
-        newer = [f for f in folders if not plan.checkpoint or checkpoint_step(f) > checkpoint_step(plan.checkpoint)]
-        passed = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it: a marked one comes first'})"
-                  for f in newer]  # fmt: skip
-        plan.messages += [f"`last` passes over {'; '.join(passed)}."] * bool(passed)
-        if plan.checkpoint is None:
-            message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh"
-            plan.messages.append(message + " start. (The first launch of a requeued command line.)")
+        skipped = [f for f in folders if not plan.checkpoint or checkpoint_step(f) > checkpoint_step(plan.checkpoint)]
     elif wanted is not None:
-        plan.checkpoint = str(wanted)
+        plan.checkpoint, skipped = str(wanted), []
         if not os.path.isdir(plan.checkpoint):
             raise ValueError(f"Can't find a valid checkpoint at {wanted}: no such folder. Give one, or `last`.")
         if (reason := damage(plan.checkpoint)) is not None:
             raise ValueError(f"{plan.checkpoint} cannot be resumed ({reason}). Resume another one.")
-    elif left := [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in folders
-                  if f not in ok or not marker(f)]:  # fmt: skip
-        plan.messages.append(f"A new run into {output_dir}, beside checkpoints it does not resume (a save of this "
-                             f"run at the same step replaces one): {'; '.join(left)}.")  # fmt: skip
+    else:
+        skipped = [f for f in folders if f not in ok or not marker(f)]
+    names = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in skipped]
+    plan.messages += [f"{output_dir}: passed over {'; '.join(names)}."] * bool(names)
+    if wanted == "last" and plan.checkpoint is None:
+        message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
+        plan.messages.append(message + " (The first launch of a requeued command line.)")
     if plan.checkpoint is not None:
         text, plan.finished, step = _resume_message(plan.checkpoint, args, script)
         plan.run, plan.messages = (marker(plan.checkpoint) or {"run": plan.run}).get("run"), [*plan.messages, text]

@@ -94,8 +94,8 @@ def test_a_kill_while_a_callback_writes_leaves_the_folder_unmarked_and_last_pass
     assert (torn / "trainer_state.json").exists() and not (torn / COMMIT_FILE).exists()  # transformers had finished
     with caplog.at_level("WARNING"):
         resumed = _run(tmp_path / "run", "cegppo", "readme", resume=True)  # the requeue, the callback now harmless
-    assert (f"`last` passes over checkpoint-4 (it has no {COMMIT_FILE}: a run of this library began it and did not "
-            "commit it).") in caplog.text  # fmt: skip
+    assert (f"{tmp_path / 'run'}: passed over checkpoint-4 (it has no {COMMIT_FILE}: a run of this library began it "
+            "and did not commit it).") in caplog.text  # fmt: skip
     assert f"Resuming from {tmp_path / 'run' / 'checkpoint-2'} (global step 2)." in caplog.text
     reference = _run(tmp_path / "reference", "cegppo", "readme")
     _assert_same_weights(resumed, params(reference))

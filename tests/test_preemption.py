@@ -87,7 +87,7 @@ def test_a_folder_without_its_marker_is_not_a_checkpoint_and_last_passes_over_it
     _checkpoint(tmp_path, 4, mark=False)  # killed before the marker (or while a callback still wrote): torn
     messages = []
     assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
-    assert messages[0] == ("`last` passes over checkpoint-4 (it has no cegppo_commit.json: a run of this library "
+    assert messages[0] == (f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library "
                            "began it and did not commit it).")  # fmt: skip
     with pytest.raises(ValueError, match=r"checkpoint-4 cannot be resumed \(it has no cegppo_commit.json: a run of"):
         _start(tmp_path, str(tmp_path / "checkpoint-4"))
@@ -149,7 +149,7 @@ def test_issue51_item5_last_falls_back_to_the_newest_resumable_checkpoint_naming
     messages = []
     assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
     assert messages[0] == (
-        "`last` passes over checkpoint-4 (it was saved with `save_only_model=True`: no optimizer, learning-rate "
+        f"{tmp_path}: passed over checkpoint-4 (it was saved with `save_only_model=True`: no optimizer, learning-rate "
         "schedule or RNG state to resume. To train on from its weights, start a new run with it as the model); "
         "checkpoint-6 (optimizer.pt is 5 bytes, its marker says 32 bytes)."
     )
@@ -199,7 +199,7 @@ def test_item5_a_save_only_model_checkpoint_is_not_resumed_and_the_refusal_names
         _start(tmp_path, str(tmp_path / "checkpoint-2"))
     messages = []  # a run saved model-only from the start: every requeue is a fresh start, saying why
     assert _start(tmp_path, "last", messages).checkpoint is None
-    assert "`last` passes over checkpoint-2 (it was saved with `save_only_model=True`" in messages[0]
+    assert f"{tmp_path}: passed over checkpoint-2 (it was saved with `save_only_model=True`" in messages[0]
 
 
 @pytest.mark.parametrize("name", ["trainer_state.json", CEGPPO_STATE_FILE])
@@ -336,9 +336,8 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_overwrite_delet
     plan = _start(tmp_path, None, messages, overwrite=True)
     assert plan.checkpoint is None and _names(tmp_path) == ["checkpoint-4"]  # the torn folder is not a checkpoint
     assert messages == [  # issue 51 item 7: the unmarked folder is named
-        f"A new run into {tmp_path}, beside checkpoints it does not resume (a save of this run at the same step "
-        "replaces one): checkpoint-4 (it has no cegppo_commit.json: a run of this library began it and did not "
-        "commit it).", f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]  # fmt: skip
+        f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library began it and did "
+        "not commit it).", f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]  # fmt: skip
 
 
 def test_a_second_fresh_train_of_the_same_run_is_allowed_beside_its_own_checkpoints(tmp_path):
