@@ -131,8 +131,8 @@ def test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as
     stopped = _job({**spec, "output_dir": tmp_path / "run", "callback": "sigterm"})
     assert stopped.returncode == -signal.SIGTERM, stopped.stderr[-3000:]
     assert "SIGTERM: stopped at step 4 of 6 after committing its checkpoint" in stopped.stderr
-    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint-")) == [
-        "checkpoint-3", "checkpoint-4"]  # fmt: skip (4: the step transformers stopped at, not a save step)
+    saved = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint-"))
+    assert saved == ["checkpoint-3", "checkpoint-4"]  # 4: the step transformers stopped at, not a save step
     assert not (tmp_path / "run" / "model.safetensors").exists()
     requeued = _job({**spec, "output_dir": tmp_path / "run", "resume": True, "params": tmp_path / "resumed.pt"})
     assert requeued.returncode == 0, requeued.stderr[-3000:]
