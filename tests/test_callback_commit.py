@@ -1,4 +1,4 @@
-"""A checkpoint is committed after every callback's `on_save` (issue 55): what a callback writes into it (a LoRA
+"""A checkpoint is committed after every callback's `on_save`: what a callback writes into it (a LoRA
 adapter and its card, a README line, an EMA file) is in the commit, and the newest checkpoint resumes the
 uninterrupted run bit for bit, through `CEGPPOTrainer` as through `GRPOTrainer`. A kill between transformers' files
 and the commit leaves the folder unmarked, and `last` passes over it with its reason.
@@ -103,7 +103,7 @@ def test_a_kill_while_a_callback_writes_leaves_the_folder_unmarked_and_last_pass
 
 @pytest.mark.slow
 def test_training_args_bin_keeps_the_real_save_total_limit(tmp_path):
-    # issue 51 item 8: the limit is held back from transformers during `train()`, not from what a checkpoint records
+    # the limit is held back from transformers during `train()`, not from what a checkpoint records
     _run(tmp_path / "run", "cegppo", "ema")
     for folder in (tmp_path / "run").glob("checkpoint-*"):
         args = torch.load(folder / "training_args.bin", weights_only=False)  # written here, by this test
@@ -112,7 +112,7 @@ def test_training_args_bin_keeps_the_real_save_total_limit(tmp_path):
 
 @pytest.mark.slow
 def test_a_step_saved_again_lists_only_what_this_save_wrote(tmp_path):
-    # issue 51 item 7: a folder of an earlier, unfinished save at the same step (another launch's RNG file in it)
+    # a folder of an earlier, unfinished save at the same step (another launch's RNG file in it)
     stale = tmp_path / "run" / "checkpoint-2"
     stale.mkdir(parents=True)
     (stale / "rng_state_1.pth").write_bytes(b"old")
@@ -124,7 +124,7 @@ def test_a_step_saved_again_lists_only_what_this_save_wrote(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as_sigterm_does(tmp_path):
-    # issue 51 item 4, one rollout batch a step (every step end resumes exactly): transformers asks for its checkpoint
+    # One rollout batch a step (every step end resumes exactly): transformers asks for its checkpoint
     # at the start of step 4; the step is finished, saved through the callbacks, committed, and the job ends by the
     # signal (no "finished" run); the requeue resumes checkpoint-4 and ends on the uninterrupted weights.
     spec = dict(trainer="cegppo", max_steps=6, steps_per_generation=1, save_steps=3, enable_jit_checkpoint=True)

@@ -260,7 +260,7 @@ def test_checkpoint_folders_and_resuming_another_trainers_checkpoint(tmp_path):
     folders = [tmp_path / cls.__name__ / "checkpoint-2" for cls, _ in PAIR]
     assert not (folders[0] / "cegppo_commit.json").exists() and (folders[1] / "cegppo_commit.json").exists()
     assert (folders[1] / "cegppo_state.json").exists()
-    # GRPOTrainer's checkpoint, resumed by each trainer into a folder of its own: both go on (issue 57)
+    # GRPOTrainer's checkpoint, resumed by each trainer into a folder of its own: both go on
     grpo, cegppo = differential(tmp_path / "again", script=(_resume_at(4, str(folders[0])),), **saves)
     assert grpo.error is None and cegppo.error is None
     assert grpo.trainer.state.global_step == cegppo.trainer.state.global_step == 4

@@ -1,4 +1,4 @@
-"""A GRPO run continued with CE-GPPO (issue 57): a checkpoint `GRPOTrainer` wrote (no `cegppo_state.json`, no marker)
+"""A GRPO run continued with CE-GPPO: a checkpoint `GRPOTrainer` wrote (no `cegppo_state.json`, no marker)
 resumes by every route, an explicit path, `True` and `last`, in its own `output_dir` or another, with one line saying
 it carries no commit record. At beta = 0 the continuation is bit-identical to `GRPOTrainer` continuing; at
 beta = (0.5, 1) it differs. The GRPO checkpoints stay where they are (no rotation or lock touches them).

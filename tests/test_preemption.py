@@ -126,7 +126,7 @@ def test_item1_a_resume_from_outside_output_dir_into_another_runs_checkpoints_is
     assert _names(out) == ["checkpoint-2", "checkpoint-6", "checkpoint-10"]
 
 
-def test_issue51_item5_an_explicit_older_checkpoint_of_the_run_resumes_and_its_later_ones_are_moved_aside(tmp_path):
+def an_explicit_older_checkpoint_of_the_run_resumes_and_its_later_ones_are_moved_aside(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4)
     _checkpoint(tmp_path, 6)
@@ -142,7 +142,7 @@ def test_issue51_item5_an_explicit_older_checkpoint_of_the_run_resumes_and_its_l
     assert _start(tmp_path, str(tmp_path / "checkpoint-2")).run == "run-a"  # nothing left to move
 
 
-def test_issue51_item5_last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_over(tmp_path):
+def last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_over(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4, save_only_model=True)
     (_checkpoint(tmp_path, 6) / "optimizer.pt").write_bytes(b"o" * 5)  # damaged after its commit
@@ -247,7 +247,7 @@ def _open_fds() -> int:
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EACCES, errno.EIO,
                                   None])  # fmt: skip
 def test_item9_a_file_system_without_flock_warns_once_naming_the_path_and_the_run_goes_on(tmp_path, monkeypatch, code):
-    def refuse(fd, operation):  # issue 51 item 8: EACCES, EIO and a plain OSError too
+    def refuse(fd, operation):  # EACCES, EIO and a plain OSError too
         raise OSError(code, os.strerror(code)) if code is not None else OSError("no locks here")
 
     monkeypatch.setattr(fcntl, "flock", refuse)
@@ -335,7 +335,7 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_overwrite_delet
     messages = []
     plan = _start(tmp_path, None, messages, overwrite=True)
     assert plan.checkpoint is None and _names(tmp_path) == ["checkpoint-4"]  # the torn folder is not a checkpoint
-    assert messages == [  # issue 51 item 7: the unmarked folder is named
+    assert messages == [  # the unmarked folder is named
         f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library began it and did "
         "not commit it).", f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]  # fmt: skip
 

@@ -59,7 +59,7 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     # `model_init_kwargs` from the model arguments)
     script = state["settings"].pop("script")
     assert state["settings"] == {**run_settings(first.args), "model_init_kwargs": None}
-    assert script["reward_funcs"] == ["format"]  # and the script's arguments (issue 51 item 6)
+    assert script["reward_funcs"] == ["format"]  # and the script's arguments
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
@@ -274,7 +274,7 @@ def test_a_cli_requeue_after_the_last_checkpoint_exits_cleanly_and_writes_the_fi
 ):
     """Killed after checkpoint-1 of `max_steps=1` and before the final save: the requeue (the same command with
     `last`) trains nothing, says so, and writes the final model from the checkpoint, whatever `output_dir` held
-    (issue 51 item 2: a model cut in half, or another run's, was kept)."""
+    (a model cut in half, or another run's)."""
     train(*smoke_args(model_dir, data_file, tmp_path))
     final = tmp_path / "model.safetensors"
     final.write_bytes(final.read_bytes()[: final.stat().st_size // 2]) if left != "nothing" else final.unlink()
@@ -397,7 +397,7 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     assert received == [str(tmp_path / "checkpoint-3")]
 
 
-def test_issue51_item6_a_resume_names_changed_script_arguments_and_save_only_model(tmp_path):
+def a_resume_names_changed_script_arguments_and_save_only_model(tmp_path):
     before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
     script = {"reward_funcs": ["format"], "dataset_name": "a.jsonl", "max_train_samples": 64}
     checkpoint = _checkpoint(tmp_path, {**run_settings(before), "script": script})
@@ -416,7 +416,7 @@ def _resume_message_with(checkpoint: Path, args: CEGPPOConfig, script) -> str:
 
 
 @pytest.mark.slow
-def test_issue51_item6_the_cli_names_a_changed_script_argument_on_resume(model_dir, data_file, tmp_path, caplog):
+def the_cli_names_a_changed_script_argument_on_resume(model_dir, data_file, tmp_path, caplog):
     train(*smoke_args(model_dir, data_file, tmp_path, "--max_train_samples", "16"))
     assert read_state(str(tmp_path / "checkpoint-1"))["settings"]["script"]["max_train_samples"] == 16
     with caplog.at_level(logging.WARNING):
