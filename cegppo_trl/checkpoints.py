@@ -1,26 +1,24 @@
 """Checkpoints as torch DCP and Orbax do them: a marker written last. The protocol, in the order the code follows:
 
-1. Commit. Each process writes its files and fsyncs the folder's (clean pages cost nothing: no guessing whose file is
-   whose); a barrier; the folder's owner (the main process; each node's under `save_on_each_node`) writes
-   `cegppo_commit.json` by atomic rename: every file's size, the SHA-256 of `trainer_state.json` and
-   `cegppo_state.json`, the run. Resumable iff marked and matching: a stat per file, two small reads.
-2. `last` is the newest marked `checkpoint-<step>` of `output_dir`; none there is a fresh start with a notice (a
-   requeued command line's first launch). An explicit path must be a marked checkpoint.
-3. One run per `output_dir`. A resume continues its checkpoint's run. A launch is refused while `output_dir` holds a
-   marked checkpoint of another run, or of this run past the resumed step (`last` would bring it back); the way out
-   is `--overwrite_output_dir` (deletes exactly those) or another folder. Rotation is transformers' rule over this
-   run's marked checkpoints only (the trainer holds back transformers' end-of-train deletion). Non-numbered folders
-   (`last-checkpoint`, copies) are checkpoints under no rule.
+1. Commit, after everything that writes into the folder (transformers, then every callback's `on_save`): its owner
+   (the main process; each node's under `save_on_each_node`) clears it and writes `cegppo_state.json` first; at the
+   end every process fsyncs its files, a barrier, and the owner writes `cegppo_commit.json` by atomic rename: each
+   file's size, the SHA-256 of the two state files, the run. Resumable iff marked and matching (a stat per file, two
+   small reads), or another trainer's (`trainer_state.json`, nothing of this library: transformers' checks apply).
+2. `last` is the newest resumable `checkpoint-<step>`, a marked one first; each newer one is named with its reason.
+3. One run per `output_dir`. A resume continues its checkpoint's run and moves the run's later marked checkpoints
+   aside. A launch is refused while `output_dir` holds a resumable marked checkpoint of another run (the way out:
+   `--overwrite_output_dir`, deleting exactly those, or another folder). Rotation is transformers' rule over this
+   run's marked checkpoints (transformers' own is held back). No rule deletes any other folder.
 4. Same run. A resume names, old -> new, every setting that differs from the checkpoint's (all config fields but
-   `config.SAFE_TO_CHANGE`). A `save_only_model` checkpoint is not resumed: no optimizer, schedule or RNG state.
+   `config.SAFE_TO_CHANGE`, the script's arguments). A `save_only_model` checkpoint is not resumed.
 5. Lock. `flock` on `output_dir/_cegppo_run.lock` for the run's life (released by the kernel at death), close-on-exec
-   and closed in forked children; where the file system refuses `flock`, one warning and the run goes on.
+   and closed in forked children; where the file system refuses it, one warning naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -81,10 +79,12 @@ def read_state(checkpoint: str) -> dict[str, Any]:  # its `cegppo_state.json`; {
 
 # 1. Commit
 def begin_checkpoint(folder: str, record: dict[str, Any]) -> None:
-    """Start writing `folder` (its owner, first): drop an old marker (a step saved again), write `cegppo_state.json`."""
-    os.makedirs(folder, exist_ok=True)
+    """Start writing `folder` (its owner, first; a barrier before the others write): an earlier save's files go,
+    marker first (a step saved again lists only what this save writes), then `cegppo_state.json`."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(folder, COMMIT_FILE))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, exist_ok=True)
     _write_json(os.path.join(folder, CEGPPO_STATE_FILE), record)
 
 
@@ -106,9 +106,13 @@ def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker; None: no
 
 
 def damage(folder: str) -> str | None:
-    """Why `folder` cannot be resumed (no marker, or a file that no longer matches it), or None."""
+    """Why `folder` cannot be resumed, or None: marked and matching, or another trainer's (no marker, no
+    `cegppo_state.json`, transformers' `trainer_state.json`)."""
     if (record := marker(folder)) is None:
-        return f"it has no {COMMIT_FILE}: a run stopped while writing it, or another trainer wrote it"
+        if os.path.exists(os.path.join(folder, CEGPPO_STATE_FILE)):
+            return f"it has no {COMMIT_FILE}: a run of this library began it and did not commit it"
+        trainers = os.path.isfile(os.path.join(folder, TRAINER_STATE_FILE))
+        return None if trainers else f"it has neither {COMMIT_FILE} nor {TRAINER_STATE_FILE}: not a checkpoint"
     for name, size in record["files"].items():
         size = size[0] if isinstance(size, list) else size  # format 2 also held a CRC-32, no longer read
         now = os.path.getsize(path) if os.path.isfile(path := os.path.join(folder, name)) else None
@@ -117,6 +121,9 @@ def damage(folder: str) -> str | None:
     for name, digest in (record.get("state") or {}).items():
         if _sha256(os.path.join(folder, name)) != digest:
             return f"{name} changed after the commit (its SHA-256 differs from the marker's)"
+    only = "it was saved with `save_only_model=True`: no optimizer, learning-rate schedule or RNG state to resume. To"
+    if record.get("save_only_model"):
+        return f"{only} train on from its weights, start a new run with it as the model"
     return None
 
 
@@ -160,6 +167,7 @@ class ResumePlan:
     lock: int | None = None  # the main process's lock descriptor
     settings: dict = field(default_factory=dict)  # `config.run_settings` now: what this run's checkpoints record
     changes: dict = field(default_factory=dict)  # the settings that differ from the resumed checkpoint's
+    superseded: list = field(default_factory=list)  # the run's committed checkpoints past the resumed one
 
     def release(self) -> None:
         self.lock = release_lock(self.lock)  # None
@@ -171,7 +179,13 @@ def _wanted(requested: object) -> object:  # `resume_from_checkpoint` as None (f
     return None if none else "last" if last else requested
 
 
-def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
+def _changes(state: dict, args: Any, script: dict | None) -> dict[str, list]:  # rule 4, the script's arguments too
+    old, now = (state.get("settings") or {}).get("script") or {}, json.loads(json.dumps(script or {}, default=str))
+    changed = {k: [v, now.get(k)] for k, v in old.items() if script is not None and now.get(k) != v}
+    return {**changed_settings(state, args), **changed}
+
+
+def _resume_message(checkpoint: str, args: Any, script: dict | None = None) -> tuple[str, bool, int]:
     """What resuming `checkpoint` tells the user (once), whether it leaves nothing to train, and its step."""
     trainer_state = _read_json(os.path.join(checkpoint, TRAINER_STATE_FILE)) or {}
     step, epoch, max_steps = int(trainer_state.get("global_step", 0)), trainer_state.get("epoch"), args.max_steps
@@ -180,51 +194,60 @@ def _resume_message(checkpoint: str, args: Any) -> tuple[str, bool, int]:
             raise ValueError(f"`max_steps={max_steps}` but {checkpoint} is at global step {step}: resuming it would "
                              f"train 0 steps. `max_steps` counts the whole run: set it above {step}.")  # fmt: skip
         text = f"Nothing left to train: {checkpoint} is at global step {step}, the run's end. The final model is "
-        return text + f"written from it if `{args.output_dir}` has none. Raise `max_steps` to go on.", True, step
+        return text + f"written from it into `{args.output_dir}`. Raise `max_steps` to go on.", True, step
     state, text = read_state(checkpoint), f"Resuming from {checkpoint} (global step {step})."
-    if changes := changed_settings(state, args):
+    if changes := _changes(state, args, script):
         changed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in changes.items())
         text += f" Settings that differ from the checkpoint's (the run follows the new ones): {changed}."
     if getattr(args, "entropy_controller", None) is not None and "controller" not in state:
         text += " It holds no entropy-controller state, so the controller starts fresh at the resumed step."
-    return text, False, step
+    no_record = " It carries no commit record (another trainer wrote it): only transformers' own checks apply."
+    return text + no_record * (marker(checkpoint) is None), False, step
 
 
-def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None) -> tuple[ResumePlan, list[str]]:
+def plan_resume(output_dir: str, requested: object, args: Any, run: str | None = None, script: dict | None = None
+                ) -> tuple[ResumePlan, list[str]]:  # fmt: skip
     """Rules 2-4: the checkpoint a launch resumes, the run it continues (`run`: a fresh start's, for a second
-    `train()` of one trainer; else a new one), and the marked folders rule 3 refuses beside it. ValueError: refused."""
+    `train()` of one trainer), the marked folders rule 3 refuses beside it, the run's later ones (`superseded`)."""
     plan, wanted, step = ResumePlan(run=run or uuid.uuid4().hex), _wanted(requested), None
-    marked = [f for f in checkpoint_folders(output_dir) if marker(f) is not None]
-    if wanted == "last" and not marked:
-        message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
-        plan.messages.append(message + " (The first launch of a requeued command line.)")
+    folders = checkpoint_folders(output_dir)
+    why = {f: damage(f) for f in folders}
+    ok = [f for f in folders if why[f] is None]
+    if wanted == "last":  # the newer folders are named; on a fresh start, those it does not resume (rules 2, 3)
+        plan.checkpoint = ([f for f in ok if marker(f)] or ok or [None])[-1]
+        skipped = [f for f in folders if not plan.checkpoint or checkpoint_step(f) > checkpoint_step(plan.checkpoint)]
     elif wanted is not None:
-        plan.checkpoint = marked[-1] if wanted == "last" else str(wanted)
+        plan.checkpoint, skipped = str(wanted), []
         if not os.path.isdir(plan.checkpoint):
             raise ValueError(f"Can't find a valid checkpoint at {wanted}: no such folder. Give one, or `last`.")
         if (reason := damage(plan.checkpoint)) is not None:
-            raise ValueError(f"{plan.checkpoint} is not a committed checkpoint ({reason}). Resume another one.")
-        if (record := marker(plan.checkpoint)).get("save_only_model"):
-            raise ValueError(
-                f"{plan.checkpoint} was saved with `save_only_model=True`: no optimizer, learning-rate schedule or "
-                "RNG state to resume. To train on from its weights, start a new run with it as the model."
-            )
-        text, plan.finished, step = _resume_message(plan.checkpoint, args)
-        plan.run, plan.messages = record.get("run"), [text]
+            raise ValueError(f"{plan.checkpoint} cannot be resumed ({reason}). Resume another one.")
+    else:
+        skipped = [f for f in folders if f not in ok or not marker(f)]
+    names = [f"{os.path.basename(f)} ({why[f] or 'another trainer wrote it'})" for f in skipped]
+    plan.messages += [f"{output_dir}: passed over {'; '.join(names)}."] * bool(names)
+    if wanted == "last" and plan.checkpoint is None:
+        message = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
+        plan.messages.append(message + " (The first launch of a requeued command line.)")
+    if plan.checkpoint is not None:
+        text, plan.finished, step = _resume_message(plan.checkpoint, args, script)
+        plan.run, plan.messages = (marker(plan.checkpoint) or {"run": plan.run}).get("run"), [*plan.messages, text]
     resumed, past = plan.checkpoint and os.path.realpath(plan.checkpoint), float("inf") if step is None else step
-    others = [f for f in marked if os.path.realpath(f) != resumed]  # refused: another run's, or this one's past `step`
-    return plan, [f for f in others if marker(f).get("run") != plan.run or checkpoint_step(f) > past]
+    others = [f for f in ok if marker(f) and os.path.realpath(f) != resumed]
+    plan.superseded = [f for f in others if marker(f).get("run") == plan.run and checkpoint_step(f) > past]
+    return plan, [f for f in others if marker(f).get("run") != plan.run]
 
 
 def refusal(plan: ResumePlan, blocking: list[str], output_dir: str) -> str:  # rule 3's words, for `cegppo check` too
     return (f"{f'Resuming {plan.checkpoint}' if plan.checkpoint else 'A new run'} into {output_dir}, which holds "
-            f"committed checkpoints of another run or past the resumed step ({', '.join(map(os.path.basename, blocking))}"
+            f"committed checkpoints of another run ({', '.join(map(os.path.basename, blocking))}"
             "): `last` would pick them up after a stop. Resume the newest with `--resume_from_checkpoint last` (Python "
             "API: `train(resume_from_checkpoint=True)`), pick another `--output_dir`, or delete them "
             "(`--overwrite_output_dir true`).")  # fmt: skip
 
 
-def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None) -> ResumePlan:
+def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, run: str | None = None,
+              script: dict | None = None) -> ResumePlan:  # fmt: skip
     """The launch's plan, made by the main process (lock, plan, rule 3's refusal or `overwrite`, messages) and
     broadcast; an error of the main process (ValueError, RuntimeError, OSError) is raised on every process."""
     from accelerate import PartialState
@@ -235,7 +258,7 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
     if state.is_main_process:
         try:
             lock = acquire_lock(args.output_dir, log) if getattr(args, "should_save", True) else None
-            plan, blocking = plan_resume(args.output_dir, resume, args, run)
+            plan, blocking = plan_resume(args.output_dir, resume, args, run, script)
             plan.lock = lock
             if blocking and not overwrite:
                 raise ValueError(refusal(plan, blocking, args.output_dir))
@@ -244,6 +267,10 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
                 shutil.rmtree(folder)
             deleted = ", ".join(map(os.path.basename, blocking))
             plan.messages += [f"`overwrite_output_dir`: deleted {deleted} from {args.output_dir}."] if blocking else []
+            for folder in plan.superseded:  # `last` must not bring them back
+                name = os.path.basename(folder)
+                os.rename(folder, aside := os.path.join(args.output_dir, f"superseded-{name}-{uuid.uuid4().hex[:6]}"))
+                plan.messages.append(f"Moved {name}, a later checkpoint of this run, aside: {aside}.")
             for message in plan.messages:
                 log(message)
             answer = [plan.checkpoint, plan.finished, plan.run, None]
@@ -256,7 +283,8 @@ def start_run(args: Any, resume: object, log: Any, *, overwrite: bool = False, r
         raise {"ValueError": ValueError, "OSError": OSError}.get(answer[3][0], RuntimeError)(answer[3][1])
     plan.checkpoint, plan.finished, plan.run = answer[:3]
     plan.settings = run_settings(args)  # before `cegppo train` fills in `model_init_kwargs`: what a requeue compares
-    plan.changes = changed_settings(read_state(plan.checkpoint), args) if plan.checkpoint else {}
+    plan.settings |= {"script": json.loads(json.dumps(script, default=str))} if script else {}
+    plan.changes = _changes(read_state(plan.checkpoint), args, script) if plan.checkpoint else {}
     return plan
 
 
@@ -270,24 +298,21 @@ def _close_held_in_child() -> None:  # a forked child (loader worker, reward sub
 
 
 os.register_at_fork(after_in_child=_close_held_in_child)
-_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
 
 def acquire_lock(output_dir: str, warn: Any = print) -> int | None:
     """`flock` `output_dir/_cegppo_run.lock` until `release_lock` or death; None (after one warning through `warn`)
-    where the file system has no `flock`. Raises RuntimeError while another live process holds it."""
+    where the file system refuses it. Raises RuntimeError while another live process holds it."""
     os.makedirs(output_dir, exist_ok=True)
     fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
+    except OSError as error:  # any: where `flock` is refused (ENOLCK, EACCES, EIO, ...), the run goes on unlocked
         os.close(fd)
         if isinstance(error, BlockingIOError):
             message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
             raise RuntimeError(message) from None
-        if error.errno not in _NO_FLOCK:
-            raise
-        warn(f"{path}: the file system refuses `flock` ({os.strerror(error.errno)}); nothing stops a second run from "
+        warn(f"{path}: the file system refuses `flock` ({error.strerror or error}); nothing stops a second run from "
              "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
         return None
     _HELD.add(fd)

@@ -35,7 +35,8 @@ def run_settings(args: Any) -> dict[str, Any]:
 
     values = args.to_dict() if hasattr(args, "to_dict") else dict(vars(args))
     values["world_size"] = getattr(args, "world_size", 1)
-    values = {k: v for k, v in values.items() if k not in SAFE_TO_CHANGE and not k.startswith(SAFE_PREFIXES)}
+    safe = {k for k in values if k in SAFE_TO_CHANGE or k.startswith(SAFE_PREFIXES)} - {"save_only_model"}
+    values = {k: v for k, v in values.items() if k not in safe}
     return json.loads(json.dumps(values, default=str))
 
 

@@ -372,7 +372,8 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     # The launch's one resume plan, before the model loads (a refusal costs nothing then); it holds the `output_dir`
     # lock until the run ends, and the trainer follows it without planning again.
     plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
-                     overwrite=script_args.overwrite_output_dir)  # fmt: skip
+                     overwrite=script_args.overwrite_output_dir,
+                     script={**vars(model_args), **vars(script_args)})  # fmt: skip
     training_args.resume_from_checkpoint = plan.checkpoint
     try:
         if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load

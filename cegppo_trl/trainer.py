@@ -10,11 +10,13 @@ are listed in docs/maintaining.md, each held by a test.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 
 import torch
 from accelerate.logging import get_logger
-from transformers import TrainerState
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_utils import TrainOutput
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
@@ -50,11 +52,20 @@ from .schedules import parse_schedule
 logger = get_logger(__name__)
 
 
-def holds_model(folder: str) -> bool:
-    """Whether `folder` holds saved weights (a full model or an adapter, one file or an index of shards)."""
-    names = [s + e + i for s in ("model", "pytorch_model", "adapter_model") for e in (".safetensors", ".bin")
-             for i in ("", ".index.json")]  # fmt: skip
-    return any(os.path.isfile(os.path.join(folder, name)) for name in names)
+class CommitAfterCallbacks(TrainerCallback):
+    """Commits the checkpoint `_save_checkpoint` wrote once every callback's `on_save` has run (`train()` keeps it
+    last), then rotates and pushes it: what a callback writes into the folder (an adapter, a README line) is in it."""
+
+    def __init__(self, trainer: CEGPPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        t, folder = self.trainer, self.trainer._pending
+        commit(folder, args.should_save, t._run, t.accelerator.wait_for_everyone, args.save_only_model)
+        if args.should_save:
+            rotate(os.path.dirname(folder), t._held["save_total_limit"], state.best_model_checkpoint, t._run)
+        if t._held["push_to_hub"]:
+            t._push_from_checkpoint(folder)
 
 
 class EpochSeededRepeatSampler(RepeatSampler):
@@ -129,7 +140,7 @@ class CEGPPOTrainer(GRPOTrainer):
         self.settings_history: list[dict] = []  # settings changed on resume, `{"step", "changes"}` (model card)
         self._run: str | None = None  # the run this trainer's checkpoints belong to (`checkpoints`, rule 3)
         self._plan: ResumePlan | None = None  # the plan of the current `train()`
-        self._save_total_limit: int | None = None  # transformers' `save_total_limit`, held back during `train()`
+        self._held: dict = {}  # transformers' settings held back during `train()` (`save_total_limit`, `push_to_hub`)
 
     def _warn_if_on_policy(self) -> None:  # CE-GPPO is GRPO on-policy
         vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
@@ -193,7 +204,10 @@ class CEGPPOTrainer(GRPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         folder = self.args.output_dir if output_dir is None else output_dir
         write_model_card(self, folder)  # before the weights: PEFT's `save_pretrained` then updates it
+        held = {name: getattr(self.args, name) for name in self._held}  # training_args.bin records the real ones
+        self.args.__dict__.update(self._held)
         super().save_model(output_dir, _internal_call)
+        self.args.__dict__.update(held)
         finish_trainer_card(self, folder)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -201,16 +215,17 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train` from the launch's `checkpoints.ResumePlan` (`start_run`, or the one `cegppo train` made);
-        a checkpoint at the run's end trains nothing: the final model is written from it if missing.
-
-        `save_total_limit` is held back for the call: rotation runs after each commit, over this run's committed
-        checkpoints (`_save_checkpoint`), and transformers' end-of-train deletion (with `save_total_limit=1` and
-        `load_best_model_at_end`, every checkpoint but the best) does not run, so the newest one stays."""
+        a checkpoint at the run's end trains nothing but the final model, written from it. transformers' rotation,
+        end-of-train deletion and Hub push are held back for the call (`CommitAfterCallbacks` rotates and pushes
+        after each commit). A run transformers stopped for a SIGTERM (`enable_jit_checkpoint`) ends by the signal."""
         plan = resume_from_checkpoint
         if not isinstance(plan, ResumePlan):
             plan = start_run(self.args, resume_from_checkpoint, logger.warning, run=self._run)
-        self._run, self._plan, self._save_total_limit = plan.run, plan, self.args.save_total_limit
-        self.args.save_total_limit = None
+        self._run, self._plan, self._sigterm = plan.run, plan, False
+        self._held = {"save_total_limit": self.args.save_total_limit, "push_to_hub": self.args.push_to_hub}
+        self.args.save_total_limit, self.args.push_to_hub = None, False
+        self.pop_callback(CommitAfterCallbacks)
+        self.add_callback(CommitAfterCallbacks(self))  # last: after every other callback's `on_save`
         try:
             if not plan.finished:
                 return super().train(plan.checkpoint, trial, ignore_keys_for_eval, **kwargs)
@@ -221,13 +236,17 @@ class CEGPPOTrainer(GRPOTrainer):
             if self.args.load_best_model_at_end and state.best_model_checkpoint is not None:
                 self.state.best_model_checkpoint = state.best_model_checkpoint  # the run's final model is the best
                 self._load_best_model()
-            if not holds_model(self.args.output_dir):
-                self.save_model(self.args.output_dir)
+            self.save_model(self.args.output_dir)  # whatever `output_dir` holds may be another run's
             return TrainOutput(self.state.global_step, 0.0, {})
         finally:
-            self.args.save_total_limit = self._save_total_limit
+            self.args.__dict__.update(self._held)
+            self._held = {}
             if plan is not resume_from_checkpoint:
                 plan.release()
+            if self._sigterm:
+                logger.warning(f"SIGTERM: stopped at step {self.state.global_step} of {self.state.max_steps} after "
+                               "committing its checkpoint; requeue with `--resume_from_checkpoint last`.")  # fmt: skip
+                signal.raise_signal(signal.SIGTERM)  # the handler transformers put back: by default, the exit
 
     def _get_train_sampler(self, dataset=None):
         # TRL's `RepeatSampler` seeds its generator once, so a run resumed in a later epoch would replay the first
@@ -244,28 +263,26 @@ class CEGPPOTrainer(GRPOTrainer):
         return sampler
 
     def _save_checkpoint(self, model, trial):
-        # The protocol of `checkpoints` (rule 1): `cegppo_state.json` first (an old marker dropped); transformers'
-        # files; every process fsyncs, a barrier, the owner's marker; then rotation over this run's marked
-        # checkpoints and the Hub push, which transformers would run before the other processes finished.
-        run_dir = self._get_output_dir(trial=trial)
-        folder = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        # The protocol of `checkpoints` (rule 1): `cegppo_state.json` first (an earlier save's files gone), a barrier;
+        # transformers' files. `CommitAfterCallbacks` commits once every callback's `on_save` has run.
+        self._pending = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if os.path.exists(sentinel := os.path.join(self._pending, "checkpoint-is-incomplete.txt")):
+            # transformers' SIGTERM checkpoint (`enable_jit_checkpoint`) falls mid-step: this step's end is saved
+            # instead, as any save, then the run stops as transformers asked
+            self._sigterm = self.control.should_save = True
+            os.remove(sentinel)
+            with contextlib.suppress(OSError):  # the folder transformers made for it, unless a checkpoint is there
+                os.rmdir(self._pending)
+            return
         if self.args.should_save:
             controller = None if self.entropy_controller is None else self.entropy_controller.state_dict()
             record = {"settings": self._plan.settings, "controller": controller,
                       "run_state": self.cegppo_run_state(), "history": self.settings_history}  # fmt: skip
             # format 2: every config field that changes the run (1, cegppo-trl 0.4: a fixed list of them)
-            begin_checkpoint(folder, {"format": 2, **{k: v for k, v in record.items() if v}})
-        push, self.args.push_to_hub = self.args.push_to_hub, False
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self.args.push_to_hub = push
-        self._save_rollout_batch(folder)
-        commit(folder, self.args.should_save, self._run, self.accelerator.wait_for_everyone, self.args.save_only_model)
-        if self.args.should_save:
-            rotate(run_dir, self._save_total_limit, self.state.best_model_checkpoint, self._run)
-        if push:
-            self._push_from_checkpoint(folder)
+            begin_checkpoint(self._pending, {"format": 2, **{k: v for k, v in record.items() if v}})
+        self.accelerator.wait_for_everyone()
+        super()._save_checkpoint(model, trial)
+        self._save_rollout_batch(self._pending)  # inside a rollout batch: what TRL keeps in memory (`rollout_state`)
 
     # Attributes whose objects carry state from one optimizer step to the next (`state_dict` / `load_state_dict`,
     # JSON-able); each is saved in `cegppo_state.json` and restored on resume. The step's own windows

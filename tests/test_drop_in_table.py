@@ -44,6 +44,7 @@ SHOWN_BY = {
     "Resuming a checkpoint without `cegppo_commit.json`": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
     "Checkpoint folders": "test_drop_in_table.py::test_checkpoint_folders_and_resuming_another_trainers_checkpoint",
     "End of `train()` with `save_total_limit=1` and `load_best_model_at_end`": "test_drop_in_table.py::test_the_end_of_train_deletion_keeps_the_newest",
+    "transformers' SIGTERM checkpoint (`enable_jit_checkpoint`)": "test_callback_commit.py::test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as_sigterm_does",
     "The order of the prompts in epochs 2 and later": "test_drop_in_table.py::test_the_order_of_prompts_in_epoch_2",
     "Checkpoint loads": "test_safe_load.py::test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model",
     "Loss at β1, β2 > 0 (off-policy)": "test_drop_in.py::test_the_comparison_detects_a_different_objective",
@@ -231,11 +232,15 @@ def test_checkpoint_folders_and_resuming_another_trainers_checkpoint(tmp_path):
     folders = [tmp_path / cls.__name__ / "checkpoint-2" for cls, _ in PAIR]
     assert not (folders[0] / "cegppo_commit.json").exists() and (folders[1] / "cegppo_commit.json").exists()
     assert (folders[1] / "cegppo_state.json").exists()
-    # GRPOTrainer's checkpoint, resumed by each trainer into a folder of its own
-    resume = _resume_at(4, str(folders[0]))
-    grpo, cegppo = differential(tmp_path / "again", script=(resume,), **saves)
+    # GRPOTrainer's checkpoint, resumed by each trainer into a folder of its own: both go on
+    grpo, cegppo = differential(tmp_path / "again", script=(_resume_at(4, str(folders[0])),), **saves)
+    assert grpo.error is None and cegppo.error is None
+    assert grpo.trainer.state.global_step == cegppo.trainer.state.global_step == 4
+    # a checkpoint CEGPPOTrainer began and did not commit (killed before its marker): GRPOTrainer resumes it
+    (folders[1] / "cegppo_commit.json").unlink()
+    grpo, cegppo = differential(tmp_path / "torn", script=(_resume_at(4, str(folders[1])),), **saves)
     assert grpo.error is None and grpo.trainer.state.global_step == 4
-    assert cegppo.error is ValueError and "has no cegppo_commit.json" in cegppo.message
+    assert cegppo.error is ValueError and "has no cegppo_commit.json: a run of this library began" in cegppo.message
 
 
 @pytest.mark.slow

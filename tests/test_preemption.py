@@ -82,11 +82,14 @@ def test_the_marker_names_every_file_with_its_size_and_hashes_the_state_files(tm
     assert "optimizer.pt is 31 bytes, its marker says 32 bytes" in damage(str(folder))
 
 
-def test_a_folder_without_its_marker_is_not_a_checkpoint_and_last_ignores_it(tmp_path):
+def test_a_folder_without_its_marker_is_not_a_checkpoint_and_last_passes_over_it_with_its_reason(tmp_path):
     _checkpoint(tmp_path, 2)
-    _checkpoint(tmp_path, 4, mark=False)  # killed before the marker: torn
-    assert _start(tmp_path, "last").checkpoint == str(tmp_path / "checkpoint-2")
-    with pytest.raises(ValueError, match=r"checkpoint-4 is not a committed checkpoint \(it has no cegppo_commit"):
+    _checkpoint(tmp_path, 4, mark=False)  # killed before the marker (or while a callback still wrote): torn
+    messages = []
+    assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
+    assert messages[0] == (f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library "
+                           "began it and did not commit it).")  # fmt: skip
+    with pytest.raises(ValueError, match=r"checkpoint-4 cannot be resumed \(it has no cegppo_commit.json: a run of"):
         _start(tmp_path, str(tmp_path / "checkpoint-4"))
 
 
@@ -112,7 +115,7 @@ def test_item1_a_resume_from_outside_output_dir_into_another_runs_checkpoints_is
     _checkpoint(out, 2, run="other")
     _checkpoint(out, 6, run="other")
     source = _checkpoint(elsewhere, 4, run="mine")
-    with pytest.raises(ValueError, match=r"holds committed checkpoints of another run or past the resumed step "
+    with pytest.raises(ValueError, match=r"holds committed checkpoints of another run "
                        r"\(checkpoint-2, checkpoint-6\).*--overwrite_output_dir"):  # fmt: skip
         _start(out, str(source))
     # Rotation only ever counts this run's marked checkpoints, whatever lies beside them.
@@ -123,12 +126,34 @@ def test_item1_a_resume_from_outside_output_dir_into_another_runs_checkpoints_is
     assert _names(out) == ["checkpoint-2", "checkpoint-6", "checkpoint-10"]
 
 
-def test_item1_a_resume_of_an_earlier_checkpoint_of_the_same_run_is_refused_while_a_later_one_is_marked(tmp_path):
+def an_explicit_older_checkpoint_of_the_run_resumes_and_its_later_ones_are_moved_aside(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4)
-    with pytest.raises(ValueError, match=r"past the resumed step \(checkpoint-4\)"):
-        _start(tmp_path, str(tmp_path / "checkpoint-2"))
-    assert _start(tmp_path, str(tmp_path / "checkpoint-4")).run == "run-a"  # the newest: the run goes on
+    _checkpoint(tmp_path, 6)
+    messages = []
+    plan = _start(tmp_path, str(tmp_path / "checkpoint-2"), messages)
+    assert (plan.checkpoint, plan.run) == (str(tmp_path / "checkpoint-2"), "run-a")  # the run goes on from step 2
+    assert _names(tmp_path) == ["checkpoint-2"]  # `last` cannot bring the later ones back
+    moved = sorted(p.name for p in tmp_path.glob("superseded-*"))
+    assert [name.rsplit("-", 1)[0] for name in moved] == ["superseded-checkpoint-4", "superseded-checkpoint-6"]
+    assert messages[-2:] == [f"Moved checkpoint-{step}, a later checkpoint of this run, aside: {tmp_path / name}."
+                             for step, name in zip((4, 6), moved)]  # fmt: skip
+    assert all((tmp_path / name / COMMIT_FILE).exists() for name in moved)  # nothing deleted
+    assert _start(tmp_path, str(tmp_path / "checkpoint-2")).run == "run-a"  # nothing left to move
+
+
+def last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_over(tmp_path):
+    _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 4, save_only_model=True)
+    (_checkpoint(tmp_path, 6) / "optimizer.pt").write_bytes(b"o" * 5)  # damaged after its commit
+    messages = []
+    assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
+    assert messages[0] == (
+        f"{tmp_path}: passed over checkpoint-4 (it was saved with `save_only_model=True`: no optimizer, learning-rate "
+        "schedule or RNG state to resume. To train on from its weights, start a new run with it as the model); "
+        "checkpoint-6 (optimizer.pt is 5 bytes, its marker says 32 bytes)."
+    )
+    assert _names(tmp_path) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # passed over, not moved
 
 
 def test_item4_the_repeat_sampler_draws_seed_plus_epoch_so_a_resumed_epoch_gets_the_uninterrupted_order():
@@ -155,7 +180,10 @@ def test_item4_the_repeat_sampler_draws_seed_plus_epoch_so_a_resumed_epoch_gets_
 def test_item5_a_save_only_model_checkpoint_is_not_resumed_and_the_refusal_names_what_it_lacks(tmp_path):
     _checkpoint(tmp_path, 2, save_only_model=True)
     with pytest.raises(ValueError, match=r"save_only_model=True`: no optimizer, learning-rate schedule or RNG state"):
-        _start(tmp_path, "last")
+        _start(tmp_path, str(tmp_path / "checkpoint-2"))
+    messages = []  # a run saved model-only from the start: every requeue is a fresh start, saying why
+    assert _start(tmp_path, "last", messages).checkpoint is None
+    assert f"{tmp_path}: passed over checkpoint-2 (it was saved with `save_only_model=True`" in messages[0]
 
 
 @pytest.mark.parametrize("name", ["trainer_state.json", CEGPPO_STATE_FILE])
@@ -166,7 +194,7 @@ def test_item6_a_same_size_edit_of_a_state_file_after_the_commit_is_seen(tmp_pat
     (folder / name).write_text(edited)
     assert edited != text and len(edited) == len(text)
     with pytest.raises(ValueError, match=rf"{name} changed after the commit"):
-        _start(tmp_path, "last")
+        _start(tmp_path, str(folder))
 
 
 def test_item7_a_resume_names_every_changed_field_but_the_safe_ones_also_into_a_new_folder(tmp_path):
@@ -200,10 +228,11 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP])
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EACCES, errno.EIO,
+                                  None])  # fmt: skip
 def test_item9_a_file_system_without_flock_warns_once_naming_the_path_and_the_run_goes_on(tmp_path, monkeypatch, code):
-    def refuse(fd, operation):
-        raise OSError(code, os.strerror(code))
+    def refuse(fd, operation):  # EACCES, EIO and a plain OSError too
+        raise OSError(code, os.strerror(code)) if code is not None else OSError("no locks here")
 
     monkeypatch.setattr(fcntl, "flock", refuse)
     before, messages = _open_fds(), []
@@ -290,7 +319,9 @@ def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_overwrite_delet
     messages = []
     plan = _start(tmp_path, None, messages, overwrite=True)
     assert plan.checkpoint is None and _names(tmp_path) == ["checkpoint-4"]  # the torn folder is not a checkpoint
-    assert messages == [f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]
+    assert messages == [  # the unmarked folder is named
+        f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library began it and did "
+        "not commit it).", f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]  # fmt: skip
 
 
 def test_a_second_fresh_train_of_the_same_run_is_allowed_beside_its_own_checkpoints(tmp_path):

@@ -23,7 +23,6 @@ from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, COMMIT_FILE, commit, plan_
 from cegppo_trl.config import changed_settings, run_settings
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
-from cegppo_trl.trainer import holds_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
@@ -58,7 +57,9 @@ def test_resuming_never_unpickles_training_args_bin(model_dir, data_file, tmp_pa
     assert set(state) == {"format", "settings", "run_state"} and state["format"] == 2
     # every field that changes the run, as the launch's plan saw them (before `cegppo train` fills in
     # `model_init_kwargs` from the model arguments)
+    script = state["settings"].pop("script")
     assert state["settings"] == {**run_settings(first.args), "model_init_kwargs": None}
+    assert script["reward_funcs"] == ["format"]  # and the script's arguments
     assert state["run_state"]["left_drift_alarm"] == {"armed": True}
     assert state["run_state"]["reward_monitor"]["unscorable_batches"] == 0
     assert state["settings"]["gppo_beta1"] == 0.5 and state["settings"]["max_steps"] == 1
@@ -149,11 +150,17 @@ def test_a_marked_checkpoint_without_cegppo_state_has_nothing_to_compare_and_one
     assert message == f"Resuming from {checkpoint} (global step 4)."
 
 
-def test_another_trainers_checkpoint_has_no_marker_and_is_not_resumed(tmp_path):
-    checkpoint = _checkpoint(tmp_path)  # as GRPOTrainer writes it: no cegppo_commit.json
+def test_another_trainers_checkpoint_resumes_with_one_line_and_a_begun_one_of_this_library_does_not(tmp_path):
+    checkpoint = _checkpoint(tmp_path)  # as GRPOTrainer writes it: no cegppo_commit.json, no cegppo_state.json
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
     args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
-    with pytest.raises(ValueError, match=r"not a committed checkpoint \(it has no cegppo_commit.json"):
+    for requested in (str(checkpoint), "last"):
+        plan, blocking = plan_resume(str(tmp_path), requested, args)
+        assert (plan.checkpoint, blocking) == (str(checkpoint), [])
+        assert plan.messages == [f"Resuming from {checkpoint} (global step 4). It carries no commit record (another "
+                                 "trainer wrote it): only transformers' own checks apply."]  # fmt: skip
+    (checkpoint / CEGPPO_STATE_FILE).write_text("{}")  # a run of this library began it: not committed
+    with pytest.raises(ValueError, match=r"cannot be resumed \(it has no cegppo_commit.json: a run of this library"):
         plan_resume(str(tmp_path), str(checkpoint), args)
 
 
@@ -261,13 +268,16 @@ def test_resume_past_max_steps_is_refused_before_the_model_loads(model_dir, data
         train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "4"))
 
 
+@pytest.mark.parametrize("left", ["nothing", "half of a model"])
 def test_a_cli_requeue_after_the_last_checkpoint_exits_cleanly_and_writes_the_final_model(
-    model_dir, data_file, tmp_path, caplog
+    model_dir, data_file, tmp_path, caplog, left
 ):
     """Killed after checkpoint-1 of `max_steps=1` and before the final save: the requeue (the same command with
-    `last`) trains nothing, says so, and writes the final model from the checkpoint."""
+    `last`) trains nothing, says so, and writes the final model from the checkpoint, whatever `output_dir` held
+    (a model cut in half, or another run's)."""
     train(*smoke_args(model_dir, data_file, tmp_path))
-    (tmp_path / "model.safetensors").unlink()
+    final = tmp_path / "model.safetensors"
+    final.write_bytes(final.read_bytes()[: final.stat().st_size // 2]) if left != "nothing" else final.unlink()
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
         trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last"))
     assert trainer.state.global_step == 1
@@ -304,29 +314,13 @@ def _resolve(output_dir: Path, value: str):
     return plan.checkpoint
 
 
-@pytest.mark.parametrize(
-    ("files", "expected"),
-    [
-        ((), False),
-        (("config.json", "training_args.bin", "model.pt"), False),  # no weights by the names transformers saves
-        (("model.safetensors",), True),
-        (("pytorch_model.bin",), True),
-        (("adapter_model.safetensors",), True),  # a PEFT adapter
-        (("model.safetensors.index.json",), True),  # an index of shards
-    ],
-)
-def test_holds_model_sees_a_full_model_an_adapter_or_an_index_of_shards(tmp_path, files, expected):
-    for name in files:
-        (tmp_path / name).write_text("{}")
-    assert holds_model(str(tmp_path)) is expected
-
-
 def test_last_passes_over_unmarked_folders_and_an_explicit_one_is_refused(tmp_path, caplog):
     _fake_checkpoint(tmp_path, 3)
     (tmp_path / "checkpoint-4").mkdir()  # killed after the weights, before the marker
     (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(b"")
     assert _resolve(tmp_path, "last") == str(tmp_path / "checkpoint-3")
-    with pytest.raises(ValueError, match=r"checkpoint-4 is not a committed checkpoint \(it has no cegppo_commit"):
+    with pytest.raises(ValueError, match=r"checkpoint-4 cannot be resumed \(it has neither cegppo_commit.json nor "
+                       r"trainer_state.json: not a checkpoint\)"):  # fmt: skip
         _resolve(tmp_path, str(tmp_path / "checkpoint-4"))
 
 
@@ -385,6 +379,7 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     # transformers' `train(resume_from_checkpoint=True)` takes the highest-numbered folder, even a half-written one.
 
     from accelerate import PartialState
+    from transformers.trainer_callback import CallbackHandler
     from trl import GRPOTrainer
 
     from cegppo_trl import CEGPPOTrainer
@@ -397,5 +392,34 @@ def test_python_api_resume_true_picks_the_newest_complete_checkpoint(tmp_path, m
     monkeypatch.setattr(GRPOTrainer, "train", lambda self, checkpoint, *rest, **kw: received.append(checkpoint))
     trainer = CEGPPOTrainer.__new__(CEGPPOTrainer)  # only `args` is read before `super().train`
     trainer.args, trainer._run = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=10), None
+    trainer.callback_handler = CallbackHandler([], None, None, None, None)
     CEGPPOTrainer.train(trainer, resume_from_checkpoint=True)
     assert received == [str(tmp_path / "checkpoint-3")]
+
+
+def a_resume_names_changed_script_arguments_and_save_only_model(tmp_path):
+    before = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True)
+    script = {"reward_funcs": ["format"], "dataset_name": "a.jsonl", "max_train_samples": 64}
+    checkpoint = _checkpoint(tmp_path, {**run_settings(before), "script": script})
+    now = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, save_only_model=True)
+    message = _resume_message_with(checkpoint, now, {**script, "reward_funcs": ["gsm8k"], "dataset_name": "b.jsonl"})
+    assert message.endswith("Settings that differ from the checkpoint's (the run follows the new ones): "
+                            "save_only_model: False -> True; reward_funcs: ['format'] -> ['gsm8k']; dataset_name: "
+                            "'a.jsonl' -> 'b.jsonl'.")  # fmt: skip
+    assert "reward_funcs" not in _resume_message_with(checkpoint, now, None)  # the API: no script to compare
+
+
+def _resume_message_with(checkpoint: Path, args: CEGPPOConfig, script) -> str:
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    commit(str(checkpoint), True, "run", lambda: None)
+    return plan_resume(str(checkpoint.parent), str(checkpoint), args, script=script)[0].messages[0]
+
+
+@pytest.mark.slow
+def the_cli_names_a_changed_script_argument_on_resume(model_dir, data_file, tmp_path, caplog):
+    train(*smoke_args(model_dir, data_file, tmp_path, "--max_train_samples", "16"))
+    assert read_state(str(tmp_path / "checkpoint-1"))["settings"]["script"]["max_train_samples"] == 16
+    with caplog.at_level(logging.WARNING):
+        train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last", "--max_steps", "2",
+                          "--max_train_samples", "8"))  # fmt: skip
+    assert "max_steps: 1 -> 2; max_train_samples: 16 -> 8." in caplog.text
