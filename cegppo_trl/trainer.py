@@ -324,13 +324,6 @@ class CEGPPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # The rollout batch a checkpoint falls inside (`rollout_state`): saved with it, continued on resume
     # ------------------------------------------------------------------------------------------------------------
-    _step_began = (-1, 0)  # (global_step, TRL's micro-batch counter `_step`) where the optimizer step under way began
-
-    def _prepare_inputs(self, generation_batch):
-        if self.model.training and self._step_began[0] != self.state.global_step:
-            self._step_began = (self.state.global_step, self._step)
-        return super()._prepare_inputs(generation_batch)
-
     def _rollout_layout(self) -> dict:
         """The settings that size and split this process's rollout batch (`rollout_state`, rule 3)."""
         names = ("steps_per_generation", "gradient_accumulation_steps", "per_device_train_batch_size")
@@ -339,11 +332,8 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def _save_rollout_batch(self, folder: str) -> None:
         """`rollout_state` rule 1: inside a rollout batch, this process's buffered micro-batches and TRL's counter.
-
-        The counter where the checkpoint's step ends: a checkpoint written before the optimizer step under way is
-        counted (transformers' SIGTERM checkpoint, in `on_pre_optimizer_step`) resumes that step from its start."""
-        began, step = self._step_began
-        step = step if began == self.state.global_step else self._step
+        Every checkpoint is taken at an optimizer step's end (transformers' SIGTERM one too: `_save_checkpoint`)."""
+        step = self._step
         if step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None:
             return  # a rollout-batch end: the resume generates, as the uninterrupted run does
         layout = {**self._rollout_layout(), "global_step": self.state.global_step}
@@ -352,7 +342,6 @@ class CEGPPOTrainer(GRPOTrainer):
     def _load_rollout_batch(self, checkpoint: str) -> None:
         """The resume's rollout batch: the saved one, continued (`rollout_state`); else TRL's, generated at once."""
         self._step, self._buffered_inputs = 0, None  # TRL's at a resume (a trainer that trained before holds its own)
-        self._step_began = (-1, 0)
         path, batch, why = rollout_batch_file(checkpoint, self.args.process_index), None, None
         if os.path.isfile(path):
             try:

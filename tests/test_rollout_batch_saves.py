@@ -100,31 +100,6 @@ def test_a_resume_inside_a_batch_generates_nothing_until_the_batch_ends(
 
 
 @pytest.mark.slow
-def test_a_checkpoint_written_before_the_optimizer_step_resumes_that_step_inside_the_batch(
-    tmp_path, tokenizer, prompt_dataset, one_torch_thread
-):
-    # transformers' SIGTERM checkpoint (`enable_jit_checkpoint`) is written in `on_pre_optimizer_step`: the step's
-    # micro-batch is trained but the step not counted. Written so before step 3 (of a 4-step batch), checkpoint-2
-    # resumes at step 3 of the batch, and the run ends on the uninterrupted weights.
-    from transformers import TrainerCallback
-
-    class SaveBeforeStep3(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            if state.global_step == 2:
-                trainer._save_checkpoint(trainer.model, None)
-
-    kw = dict(save_strategy="no", steps_per_generation=4, max_steps=8)
-    trainer = _trainer(tmp_path / "run", tokenizer, prompt_dataset, **kw)
-    trainer.add_callback(SaveBeforeStep3())
-    trainer.train()
-    assert _steps(tmp_path / "run") == [2]
-    resumed = _resume_copy(tmp_path, tmp_path / "run", 2, tokenizer, prompt_dataset, **kw)
-    final = _params(trainer)
-    for name, value in _params(resumed).items():
-        assert torch.equal(value, final[name]), name
-
-
-@pytest.mark.slow
 def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_naming_why(
     tmp_path, tokenizer, prompt_dataset, one_torch_thread, caplog
 ):
