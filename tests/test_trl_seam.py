@@ -18,7 +18,7 @@ from cegppo_trl import trl_compat
 # name -> the parameters the seam passes (in this order), as `inspect.signature` shows them on TRL's GRPOTrainer
 SEAM = {
     "_compute_loss": ["self", "model", "inputs"],
-    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep"],
+    "_get_per_token_logps_and_entropies": ["self", "model"],  # passed through; its first two outputs are taken
     "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
     "get_off_policy_mask": [
         "advantages",
