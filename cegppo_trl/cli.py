@@ -29,6 +29,7 @@ exit status of `cegppo train` (the final model and its card are saved in each ca
      message names the kind)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row, or every rollout batch
      of a shorter run, got no reward (None or NaN everywhere)
+  130  interrupted (Ctrl-C): one line names the newest complete checkpoint and how to resume
 """
 
 
@@ -176,6 +177,20 @@ def _is_user_error(error: BaseException) -> bool:
     return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
 
 
+def _interrupted(parsed) -> str:
+    """After Ctrl-C: what was saved (the newest committed checkpoint) and how to resume, in one line."""
+    if parsed is None:
+        return "Nothing was started."
+    from .checkpoints import checkpoint_folders, marker
+
+    output_dir = parsed[1].output_dir
+    saved = [folder for folder in checkpoint_folders(output_dir) if marker(folder) is not None]
+    if not saved:
+        return f"No checkpoint was saved in {output_dir}: the same command starts over."
+    return (f"Saved: {saved[-1]} (the newest complete checkpoint). Resume: the same command with "
+            "`--resume_from_checkpoint last`.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -195,13 +210,18 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import main as train
         from .scripts import parse_args
 
+        parsed = None
         try:
-            trainer = train(*parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES))
+            parsed = parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
+            trainer = train(*parsed)
         except (ValueError, RuntimeError, OSError, ImportError) as error:
             if not _is_user_error(error):
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print(f"cegppo train: interrupted. {_interrupted(parsed)}", file=sys.stderr)
+            return 130
         if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
             print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
                   file=sys.stderr)  # fmt: skip

@@ -99,6 +99,7 @@ class CEGPPOTrainer(GRPOTrainer):
         # in its words. The inspection of the data, rewards and launch is `cegppo check` / `cegppo train`'s.
         args = CEGPPOConfig.for_trainer(model, args)
         reward_funcs = resolve_reward_names(reward_funcs)
+        kwargs.pop("preflight_report", None)  # what `cegppo probe` still hands over: the trainer does not read it
         check_trl_compatibility(args)  # the copied TRL internals above must be a tested release's
         if not (getattr(args, "deepspeed", None) or _flag(os.environ, "ACCELERATE_USE_DEEPSPEED")):
             quiet_unused_deepspeed()
