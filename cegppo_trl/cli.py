@@ -187,8 +187,10 @@ def _interrupted(parsed) -> str:
     saved = [folder for folder in checkpoint_folders(output_dir) if marker(folder) is not None]
     if not saved:
         return f"No checkpoint was saved in {output_dir}: the same command starts over."
-    return (f"Saved: {saved[-1]} (the newest complete checkpoint). Resume: the same command with "
-            "`--resume_from_checkpoint last`.")
+    return (
+        f"Saved: {saved[-1]} (the newest complete checkpoint). Resume: the same command with "
+        "`--resume_from_checkpoint last`."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

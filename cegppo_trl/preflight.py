@@ -14,14 +14,13 @@ data (`Fix`: the flag and the value that works). The rules, in the order the che
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import check_model_path, is_prompt, sample_rows, short_repr, type_name
+from .data import check_model_path, sample_rows, short_repr, type_name
 from .rewards import (
     REFERENCE_COLUMN,
     REWARD_FUNCS,
@@ -41,7 +40,6 @@ SECTIONS = {
     "rewards": "Rewards (what each receives, read from its signature; the reference answer's score)",
     "batch": "Batch layout",
     "engine": "Engine",
-    "extras": "Extras",
     "output_dir": "Output directory",
     "not_checked": "Not checked (`cegppo train` finds these at load or at its first batches)",
 }
@@ -141,20 +139,16 @@ class Report:
                     out.extend(wrap(line, initial_indent="  ", subsequent_indent="      ") or [""])
                 out.append("")
         for finding in self.findings:
-            out.extend(wrap(f"{finding.severity.upper()} [{finding.section}] {finding.text()}", subsequent_indent="    "))
+            out.extend(
+                wrap(f"{finding.severity.upper()} [{finding.section}] {finding.text()}", subsequent_indent="    ")
+            )
         n_err, n_warn = len(self.errors), len(self.warnings)
         verdict = "ready to train (what is listed as not checked aside)" if not n_err else "fix the errors above"
         out.append(f"{n_err} error(s), {n_warn} warning(s): {verdict}.")
         return "\n".join(out)
 
 
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Data and prompts
-# ----------------------------------------------------------------------------------------------------------------
+# --- Data and prompts
 def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -> list[dict]:
     """Rows, columns and types, and every prompt the trainer will read; returns a few rows."""
     from datasets import IterableDataset
@@ -244,9 +238,7 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     report.info("prompts", f"completions: up to {args.max_completion_length} tokens each (`max_completion_length`)")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Rewards
-# ----------------------------------------------------------------------------------------------------------------
+# --- Rewards
 def _reward_name(func: Any) -> str:
     if isinstance(func, str):
         return func.split("/")[-1]
@@ -261,8 +253,9 @@ def is_own_reward(func: Any) -> bool:
 
 def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], rows: list[dict],
                     columns: Sequence[str], call: list[dict] | None = None) -> None:  # fmt: skip
-    """What each reward receives (read from its signature, not by calling it), the reference answer's score for the
-    rewards the package may call, and with `call` (`--call_rewards`) every reward called on a rollout batch."""
+    """What each reward receives (read from its signature, not by calling it); the package's own rewards called on
+    the reference answers of the sample `rows`; with `call` (`--call_rewards`) every reward on that rollout batch."""
+    import difflib
     import inspect
 
     for name, func in zip(names, funcs, strict=True):
@@ -281,8 +274,6 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
             )
             continue
         if missing:
-            import difflib
-
             close = {m: difflib.get_close_matches(m, list(columns), n=1, cutoff=0.6) for m in missing}
             hint = "".join(f" Did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
             report.error("rewards", f"Reward `{name}` needs the dataset column(s) {missing}, which the data lacks "
@@ -290,11 +281,12 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
             continue
         value_range = reward_value_range(func)
         span = "range not declared" if value_range is None else f"scores {value_range[0]:g} to {value_range[1]:g}"
-        kind = "async, " if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__) else ""
+        kind = (
+            "async, " if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__) else ""
+        )
         given = ", ".join(c for c in columns if c != "prompt") or "(none)"
-        reads = reward_reads_reference(func)
         report.info("rewards", f"{name} ({kind}{span}): receives prompts, completions and the columns {given} as "
-                    f"keyword lists{'' if reads else '; reads no reference'}")  # fmt: skip
+                    f"keyword lists{'' if reward_reads_reference(func) else '; reads no reference'}")  # fmt: skip
         if reward_needs_chat(func) and rows and isinstance(rows[0].get("prompt"), str):
             report.error(
                 "rewards",
@@ -303,87 +295,70 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
                 "library's rewards, which read both (`math_verify_01` for accuracy_reward).",
                 fixes=[Fix("chat_prompts", True)],
             )
-            continue
-        if call is not None:
-            if not _call_reward(report, name, func, call):
-                continue
-        elif not is_own_reward(func):
-            continue  # the `not_checked` section says so
-        if reference_completion(func, "0") is not None:
-            _score_references(report, name, func, rows, value_range)
+        elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
+            _call_reward(report, name, func, rows if call is None else call, value_range, call is not None)
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     """A rollout batch as TRL draws it: `generation_batch_size / num_generations` rows, each `num_generations` times."""
     size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
-    return [row for row in sample_rows(dataset, max(1, size // args.num_generations)) for _ in range(args.num_generations)]
+    return [
+        row for row in sample_rows(dataset, max(1, size // args.num_generations)) for _ in range(args.num_generations)
+    ]
 
 
-def _call_reward(report: Report, name: str, func: Callable, rows: list[dict]) -> bool:
-    """`--call_rewards`: `func` on a rollout batch of real rows, as TRL calls it. What TRL fails on (an exception, the
-    wrong number of scores) is an error, as is no score at all (`cegppo train` exits 4); an infinite score is the
-    warning `cegppo train` gives at its first batch."""
+def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> None:
+    """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
+    one looks (a made-up one otherwise). What TRL fails on (an exception, the wrong number of scores) is an error, as
+    is no score at all (`cegppo train` exits 4) and a reference answer without the top score (the column or the
+    reward is wrong); an infinite score is the warning `cegppo train` gives at its first batch."""
     import asyncio
 
     from transformers import TrainerState
 
-    completions = []
-    for row in rows:
-        solution = row.get(REFERENCE_COLUMN)
-        text = (reference_completion(func, solution) if solution is not None else None) or MADE_UP_COMPLETION
-        completions.append([{"role": "assistant", "content": text}] if isinstance(row.get("prompt"), list) else text)
+    texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]
+    completions = [
+        [{"role": "assistant", "content": t or MADE_UP_COMPLETION}] if isinstance(r.get("prompt"), list) else t
+        or MADE_UP_COMPLETION for r, t in zip(rows, texts, strict=True)
+    ]  # fmt: skip
     extra = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
     trainer = dict(completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=lambda *a, **k: None,
                    log_metric=lambda *a, **k: None)  # fmt: skip
-    where = f"called (`--call_rewards`) on a rollout batch of {len(rows)} completions of real rows"
+    where = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
     try:
         scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **trainer, **extra)
         scores = asyncio.run(scores) if asyncio.iscoroutine(scores) else scores  # TRL awaits async rewards
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
         report.error("rewards", f"Reward `{name}`, {where}, failed: {type(error).__name__}: {error}")
-        return False
+        return
+    top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
+    wrong = [i for i, v in enumerate(values) if top is not None and (v is None or abs(v - top) > 1e-6)]
     if len(values) != len(rows):
         problem = f"returned {len(values)} value(s) for {len(rows)} completions (one float or None each)"
     elif all(v is None or math.isnan(v) for v in values):
         problem = "returned no score (None or NaN) for any completion: nothing would train (`cegppo train` exits 4)"
+    elif wrong:
+        i = wrong[0]
+        report.error(
+            "rewards",
+            f"Reward `{name}` gives the reference answer itself (row {i}: solution="
+            f"{short_repr(rows[i].get(REFERENCE_COLUMN))}) the score {values[i]}, not its top score {top:g}: the "
+            "reference column does not hold what this reward reads, or the reward does not fit this data. Check "
+            "{fix} and the reward.",
+            fixes=[Fix("solution_column")],
+        )
+        return
     else:
         problem = None
     if problem:
         report.error("rewards", f"Reward `{name}`, {where}, {problem} ({short_repr(list(scores))}).")
-        return False
+        return
     if any(v is not None and math.isinf(v) for v in values):
         report.warning("rewards", f"Reward `{name}`, {where}, returned an infinite score ({short_repr(values)}): TRL "
                        "sets that group's advantages to 0, so it trains on nothing; `cegppo train` warns the same.")  # fmt: skip
-    report.info("rewards", f"  {where}: {short_repr(values)}")
-    return True
-
-
-def _score_references(report: Report, name: str, func: Callable, rows: list[dict], value_range) -> None:
-    """The reference answer itself must get the reward's top score: else the column or the reward is wrong."""
-    top = None if value_range is None else value_range[1]
-    for i, row in enumerate(rows):
-        solution = row.get(REFERENCE_COLUMN)
-        completion = reference_completion(func, "" if solution is None else solution)
-        extra = {k: [v] for k, v in row.items() if k not in ("prompt", "completion", *TRAINER_KWARGS)}
-        try:
-            score = func(prompts=[row.get("prompt")], completions=[completion], **extra)[0]
-        except Exception as error:
-            report.error("rewards", f"Reward `{name}` raised on the reference answer of row {i}: "
-                         f"{type(error).__name__}: {error}")  # fmt: skip
-            return
-        ok = score is not None and (top is None or abs(float(score) - top) <= 1e-6)
-        report.info("rewards", f"  row {i}: solution={short_repr(solution)} -> the reference scores {score} "
-                    f"({'top score' if ok else 'NOT the top score'})")  # fmt: skip
-        if not ok:
-            report.error(
-                "rewards",
-                f"Reward `{name}` gives the reference answer itself (row {i}: solution={short_repr(solution)}) the "
-                f"score {score}, not its top score {top:g}: the reference column does not hold what this reward reads, "
-                "or the reward does not fit this data. Check {fix} and the reward.",
-                fixes=[Fix("solution_column")],
-            )
-            return
+    scored = "the reference answers score the top score" if top is not None else "scores"
+    report.info("rewards", f"  {where}: {scored} {short_repr(values)}")
 
 
 def inspect_reward_weights(report: Report, args: Any, num_rewards: int) -> None:
@@ -402,9 +377,7 @@ def inspect_reward_weights(report: Report, args: Any, num_rewards: int) -> None:
                      fixes=[Fix("reward_weights", finite)])  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The run's settings: batch layout, optimizer, generation, engine, extras
-# ----------------------------------------------------------------------------------------------------------------
+# --- The run's settings: batch layout, optimizer, generation, engine, extras
 def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     """Rollout batch, groups, optimizer steps per rollout batch, on- or off-policy."""
     from .config import CEGPPO_LOSS_TYPES, is_on_policy, on_policy_message, vanishing_term_messages
@@ -503,60 +476,43 @@ def inspect_engine(report: Report, args: Any) -> None:
         )
 
 
-def inspect_extras(report: Report, args: Any, *, quantized: bool = False) -> None:
-    """Packages the settings need (TRL and transformers refuse a missing one after the model loads), and each tracker's
-    callback built as transformers builds it (its own `RuntimeError`)."""
-    from transformers.integrations import get_reporting_integration_callbacks
-
-    from .distributed import _flag
-
-    deepspeed = bool(getattr(args, "deepspeed", None) or _flag(os.environ, "ACCELERATE_USE_DEEPSPEED"))
-    for wanted, module, why, line in (
-        (args.use_vllm, "vllm", "`use_vllm=True`", 'pip install "cegppo-trl[vllm]"'),
-        (args.use_liger_kernel, "liger_kernel", "`use_liger_kernel=True`", "pip install liger-kernel"),
-        (quantized, "bitsandbytes", "4-/8-bit loading", 'pip install "cegppo-trl[quant]"'),
-        (deepspeed, "deepspeed", "a DeepSpeed launch", 'pip install "cegppo-trl[deepspeed]"'),
-    ):  # fmt: skip
-        if wanted and not _installed(module):
-            report.error("extras", f"{why} needs `{module}`, which is not installed: `{line}`.", ImportError)
-        elif wanted:
-            report.info("extras", f"{module}: installed ({why})")
-    for callback in report.collect("extras", get_reporting_integration_callbacks, args.report_to) or []:
-        if report.collect("extras", callback) is not None:
-            report.info("extras", f"report_to: {callback.__name__} ready")
-    if push := getattr(args, "push_to_hub", False):
-        from huggingface_hub import get_token
-
-        from .data import _hub_offline
-
-        why = "HF_HUB_OFFLINE=1 is set" if _hub_offline() else None
-        why = why or (None if getattr(args, "hub_token", None) or get_token() else "no Hugging Face token is set")
-        if why:
-            report.error("extras", f"`push_to_hub=True` but {why}: the trainer creates the Hub repository when it "
-                         "starts, after the model loads. Log in (`hf auth login`), or {fix}.", OSError,
-                         fixes=[Fix("push_to_hub", False)])  # fmt: skip
-    if "extras" not in report.lines and not push and not any(f.section == "extras" for f in report.findings):
-        report.info("extras", "none needed by these settings")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Model and output directory
-# ----------------------------------------------------------------------------------------------------------------
-def inspect_model(report: Report, model: str, args: Any, field: str = "model_name_or_path") -> None:
-    """A path or Hub id: there, with a weights file (`data.check_model_path`), and its architecture from its config."""
+# --- Model and output directory
+def inspect_model(report: Report, model: str, args: Any, dtype: Any = None) -> None:
+    """A path or Hub id: there, with a weights file (`data.check_model_path`); its architecture from its config; and
+    on CPU, weights in a half precision this CPU has no instructions for (every matmul emulated: a warning)."""
     from transformers import AutoConfig
 
     errors = len(report.errors)
-    report.collect("model", check_model_path, model, field)
+    report.collect("model", check_model_path, model)
     if len(report.errors) > errors:
         return
     try:
         init = args.model_init_kwargs or {}
-        config = AutoConfig.from_pretrained(model, revision=init.get("revision"), trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            model, revision=init.get("revision"), trust_remote_code=args.trust_remote_code
+        )
     except Exception as error:  # the model load fails on the same: its exception type and words
         report.error("model", f"Cannot read the config of `{model}`: {error}", type(error))
         return
     report.info("model", f"{model}: {', '.join(getattr(config, 'architectures', None) or [config.model_type])}")
+    dtype = init.get("dtype", dtype)
+    name = str(getattr(config, "dtype", None) if dtype == "auto" else dtype).removeprefix("torch.")
+    if args.device.type == "cpu" and name in ("bfloat16", "float16") and not cpu_computes_natively(name):
+        report.warning("model", f"The weights load as {name} (`dtype: {dtype}`) on a CPU without {name} instructions, "
+                       "so every matmul is emulated (measured 1.7-2.5 times slower than float32). Pass {fix}.",
+                       code="cpu_dtype", fixes=[Fix("dtype", "float32")])  # fmt: skip
+
+
+def cpu_computes_natively(dtype: str) -> bool:
+    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it
+    (without them half-precision matmuls are emulated, slower than float32: `benchmarks/bench_cpu_dtype.py`)."""
+    import torch
+
+    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):  # a private probe: assume the slow path if this build lacks it
+        return False
 
 
 def inspect_output_dir(report: Report, args: Any, overwrite: bool = False) -> None:
@@ -592,50 +548,40 @@ def missing_checkpoint(checkpoint: str | None) -> str | None:
     return f"Can't find a valid checkpoint at {checkpoint}" if checkpoint and not os.path.isdir(checkpoint) else None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The report
-# ----------------------------------------------------------------------------------------------------------------
-def run_checks(
-    train_dataset: Any,
-    reward_funcs: Sequence[Any],
-    args: Any,
-    *,
-    eval_dataset: Any = None,
-    reward_names: Sequence[str] | None = None,
-    processing_class: Any = None,
-    quantized: bool = False,
-    call_rewards: bool = False,
-    report: Report | None = None,
-) -> Report:
-    """The checks of what `cegppo train` will hand the trainer (datasets as the trainer sees them, the rewards, the
-    config, the tokenizer); `call_rewards`: `--call_rewards`. Returns the report (`report.raise_errors()`)."""
+# --- The report
+def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, eval_dataset: Any = None,
+               reward_names: Sequence[str] | None = None, processing_class: Any = None, call_rewards: bool = False,
+               report: Report | None = None) -> Report:  # fmt: skip
+    """The checks of what `cegppo train` hands the trainer (datasets as the trainer sees them, rewards, config,
+    tokenizer); `call_rewards`: `--call_rewards`. From Python, `run_checks(...).format()` prints the same report."""
     report = Report() if report is None else report
     funcs = [f for f in reward_funcs if f is not None]
     names = list(reward_names) if reward_names is not None else [_reward_name(f) for f in funcs]
     for split, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-        if dataset is None or isinstance(dataset, dict):  # a dict of eval datasets: TRL checks each itself
+        errors = len(report.errors)
+        rows = [] if dataset is None or isinstance(dataset, dict) else inspect_dataset(report, dataset, name=split)
+        if len(report.errors) > errors or not rows:
             continue
-        errors_before = len(report.errors)
-        rows = inspect_dataset(report, dataset, name=split)
-        if len(report.errors) > errors_before or not rows:
-            continue
+        if split == "train_dataset" and processing_class is not None:
+            render_prompts(report, rows, processing_class, args)
+        call = rollout_rows(dataset, args) if call_rewards and split == "train_dataset" else None
         columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
-        if split == "train_dataset":
-            if processing_class is not None:
-                render_prompts(report, rows, processing_class, args)
-            inspect_rewards(report, funcs, names, rows, columns, rollout_rows(dataset, args) if call_rewards else None)
-        else:  # the rewards score the evaluation rollouts too: the columns they need must be there
-            sub = Report()
-            inspect_rewards(sub, funcs, names, rows, columns)
-            report.findings.extend(f for f in sub.errors if f.message not in {g.message for g in report.errors})
+        inspect_rewards(sub := Report(), funcs, names, rows, columns, call)  # evaluation rollouts are scored too
+        seen = {f.message for f in report.findings}
+        report.findings += [
+            f for f in sub.findings if (split == "train_dataset" or f.severity == "error") and f.message not in seen
+        ]
+        for line in sub.lines.get("rewards", []) if split == "train_dataset" else []:
+            report.info("rewards", line)
     inspect_reward_weights(report, args, len(funcs))
     inspect_batch_layout(report, args, args.world_size)
     inspect_optimizer(report, args)
     inspect_generation(report, args)
-    inspect_extras(report, args, quantized=quantized)
-    yours = [n for n, f in zip(names, funcs, strict=True) if not is_own_reward(f) and callable(f)]
+    yours = [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
     if yours and not call_rewards:
         report.info("not_checked", f"rewards of yours ({', '.join(yours)}): not called (`--call_rewards` calls them on "
                     "a rollout batch of real rows: a reward that raises or scores nothing is found there)")  # fmt: skip
     report.info("not_checked", "the model's weights: not read (a truncated or corrupt weights file fails at load)")
+    report.info("not_checked", "optional packages (vLLM, Liger, bitsandbytes, DeepSpeed), trackers and the Hub: "
+                "TRL and transformers check them when the trainer is built, in their words")  # fmt: skip
     return report

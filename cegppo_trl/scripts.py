@@ -1,9 +1,8 @@
-"""The training script shared by the `cegppo train` CLI and `examples/cegppo.py` (TRL's `trl/scripts/grpo.py` shape).
+"""The `cegppo train` / `cegppo check` script (TRL's `trl/scripts/grpo.py` shape), shared with `examples/cegppo.py`.
 
-`make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`), so every
-field of the three dataclasses is settable from a YAML recipe (`--config recipe.yaml`) and overridable by flags, and
-`--use_peft`, `--lora_r`, `--load_in_4bit`, `--dtype` ... mean exactly what they mean in TRL. `main()` loads the
-dataset, maps its columns onto what the rewards read, and runs `CEGPPOTrainer`.
+`make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`): every field
+is settable from a YAML recipe (`--config recipe.yaml`) and by flags, and TRL's flags (`--use_peft`, `--dtype` ...)
+mean what they mean in TRL. `main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
 """
 
 from __future__ import annotations
@@ -18,75 +17,56 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .checkpoints import LOCK_FILE, start_run
 from .config import CEGPPOConfig
-from .data import NONE_STRINGS, load_any_dataset, prepare_dataset  # noqa: F401 (prepare_dataset: callers import it here)
+from .data import NONE_STRINGS, load_any_dataset, prepare_dataset
 from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
-from .preflight import Fix, Report, inspect_engine, inspect_model, inspect_output_dir, missing_checkpoint, run_checks
+from .preflight import (  # noqa: F401 (cpu_computes_natively: the benchmark imports it from here)
+    Fix,
+    Report,
+    cpu_computes_natively,
+    inspect_engine,
+    inspect_model,
+    inspect_output_dir,
+    missing_checkpoint,
+    run_checks,
+)  # fmt: skip
 from .resources import resolve_config_args
 from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
 
 if TYPE_CHECKING:
-    from datasets import DatasetDict
-
     from .trainer import CEGPPOTrainer
 
 logger = logging.getLogger(__name__)
-
 CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
+
+
+def _option(default: Any, help: str) -> Any:
+    return field(default_factory=default, metadata={"help": help}) if callable(default) else field(
+        default=default, metadata={"help": help})  # fmt: skip
 
 
 @dataclass
 class CEGPPOScriptArguments(ScriptArguments):
-    """TRL's dataset arguments plus the rewards and the column mapping (each field's help says what it does).
+    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset or `save_to_disk` directory, or one
+    `.json`/`.jsonl`/`.csv`/`.parquet` file) plus the rewards and the column mapping."""
 
-    `dataset_name` is a Hub id, a local dataset directory, a `save_to_disk` directory or one `.json`/`.jsonl`/
-    `.csv`/`.parquet` file; `solution_column` may be a dotted path to a nested field (`reward_model.ground_truth`).
-    """
-
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_verify"],
-        metadata={
-            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
-            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
-        },
-    )
-    prompt_column: str = field(
-        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
-    )
-    solution_column: str | None = field(
-        default="solution",
-        metadata={
-            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
-            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
-        },
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
-    )
-    chat_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
-        },
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "deleted before training. Without it such a run is refused."
-        },
-    )
+    reward_funcs: list[str] = _option(lambda: ["math_verify"], "Reward functions by name (" + ", ".join(
+        [*REWARD_FUNCS, *TRL_REWARD_FUNCS]) + ") or dotted import path (`trl.rewards.<name>`, `my_lib.my_reward`). "
+        "Weight them with `--reward_weights`.")  # fmt: skip
+    prompt_column: str = _option("prompt", "Dataset column holding the prompt (text or chat messages).")
+    solution_column: str | None = _option("solution", "Dataset column with the reference answer, passed to the "
+        "rewards as `solution`. Dotted paths read nested fields (`reward_model.ground_truth`). `None`: no reference.")  # fmt: skip
+    prompt_template: str | None = _option(None, "Template for the prompt text; `{prompt}` is replaced, other braces "
+                                          "are literal.")  # fmt: skip
+    system_prompt: str | None = _option(None, "System message prepended to every prompt; a prompt with its own "
+                                        "system message keeps it.")  # fmt: skip
+    chat_prompts: bool = _option(True, "Wrap plain-text prompts as a user message so the chat template is applied. "
+                                 "False for base models.")  # fmt: skip
+    max_train_samples: int | None = _option(None, "Keep only the first N training rows (smoke tests).")
+    overwrite_output_dir: bool = _option(False, "Allow a new run (not resuming) into an `output_dir` that already "
+        "holds checkpoints; they are deleted before training. Without it such a run is refused.")  # fmt: skip
 
     def __post_init__(self):
-        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
-        # string option, e.g. `--solution_column none` is "no reference column".
+        # A flag cannot spell None: `none`/`null` (any case) or "" mean "unset" for every optional string option.
         for name in ("solution_column", "prompt_template", "system_prompt"):
             value = getattr(self, name)
             if isinstance(value, str) and value.strip().lower() in NONE_STRINGS:
@@ -98,43 +78,29 @@ class CEGPPOScriptArguments(ScriptArguments):
                 "use `system_prompt` for text that does not wrap the prompt."
             )
         if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(
-                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
-                "would be empty."
-            )
-        if isinstance(self.reward_funcs, str):
-            self.reward_funcs = [self.reward_funcs]
+            raise ValueError(f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: "
+                             "the dataset would be empty.")  # fmt: skip
+        self.reward_funcs = [self.reward_funcs] if isinstance(self.reward_funcs, str) else self.reward_funcs
         for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
             check_reward_name(name)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------------------
-def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
-    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
-    return load_any_dataset(
-        script_args.dataset_name,
-        config=script_args.dataset_config,
-        train_split=script_args.dataset_train_split,
-        streaming=script_args.dataset_streaming,
-    )
+def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
+    """`dataset_name` as a `DatasetDict` (`data.load_any_dataset`)."""
+    return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
+                            train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
 
 
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
-    """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support.
-
-    An argument error is one line and a pointer to `--help`: argparse's default prints the whole usage (about 220
-    lines here) before the line that matters. `epilog` ends `--help` (`cegppo train`'s exit statuses).
-    """
+    """The argument parser, with `--config` YAML support. An argument error is one line and a pointer to `--help`
+    (argparse's default prints the whole usage first); `epilog` ends `--help` (`cegppo train`'s exit statuses)."""
     import argparse
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
 
-    parser = TrlParser(
-        (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog, formatter_class=Formatter
-    )
+    parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
+                       formatter_class=Formatter)  # fmt: skip
     # argparse %-formats help strings; field help is prose (`linear:0->0.5@10%-60%`), so escape a lone `%`.
     for action in parser._actions:
         if action.help:
@@ -190,9 +156,7 @@ def parse_args(
     return tuple(parsed)  # type: ignore[return-value]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
-# ----------------------------------------------------------------------------------------------------------------
+# --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
 @dataclass
 class Prepared:
     """What `check_command` loaded for the trainer."""
@@ -228,9 +192,11 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     if model_name is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
-        inspect_model(report, model_name, training_args)
+        inspect_model(report, model_name, training_args, model_args.dtype)
     report.collect("extras", check_quantization, model_args)
-    prepared.reward_funcs = [f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))]
+    prepared.reward_funcs = [
+        f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
+    ]
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
         splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
@@ -252,7 +218,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
     run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
                reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
-               quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit), call_rewards=call_rewards,
+               call_rewards=call_rewards,
                report=report)  # fmt: skip
     inspect_output_dir(report, training_args, script_args.overwrite_output_dir)  # the resume `train` will plan
     return report, prepared
@@ -270,9 +236,7 @@ def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig)
                       f"{type(error).__name__}: {error}") from error  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------------------------------------------
+# --- Training
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
     """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
 
@@ -322,7 +286,6 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-    check_cpu_dtype(model_args, training_args)
     trainer = CEGPPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=prepared.reward_funcs,
@@ -346,46 +309,6 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
     elif torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return trainer
-
-
-def cpu_computes_natively(dtype: str) -> bool:
-    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it
-    (without them half-precision matmuls are emulated, slower than float32: `benchmarks/bench_cpu_dtype.py`)."""
-    import torch
-
-    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
-    try:
-        return bool(getattr(torch.ops.mkldnn, probe)())
-    except (AttributeError, RuntimeError):  # a private probe: assume the slow path if this build lacks it
-        return False
-
-
-def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
-    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for (every matmul
-    emulated). The setting is the user's: it is not changed, the warning gives the flag."""
-    configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
-    if training_args.device.type != "cpu":
-        return
-    dtype = configured
-    if dtype == "auto":  # the checkpoint's own dtype (config.json), cheap to read
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
-                                                trust_remote_code=training_args.trust_remote_code)  # fmt: skip
-        except Exception:  # the model load reports the real problem
-            return
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    name = str(dtype).removeprefix("torch.")
-    if name not in ("bfloat16", "float16") or cpu_computes_natively(name):
-        return
-    logger.warning(
-        "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions, so every "
-        "matmul is emulated: each step is slower than with float32 weights (measured 1.7-2.5 times slower for "
-        "float16 on a CPU that emulates it). Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype "
-        "float32` (or start from the shipped recipe: `--config cpu_smoke`); several CPU processes: %s",
-        name, configured, name, CPU_LAUNCH_LINE,
-    )  # fmt: skip
 
 
 def check_main(argv: list[str] | None = None) -> int:
