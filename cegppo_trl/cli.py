@@ -177,6 +177,30 @@ def _is_user_error(error: BaseException) -> bool:
     return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
 
 
+def check_main(argv: list[str] | None = None) -> int:
+    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
+    refused (one line), else 0. `--call_rewards` (this command's own flag) calls every reward on a rollout batch of
+    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
+    import shutil
+
+    from .quiet import quiet_unused_deepspeed
+    from .scripts import check_command, parse_args
+
+    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
+    argv = list(sys.argv[1:] if argv is None else argv)
+    call_rewards = "--call_rewards" in argv
+    try:
+        parsed = parse_args([a for a in argv if a != "--call_rewards"], prog="cegppo check")
+    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
+        return 1 if exit.code else 0
+    except ValueError as error:
+        print(f"cegppo check: error: {error}", file=sys.stderr)
+        return 1
+    report, _ = check_command(*parsed, call_rewards=call_rewards)
+    print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
+    return 1 if report.errors else 0
+
+
 def _interrupted(parsed) -> str:
     """After Ctrl-C: what was saved (the newest committed checkpoint) and how to resume, in one line."""
     if parsed is None:
@@ -229,8 +253,6 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)  # fmt: skip
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
-        from .scripts import check_main
-
         return check_main(argv[1:])
     elif args.command == "probe":
         from .probe import main as probe

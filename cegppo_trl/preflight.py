@@ -117,12 +117,11 @@ class Report:
 
     def raise_errors(self, flags: bool = True) -> None:  # `flags`: the fixes are always worded as flags
         """Raise the first error's exception type, with every error's message (numbered when several)."""
-        if not (errors := self.errors):
-            return
-        if len(errors) == 1:
-            raise errors[0].exception(errors[0].text())
-        listed = "\n".join(f"  {i}. {f.text()}" for i, f in enumerate(errors, 1))
-        raise errors[0].exception(f"{len(errors)} problems found before loading the model:\n{listed}")
+        listed = "\n".join(f"  {i}. {f.text()}" for i, f in enumerate(self.errors, 1))
+        if self.errors:
+            one = len(self.errors) == 1
+            raise self.errors[0].exception(self.errors[0].text() if one else f"{len(self.errors)} problems found "
+                                           f"before loading the model:\n{listed}")  # fmt: skip
 
     def format(self, width: int = 100) -> str:
         """The report as text: each section's lines, then the findings, then a one-line verdict."""
@@ -188,26 +187,17 @@ def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -
 
 
 def prompt_problem(prompt: Any) -> str | None:
-    """What the tokenizer or the chat template would fail on in one prompt, or None. A chat prompt whose messages
-    are empty is not refused: a template may render a header around them, and TRL trains it."""
-    if prompt is None:
-        return "is None"
-    if isinstance(prompt, str):
-        return "is empty" if not prompt.strip() else None
-    if not isinstance(prompt, list):
-        return f"is {type_name(prompt)}, not text or chat messages"
-    if not prompt:
-        return "is an empty list of messages"
+    """What the tokenizer or the chat template would fail on in one prompt, or None. Chat messages whose content is
+    empty are not refused: a template may render a header around them, and TRL trains them."""
+    if prompt is None or isinstance(prompt, str):
+        return "is None" if prompt is None else ("is empty" if not prompt.strip() else None)
+    if not isinstance(prompt, list) or not prompt:
+        return "is an empty list of messages" if isinstance(prompt, list) else f"is {type_name(prompt)}, not text"
     for j, message in enumerate(prompt):
-        if not isinstance(message, dict):
-            return f"message {j} is {type_name(message)}, not a {{'role': ..., 'content': ...}} record"
-        keys = {k for k, v in message.items() if v is not None}  # a datasets row holds every field of the schema
-        if "role" not in keys:  # TRL's `is_conversational` reads `role`; `content` may be absent (a tool call)
-            other = sorted(keys - {"role", "content"})
-            hint = f" (a misspelling: {', '.join(map(repr, other))}?)" if other else ""
-            return f"message {j} has the keys {sorted(keys)}, not `role` and `content`{hint}"
-        if not isinstance(message["role"], str):
-            return f"message {j} has the role {short_repr(message['role'])}, not a string"
+        keys = sorted(k for k, v in message.items() if v is not None) if isinstance(message, dict) else None
+        if keys is None or "role" not in keys or not isinstance(message["role"], str):  # TRL reads `role`
+            what = type_name(message) if keys is None else f"with the keys {keys}"
+            return f"message {j} is {what}, not a {{'role': ..., 'content': ...}} record"
     return None
 
 
@@ -414,8 +404,10 @@ def inspect_optimizer(report: Report, args: Any) -> None:
     try:
         cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
         cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
-    except ValueError as error:
-        report.error("engine", f"The optimizer ({args.optim}): {error}. Fix {{fix}}.", fixes=[Fix("learning_rate")])
+    except ValueError as error:  # the fix: the setting the host's words name
+        fix = "learning_rate" if "learning rate" in str(error) else "optim_args"
+        report.error("engine", f"The optimizer ({args.optim}, built after the model loads): {error}. Fix {{fix}}.",
+                     fixes=[Fix(fix)])  # fmt: skip
     except Exception as error:  # an optimizer that needs the model or a package: it is built at train()
         report.info("not_checked", f"optimizer {args.optim}: not built here ({type(error).__name__})")
     else:

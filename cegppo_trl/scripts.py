@@ -167,18 +167,6 @@ class Prepared:
     peft_config: Any = None
 
 
-def check_quantization(model_args: ModelConfig) -> None:
-    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
-    import torch
-
-    if model_args.load_in_4bit and not torch.cuda.is_available():
-        raise ValueError(
-            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
-            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
-            "full-precision model (`--use_peft true`)."
-        )
-
-
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
                   call_rewards: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
     """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared, as
@@ -193,7 +181,10 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
         inspect_model(report, model_name, training_args, model_args.dtype)
-    report.collect("extras", check_quantization, model_args)
+    if model_args.load_in_4bit and not __import__("torch").cuda.is_available():
+        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' "
+                     "CPU path loads 4-bit weights but does not train them. On CPU drop `--load_in_4bit` and train "
+                     "LoRA on the full-precision model (`--use_peft true`).")  # fmt: skip
     prepared.reward_funcs = [
         f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
     ]
@@ -218,8 +209,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
     run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
                reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
-               call_rewards=call_rewards,
-               report=report)  # fmt: skip
+               call_rewards=call_rewards, report=report)  # fmt: skip
     inspect_output_dir(report, training_args, script_args.overwrite_output_dir)  # the resume `train` will plan
     return report, prepared
 
@@ -309,26 +299,3 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
     elif torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return trainer
-
-
-def check_main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
-    refused (one line), else 0. `--call_rewards` (this command's own flag) calls every reward on a rollout batch of
-    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
-    import shutil
-
-    from .quiet import quiet_unused_deepspeed
-
-    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
-    argv = list(sys.argv[1:] if argv is None else argv)
-    call_rewards = "--call_rewards" in argv
-    try:
-        parsed = parse_args([a for a in argv if a != "--call_rewards"], prog="cegppo check")
-    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
-        return 1 if exit.code else 0
-    except ValueError as error:
-        print(f"cegppo check: error: {error}", file=sys.stderr)
-        return 1
-    report, _ = check_command(*parsed, call_rewards=call_rewards)
-    print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
-    return 1 if report.errors else 0
