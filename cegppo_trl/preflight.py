@@ -73,7 +73,7 @@ class Finding:
     section: str
     message: str
     exception: type[Exception] = ValueError
-    code: str = ""  # a stable tag for callers that handle a finding themselves (e.g. "on_policy")
+    code: str = ""  # a stable tag: "trainer" for a warning the trainer gives itself (`cegppo train` logs it once)
     fixes: tuple[Fix, ...] = ()
 
     def text(self) -> str:
@@ -388,11 +388,11 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
         report.info("batch", f"loss_type={args.loss_type}: TRL's objective, unchanged (a baseline)")
     elif is_on_policy(args):
         report.info("batch", "on-policy: the ratio is 1 at every step, so CE-GPPO is identical to GRPO")
-        report.warning("batch", on_policy_message(args), code="on_policy")
+        report.warning("batch", on_policy_message(args), code="trainer")  # the trainer gives it too
     else:
         report.info("batch", "off-policy after the first optimizer step of each rollout batch: CE-GPPO acts")
     for message in vanishing_term_messages(args):
-        report.warning("batch", message)
+        report.warning("batch", message, code="trainer")
 
 
 def inspect_optimizer(report: Report, args: Any) -> None:

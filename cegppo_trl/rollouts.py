@@ -193,4 +193,5 @@ def rollout_batch_steps(args) -> int:
         args: the run's `GRPOConfig` (its batch layout).
     """
     generate_every = args.steps_per_generation * args.num_iterations  # micro-batches per rollout batch
-    return generate_every // math.gcd(generate_every, args.gradient_accumulation_steps)
+    # at least 1: TRL takes `num_iterations=0` (nothing is trained from a batch), which must not divide by zero
+    return max(1, generate_every // math.gcd(generate_every, args.gradient_accumulation_steps))

@@ -243,7 +243,8 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
     for finding in report.warnings:
-        logger.warning(finding.text())
+        if finding.code != "trainer":  # the trainer gives those itself
+            logger.warning(finding.text())
     output_dir, trained = training_args.output_dir, False
     created = not os.path.exists(output_dir)
     try:
