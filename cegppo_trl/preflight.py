@@ -373,6 +373,12 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     from .config import CEGPPO_LOSS_TYPES, is_on_policy, on_policy_message, vanishing_term_messages
 
     per_device, spg, ga = args.per_device_train_batch_size, args.steps_per_generation, args.gradient_accumulation_steps
+    sizes = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=spg,
+                 num_iterations=args.num_iterations)  # fmt: skip
+    if below := [name for name, value in sizes.items() if value is None or value < 1]:
+        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (the trainer fails after the model "
+                     "loads). Use e.g. {fix}.", fixes=[Fix(below[0], 1)])  # fmt: skip
+        return
     rollout = args.generation_batch_size or per_device * world_size * spg
     steps = spg * args.num_iterations / ga
     report.info("batch", f"rollout batch: {rollout} completions = {rollout // args.num_generations} prompt(s) x "
@@ -427,9 +433,9 @@ def inspect_generation(report: Report, args: Any) -> None:
                ("top_k", lp.TopKLogitsWarper, bool(args.top_k)), ("top_p", lp.TopPLogitsWarper, args.top_p < 1.0),
                ("min_p", lp.MinPLogitsWarper, args.min_p is not None),
                ("repetition_penalty", lp.RepetitionPenaltyLogitsProcessor, args.repetition_penalty != 1.0)]  # fmt: skip
+    name = "max_completion_length"
     try:
         GenerationConfig(max_new_tokens=args.max_completion_length)
-        name = "max_completion_length"
         for name, warper, used in warpers:
             if used:
                 warper(getattr(args, name))
