@@ -44,7 +44,9 @@ def hint_reward(completions, hint, **kwargs):
 
 def test_a_rollout_func_field_that_a_reward_takes(tmp_path, monkeypatch):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    grpo, cegppo = differential(tmp_path, reward_funcs=hint_reward, trainer_kwargs=dict(rollout_func=rollout_with_a_hint))
+    grpo, cegppo = differential(
+        tmp_path, reward_funcs=hint_reward, trainer_kwargs=dict(rollout_func=rollout_with_a_hint)
+    )
     assert grpo.error is None, grpo.message  # was: "Reward `hint_reward` needs the dataset column(s) ['hint']"
     assert_same_acceptance(grpo, cegppo, steps=2)
 
@@ -217,4 +219,3 @@ def test_an_infinite_reward_trains_as_in_trl_and_warns_once(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "returned an infinite score" in r.getMessage()]
     assert len(said) == 1 and "one_infinite_reward" in said[0] and "TRL sets to 0" in said[0]
     assert cegppo.trainer.stop_reason is None  # the other groups have spread: the run learns
-
