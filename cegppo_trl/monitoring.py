@@ -151,7 +151,8 @@ class RewardSignalMonitor:
         args = trainer.args
         ranges = [reward_value_range(func) for func in trainer.reward_funcs]
         terms = [name for name, on in (("KL (`beta`)", args.beta != 0),
-                 ("entropy bonus (`entropy_coef`)", args.entropy_coef != 0 or args.use_adaptive_entropy)) if on]  # fmt: skip
+                 ("entropy bonus (`entropy_coef`)", getattr(args, "entropy_coef", 0) != 0  # TRL >= 1.14's fields
+                  or getattr(args, "use_adaptive_entropy", False))) if on]  # fmt: skip
         return cls(
             max_unscorable_batches=args.max_unscorable_batches,
             max_zero_signal_batches=args.max_zero_signal_batches,
