@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI step for the low end of the supported ranges: the oldest TRL and the lowest transformers that pyproject.toml
 # allows (read from its `trl>=` and `transformers>=` lines, so the two cannot disagree), in a virtualenv of their own,
-# running the subset that depends on TRL's internals: the drift guard, beta = 0 equal to GRPOTrainer for every loss
-# type and the other trainer tests, split invariance, resume. The main suite covers the newest releases.
+# running the subset that depends on TRL's internals: the seam's private names, TRL's aggregation rule, the trainer's
+# gradient against the definition, beta = 0 equal to GRPOTrainer (the differential suite), resume. The main suite
+# covers the newest releases.
 # Usage: bash .ci/trl_oldest.sh [VENV_DIR]   (default: $CEGPPO_TRL_OLDEST_VENV or /tmp/cegppo-trl-oldest-venv)
 # Measured on the 2-core CPU box shared with other jobs (2026-12-01): 5 min 47 s, of which the subset 74 s (106 tests).
 set -euo pipefail
@@ -26,5 +27,5 @@ python -m pip install --quiet -e . "trl==$trl_min" "transformers==$transformers_
 python -c "import torch, transformers, trl; print('torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 # -p no:cacheprovider: CI's clone may be read-only; the tests write only under pytest's tmp_path.
-python -m pytest -p no:cacheprovider tests/test_trl_drift.py tests/test_trainer.py tests/test_trainer_betas.py \
-  tests/test_split_invariance.py tests/test_resume.py
+python -m pytest -p no:cacheprovider tests/test_trl_seam.py tests/test_aggregation.py tests/test_trainer.py \
+  tests/test_trainer_betas.py tests/test_drop_in.py tests/test_resume.py

@@ -12,13 +12,13 @@ _LAZY = {
     "CEGPPOConfig": ".config",
     "CEGPPOTrainer": ".trainer",
     "cegppo_objective": ".loss",
-    "cegppo_per_token_loss": ".loss",
+    "preserved_gradient_term": ".loss",
     "cegppo_regions": ".loss",
 }
 
 if TYPE_CHECKING:
     from .config import CEGPPOConfig
-    from .loss import cegppo_objective, cegppo_per_token_loss, cegppo_regions
+    from .loss import cegppo_objective, cegppo_regions, preserved_gradient_term
     from .trainer import CEGPPOTrainer
 
 
@@ -39,6 +39,6 @@ __all__ = [
     "CEGPPOTrainer",
     "__version__",
     "cegppo_objective",
-    "cegppo_per_token_loss",
     "cegppo_regions",
+    "preserved_gradient_term",
 ]

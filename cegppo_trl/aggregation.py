@@ -1,29 +1,24 @@
-"""TRL's aggregation of a per-token loss into one micro-batch's loss, as pure functions (no trainer state).
+"""How a per-token loss becomes one micro-batch's loss, as pure functions (no trainer state).
 
-Each `loss_type` is a weighted sum ``loss = sum_{i,t} per_token_loss[i, t] * w[i, t]``: `normaliser` computes the
-normalisers of the rule once, `aggregate` applies them in TRL's own operation order (so that ``beta1 = beta2 = 0``
-reproduces `GRPOTrainer` bit for bit), and `aggregation_weights` turns the same normalisers into ``w``, the
-coefficient ``d loss / d per_token_loss`` of each token (what `cegppo_trl.loss.cegppo_diagnostics` weighs the
-gradient by). Both read one `Normaliser`, so the logged gradient share and the loss cannot drift apart;
-tests/test_aggregation.py checks ``w`` against autograd for every loss type.
-
-The rollout-batch counts (``num_items_in_batch`` tokens, ``num_sequences_in_batch`` sequences) span the whole
-rollout batch (all processes, all micro-batches of the generation batch). Like TRL's `dapo` normaliser, they are
-rescaled to one micro-batch's share, so the loss of a rollout batch does not depend on how it is split into
-micro-batches and processes. With nothing dropped the sequence share is exactly the micro-batch size TRL averages
-`grpo`, `dr_grpo` and `luspo` over. `bnpo` keeps TRL's rule: the tokens of the micro-batch itself.
+`trl_weights` is TRL's own rule, ``loss = sum_{i,t} per_token_loss[i, t] * w[i, t]`` for each `loss_type` (TRL 1.16's
+`GRPOTrainer._compute_loss`; tests/test_aggregation.py holds it to TRL's loss): the trainer aggregates CE-GPPO's
+preserved-gradient term with it, so the term is normalised exactly as TRL normalises the surrogate beside it.
 
 ==========  ==========================================================================
-loss_type   ``w[i, t]`` (``mask`` the loss mask, ``|o_i|`` the tokens of sequence i)
+loss_type   ``w[i, t]`` (``mask`` the loss mask, ``|o_i|`` the tokens of sequence i, ``B`` the micro-batch's rows)
 ==========  ==========================================================================
-``grpo``    ``mask / |o_i| / (num_sequences_in_batch / share) / accumulation``
+``grpo``    ``mask / |o_i| / B / accumulation``
 ``bnpo``    ``mask / sum(mask) / accumulation``
-``dr_grpo`` ``mask / (num_sequences_in_batch / share * max_completion_length) / accumulation``
+``dr_grpo`` ``mask / (B * max_completion_length) / accumulation``
 ``dapo``    ``mask / (num_items_in_batch / processes * accumulation / steps_per_generation)`` (train)
-``luspo``   ``mask / (num_sequences_in_batch / share) / accumulation``
+``luspo``   ``mask / B / accumulation``
 ==========  ==========================================================================
 
-``share`` is `micro_batch_share`; ``accumulation`` the gradient-accumulation steps in training, 1 in evaluation.
+``accumulation`` is the gradient-accumulation steps in training, 1 in evaluation.
+
+`normaliser` and `aggregate` serve the authors' SFT term (`sft_loss`), which this library adds: its counts span the
+whole rollout batch (all processes, all micro-batches), rescaled to one micro-batch's share, so its loss does not
+depend on how the rollout batch is split.
 """
 
 from __future__ import annotations
@@ -52,6 +47,51 @@ class Normaliser(NamedTuple):
     accumulation: float
     rows_first: bool = False
     accumulated: bool = False
+
+
+def trl_weights(
+    loss_type: str,
+    mask: torch.Tensor,
+    *,
+    num_items_in_batch: torch.Tensor,
+    num_processes: int,
+    steps_per_generation: int,
+    gradient_accumulation_steps: int,
+    max_completion_length: int,
+    train: bool,
+) -> torch.Tensor:
+    """``d loss / d per_token_loss`` of TRL's aggregation rule `loss_type` for one micro-batch (module table).
+
+    Args:
+        loss_type: one of ``AGGREGATION_LOSS_TYPES``.
+        mask: ``(B, T)`` loss mask of the micro-batch.
+        num_items_in_batch: 0-d, tokens in the loss over the whole rollout batch (``dapo``; TRL's input).
+        num_processes: processes the rollout batch is spread over.
+        steps_per_generation: micro-batches per process per rollout batch in training.
+        gradient_accumulation_steps: micro-batches per optimizer step (the trainer's current value).
+        max_completion_length: ``dr_grpo``'s constant token count.
+        train: training (the loss is accumulated) or evaluation (it is not).
+
+    Returns:
+        ``(B, T)`` weights in the mask's floating dtype (float32 for an integer mask), 0 outside `mask`.
+    """
+    mask = mask if mask.is_floating_point() else mask.float()
+    accumulation = gradient_accumulation_steps if train else 1
+    rows = mask.size(0)
+    if loss_type == "grpo":
+        return mask / mask.sum(-1, keepdim=True).clamp(min=1.0) / (rows * accumulation)
+    if loss_type == "bnpo":
+        return mask / (mask.sum().clamp(min=1.0) * accumulation)
+    if loss_type == "dr_grpo":
+        return mask / (rows * max_completion_length * accumulation)
+    if loss_type == "dapo":
+        total = num_items_in_batch.clamp(min=1.0) / num_processes
+        if train:  # in eval, the batch is neither split across steps nor accumulated
+            total = total * gradient_accumulation_steps / steps_per_generation
+        return mask / total
+    if loss_type == "luspo":
+        return mask / (rows * accumulation)
+    raise ValueError(f"Unknown loss type: {loss_type}")
 
 
 def micro_batch_share(num_processes: int, steps_per_generation: int, train: bool) -> int:
@@ -134,54 +174,6 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser
     if norm.accumulated:
         return loss, loss.detach() * norm.accumulation
     return loss / norm.accumulation, loss.detach()
-
-
-@torch.no_grad()
-def aggregation_weights(mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
-    """``d loss / d per_token_loss`` of `aggregate`'s loss: the coefficient of each token, ``(B, T)`` (module table).
-
-    Equal to autograd's gradient of `aggregate` up to rounding (the division order differs); 0 outside `mask`.
-    """
-    weights = mask if norm.per_sequence is None else mask / norm.per_sequence.unsqueeze(-1)
-    weights = weights / norm.total
-    return weights if norm.accumulated else weights / norm.accumulation
-
-
-def policy_normaliser(
-    loss_type: str,
-    per_token_loss: torch.Tensor,
-    mask: torch.Tensor,
-    num_items_in_batch: torch.Tensor,
-    num_sequences_in_batch: torch.Tensor | None,
-    keep_mask: torch.Tensor | None = None,
-    **layout,
-) -> Normaliser:
-    """`normaliser` of one micro-batch's policy loss.
-
-    Args:
-        loss_type, mask, num_items_in_batch: as in `normaliser`.
-        per_token_loss: ``(B, T)`` or ``(B, 1)``: its rows are the micro-batch's sequences.
-        num_sequences_in_batch: the rollout batch's count, or None for a batch built outside the trainer's rollout
-            (tests, custom loops): it is then normalised by its own sequences (those `keep_mask` keeps), as TRL does.
-        keep_mask: ``(B,)`` dynamic sampling's kept sequences, or None.
-        **layout: `normaliser`'s keyword arguments from `num_processes` on.
-    """
-    if num_sequences_in_batch is None:
-        local = per_token_loss.size(0) if keep_mask is None else keep_mask.sum().item()
-        share = micro_batch_share(layout["num_processes"], layout["steps_per_generation"], layout["train"])
-        num_sequences_in_batch = per_token_loss.new_tensor(local * share)
-    return normaliser(
-        loss_type, mask, num_items_in_batch=num_items_in_batch, num_sequences_in_batch=num_sequences_in_batch, **layout
-    )
-
-
-def policy_loss(
-    loss_type: str, per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`aggregate`'s loss, and TRL's `policy_loss` metric value: accumulation-scaled for ``dapo``, unscaled otherwise
-    (as in TRL)."""
-    loss, value = aggregate(per_token_loss, mask, norm)
-    return loss, (loss.detach() if loss_type == "dapo" else value)
 
 
 def sft_loss(

@@ -17,13 +17,12 @@ region                          forward value                 gradient w.r.t. ``
 everything else                 ``-r * A``                    ``-r * A``
 ==============================  ============================  ============================================
 
-`cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition.
-`cegppo_per_token_loss` is the fast path used in training, one pass that computes the value and the per-token gradient
-weight directly: it saves ``-A`` and one ``(B, T)`` weight for backward and applies them to the incoming gradient in the
-order autograd differentiates the definition (and TRL's ``-min(r * A, clip(r) * A)``). tests/test_loss.py checks that the two are
-equal bit for bit, for fp64, fp32 and bf16 inputs (both compute in at least fp32), and that at ``beta1 = beta2 = 0``
-the gradient is TRL's bit for bit under any incoming gradient (fp32, fp64). The paper writes the clipped branches as
-``beta * bound * A * r / sg(r)``, which is ``inf / inf = NaN`` once ``r`` overflows; neither form here divides by ``r``.
+`cegppo_objective` is that table as ``torch.where`` selections differentiated by autograd: the definition, and the
+reference the tests hold the trainer to. The trainer does not evaluate it: its gradient is PPO's clipped surrogate's
+(TRL's ``-min(r * A, clip(r) * A)``, computed by TRL) plus `preserved_gradient_term`, which is 0 in value and carries
+exactly the gradient the clip throws away, scaled by `preserved_coefficient`. At ``beta1 = beta2 = 0`` the term is 0
+with no gradient, so the trainer is TRL's. The paper writes the clipped branches as ``beta * bound * A * r / sg(r)``,
+which is ``inf / inf = NaN`` once ``r`` overflows; neither form here divides by ``r``.
 """
 
 from __future__ import annotations
@@ -49,13 +48,27 @@ def cegppo_objective(
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
 ) -> torch.Tensor:
-    """The CE-GPPO per-token loss by its definition (the module table); same arguments as `cegppo_per_token_loss`.
+    """The CE-GPPO per-token loss by its definition (the module table), before masking and aggregation.
 
-    Slow (autograd through every branch) and, like the paper's form, not guarded against an overflowing ``r``; train
-    with `cegppo_per_token_loss`, which equals it exactly, in value and gradient, for every input dtype: like it, this
-    computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype).
+    Computes in at least fp32 (bf16 / fp16 inputs are upcast first; the gradient returns in the input's dtype). Pass
+    `old_logp` and `advantages` as constants (detached), as in PPO. Not guarded against an overflowing ``r``.
+
+    Args:
+        logp: log-probabilities under the current policy, ``(B, T)`` (``(B, 1)`` for a sequence-level ratio).
+        old_logp: log-probabilities under the sampling (old) policy, broadcastable to `logp`.
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        epsilon_low, epsilon_high: the clip range ``[1 - epsilon_low, 1 + epsilon_high]``.
+        beta1: gradient scale of negative-advantage tokens clipped on the left (NA&LP), ``>= 0``.
+        beta2: gradient scale of positive-advantage tokens clipped on the right (PA&LP), ``>= 0``.
+        delta: dual-clip constant ``c > 1`` (TRL's `delta`): ``A < 0, r > c`` gives ``-c * A``, no gradient.
+        delta_low: left guard, ``0 < delta_low <= 1 - epsilon_low`` (`delta_low_mode`); None: the paper's objective.
+        delta_low_mode: ``"cutoff"`` (no gradient below `delta_low`) or ``"decay"`` (the weight decays like ``r``).
+
+    Returns:
+        The per-token loss, shape ``broadcast(logp, advantages)``.
     """
-    dtype = torch.promote_types(logp.dtype, torch.float32)  # as `_ratio_and_advantages`: a bf16 r is 1 +- 0.004
+    check_left_guard(delta_low, delta_low_mode, epsilon_low)
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # a bf16 r is 1 +- 0.004
     logp, old_logp = logp.to(dtype), old_logp.to(dtype)
     A = advantages.to(dtype)
     A = A.unsqueeze(-1) if A.dim() == 1 else A  # [B, 1] or [B, T]
@@ -94,107 +107,24 @@ def check_left_guard(delta_low: float | None, delta_low_mode: str, epsilon_low: 
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The fast path: regions by one comparison per token, then the value and the gradient weight in one pass
-# ---------------------------------------------------------------------------------------------------------------------
 class CEGPPORegions(NamedTuple):
     """Boolean masks of the special regions, each of the broadcast shape of the ratio and the advantages.
 
     Attributes:
         left: NA&LP, ``A < 0`` and ``r < 1 - eps_l``: gradient scaled by ``beta1``.
         right: PA&LP, ``A > 0`` and ``r > 1 + eps_h``: gradient scaled by ``beta2``.
-        dual: ``A < 0`` and ``r > delta``: constant, no gradient. All False without ``delta`` (None inside the
-            kernel, which then skips it).
-        guard: ``A < 0`` and ``r < delta_low``, inside `left`: the left guard acts. All False without ``delta_low``
-            (None inside the kernel).
+        dual: ``A < 0`` and ``r > delta``: constant, no gradient (all False without ``delta``).
+        guard: ``A < 0`` and ``r < delta_low``, inside `left`: the left guard acts (all False without ``delta_low``).
     """
 
     left: torch.Tensor
     right: torch.Tensor
-    dual: torch.Tensor | None
-    guard: torch.Tensor | None
+    dual: torch.Tensor
+    guard: torch.Tensor
 
 
-def _ratio_and_advantages(
-    per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # The ratio in fp32 even for bf16 log-probs (bf16 has 8 mantissa bits: r would round to 1 +- 0.004).
-    dtype = torch.promote_types(per_token_logps.dtype, torch.float32)
-    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).to(dtype)  # [B, 1] or [B, T]
-    if per_token_logps.dtype == dtype:
-        log_ratio = per_token_logps - old_per_token_logps.to(dtype)  # [B, T]
-    else:  # bf16 / fp16 log-probs: one fp32 copy, subtracted in place
-        log_ratio = per_token_logps.to(dtype).sub_(old_per_token_logps)
-    return log_ratio.exp_(), adv  # the ratio, inf past a log-ratio of ~88.7 in fp32
-
-
-def _regions(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    delta: float | None,
-    delta_low: float | None,
-) -> CEGPPORegions:
-    """`CEGPPORegions`, None for a disabled clip. Each test applies to one sign of A, so its bound is one number
-    per row of `adv` ([B, 1], -inf / +inf for the other sign), in the ratio's dtype (a float32 0.8 is not a float64
-    0.8): one comparison per token."""
-    negative = adv < 0  # [B, 1]
-
-    def bound(rows: torch.Tensor, value: float, otherwise: float) -> torch.Tensor:
-        return torch.where(rows, adv.new_tensor(value), adv.new_tensor(otherwise))  # [B, 1]
-
-    low = bound(negative, 1 - epsilon_low, -math.inf)
-    high = bound(adv > 0, 1 + epsilon_high, math.inf)
-    left, right = ratio < low, ratio > high  # [B, T]
-    dual = None if delta is None else ratio > bound(negative, delta, math.inf)  # disjoint from left: delta > 1
-    guard = None if delta_low is None else ratio < bound(negative, delta_low, -math.inf)  # within left
-    return CEGPPORegions(left, right, dual, guard)
-
-
-def _value_and_grad_factors(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    regions: CEGPPORegions,
-    *,
-    epsilon_low: float,
-    epsilon_high: float,
-    beta1: float,
-    beta2: float,
-    delta: float | None,
-    delta_low: float | None,
-    delta_low_mode: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The module table, row by row: the loss value, and d(value)/d(logp) per token as ``-A * weight``.
-
-    Returns ``(value, -A, weight)``. The backward multiplies the incoming gradient by ``-A`` first, then by ``weight``
-    (``r``, ``beta * bound``, 0, ...): autograd's order for TRL's ``-min(r * A, clip(r) * A)`` (``(g * -A) * r``) and
-    for the definition, so that with beta1 = beta2 = 0 the gradient is TRL's bit for bit, whatever gradient the
-    aggregation sends in. (One product ``g * (-r * A)`` rounds differently: 1 ulp on about a quarter of the tokens.)
-    """
-    left, right, dual, guard = regions
-    neg_adv = -adv  # [B, 1]
-    # Everything else: -r * A, whose gradient w.r.t. logp is again -r * A. For A < 0 the dual clip caps r at delta
-    # (the constant -delta * A); for A >= 0 r is capped at the largest finite float, so that A == 0 gives exactly 0
-    # where r overflowed (inf * 0 would be NaN). A NaN log-prob stays NaN.
-    cap = torch.where(
-        adv < 0, adv.new_tensor(math.inf if delta is None else delta), adv.new_tensor(torch.finfo(adv.dtype).max)
-    )  # [B, 1]
-    # Clipped tokens: value and gradient weight are the constant -beta * bound * A (the paper's
-    # beta * bound * A * r / sg(r), evaluated without dividing by r). `left` needs A < 0 and `right` A > 0, so one
-    # select of the row's beta * bound serves both.
-    bound = torch.where(adv < 0, adv.new_tensor(beta1 * (1 - epsilon_low)), adv.new_tensor(beta2 * (1 + epsilon_high)))
-    weight = torch.where(left | right, bound, torch.minimum(ratio, cap))  # [B, T]
-    value = neg_adv * weight  # [B, T]
-    cut = dual  # the value above and no gradient: the dual clip, and the left guard's cut-off (one select for both)
-    if guard is not None and delta_low_mode == "cutoff":
-        cut = guard if cut is None else cut | guard
-    if cut is not None:
-        weight = torch.where(cut, 0.0, weight)
-    if guard is not None and delta_low_mode == "decay":  # the left-clipped weight, decaying like r below delta_low
-        weight = torch.where(guard, bound * (ratio / delta_low), weight)
-    return value, neg_adv, weight
+def _as_rows(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).to(like.dtype)  # [B, 1] or [B, T]
 
 
 @torch.no_grad()
@@ -207,58 +137,26 @@ def cegppo_regions(
     delta: float | None = None,
     delta_low: float | None = None,
 ) -> CEGPPORegions:
-    """Boolean masks of the special regions of the CE-GPPO objective.
+    """`CEGPPORegions` of ``r = exp(log_ratio)``, compared in `log_ratio`'s dtype as TRL compares its ratio.
 
     Args:
-        log_ratio: ``logp - old_logp``, shape ``(B, T)`` (or ``(B, 1)`` for sequence-level ratios).
-        advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low, epsilon_high, delta, delta_low: as in `cegppo_per_token_loss`.
-
-    Returns:
-        `CEGPPORegions` ``(left, right, dual, guard)``.
+        log_ratio: ``logp - old_logp``, ``(B, T)`` (or ``(B, 1)`` for sequence-level ratios).
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        epsilon_low, epsilon_high, delta, delta_low: as in `cegppo_objective`.
     """
-    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
-    left, right, dual, guard = _regions(
-        ratio, adv, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low
-    )
+    ratio, adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio)
+    negative = adv < 0
+    left = negative & (ratio < 1 - epsilon_low)
+    right = (adv > 0) & (ratio > 1 + epsilon_high)
     off = torch.zeros_like(left)
-    return CEGPPORegions(left, right, off if dual is None else dual, off if guard is None else guard)
+    dual = off if delta is None else negative & (ratio > delta)
+    guard = off if delta_low is None else left & (ratio < delta_low)
+    return CEGPPORegions(left, right, dual, guard)
 
 
-class _CEGPPOLoss(torch.autograd.Function):
-    """Single pass: forward returns the value and saves d(value)/d(logp) as ``-A`` and one weight per token."""
-
-    @staticmethod
-    def forward(ctx, per_token_logps, old_per_token_logps, advantages, settings):
-        ratio, adv = _ratio_and_advantages(per_token_logps, old_per_token_logps, advantages)
-        regions = _regions(
-            ratio,
-            adv,
-            epsilon_low=settings["epsilon_low"],
-            epsilon_high=settings["epsilon_high"],
-            delta=settings["delta"],
-            delta_low=settings["delta_low"],
-        )
-        value, neg_adv, weight = _value_and_grad_factors(ratio, adv, regions, **settings)
-        ctx.save_for_backward(neg_adv, weight)
-        ctx.logp_dtype = per_token_logps.dtype
-        ctx.logp_shape = per_token_logps.shape
-        return value
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the saved factors are constants: no double backward
-    def backward(ctx, grad_value):
-        neg_adv, weight = ctx.saved_tensors
-        grad_logps = (grad_value * neg_adv).mul_(weight)  # in this order: see `_value_and_grad_factors`
-        if grad_logps.shape != ctx.logp_shape:  # (B, 1) sequence ratio broadcast against (B, T) advantages
-            grad_logps = grad_logps.sum_to_size(ctx.logp_shape)
-        # Old log-probs and advantages are constants of the surrogate, as in PPO.
-        return grad_logps.to(ctx.logp_dtype), None, None, None
-
-
-def cegppo_per_token_loss(
-    per_token_logps: torch.Tensor,
-    old_per_token_logps: torch.Tensor,
+@torch.no_grad()
+def preserved_coefficient(
+    log_ratio: torch.Tensor,
     advantages: torch.Tensor,
     *,
     epsilon_low: float,
@@ -269,50 +167,39 @@ def cegppo_per_token_loss(
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
 ) -> torch.Tensor:
-    """Per-token CE-GPPO loss (to be minimised), before masking and aggregation.
+    """Per token, the weight of the gradient CE-GPPO keeps where PPO's clip drops it (a constant, no gradient).
 
-    Implements Eq. 8 of CE-GPPO (arXiv:2509.20712) with the authors' dual clip: tokens outside the PPO clip range
-    keep a bounded gradient, ``beta1 * (1 - epsilon_low) * A`` for negative-advantage tokens below the range (larger
-    ``beta1`` -> entropy falls faster) and ``beta2 * (1 + epsilon_high) * A`` for positive-advantage tokens above it
-    (larger ``beta2`` -> entropy falls slower). ``beta1 = beta2 = 0`` gives the PPO-clip gradient, ``beta1 = beta2 =
-    1`` the original GPPO (Klear-Reasoner), whose forward value equals PPO's. Equal to `cegppo_objective`, the
-    definition, in value and gradient.
+    ``beta1 * (1 - eps_l)`` on left-clipped tokens (times 0 below `delta_low` under ``"cutoff"``, ``r / delta_low``
+    under ``"decay"``), ``beta2 * (1 + eps_h)`` on right-clipped ones, 0 elsewhere; shape
+    ``broadcast(log_ratio, advantages)``, `log_ratio`'s dtype. `delta` is accepted for the signature's sake: the dual
+    region is disjoint from the left one (``delta > 1``).
+    """
+    left, right, _, guard = cegppo_regions(
+        log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
+    )
+    zero = log_ratio.new_zeros(())
+    left_weight = log_ratio.new_tensor(beta1 * (1 - epsilon_low))
+    if delta_low is not None:  # the left guard: how far beta1 may push a token out of the policy
+        guarded = zero if delta_low_mode == "cutoff" else left_weight * torch.exp(log_ratio) / delta_low
+        left_weight = torch.where(guard, guarded, left_weight)
+    coefficient = torch.where(right, log_ratio.new_tensor(beta2 * (1 + epsilon_high)), zero)
+    return torch.where(left, left_weight, coefficient)
 
-    Only ``per_token_logps`` receives a gradient; ``old_per_token_logps`` and ``advantages`` are constants.
+
+def preserved_gradient_term(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, coefficient: torch.Tensor
+) -> torch.Tensor:
+    """``-(A * coefficient) * (log r - sg(log r))``: exactly 0 in value, ``-A * coefficient`` in gradient w.r.t. logp.
+
+    Added to PPO's clipped surrogate (whose gradient is 0 where `coefficient` is not), it gives `cegppo_objective`'s
+    gradient; the forward value stays PPO's. ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio.
 
     Args:
-        per_token_logps: log-probabilities under the current policy, shape ``(B, T)`` (``(B, 1)`` for a
-            sequence-level ratio). Any float dtype; the ratio is computed in at least fp32.
-        old_per_token_logps: log-probabilities under the sampling (old) policy, same shape (or anything that
-            broadcasts to it, e.g. a 0-d zero when ``per_token_logps`` already holds log-ratios).
-        advantages: shape ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low: lower clip range (``1 - epsilon_low`` is the left bound), in ``(0, 1)``.
-        epsilon_high: upper clip range (``1 + epsilon_high`` is the right bound), ``> 0``.
-        beta1: gradient scale of negative-advantage tokens clipped on the left (NA&LP), ``>= 0``.
-        beta2: gradient scale of positive-advantage tokens clipped on the right (PA&LP), ``>= 0``.
-        delta: dual-clip constant ``c > 1``: negative-advantage tokens with ``r > c`` get the constant ``-c * A``
-            and no gradient. ``None`` disables it.
-        delta_low: left guard, ``0 < delta_low <= 1 - epsilon_low``: negative-advantage tokens with ``r <
-            delta_low`` keep the left-clipped value but a bounded gradient (`delta_low_mode`). ``None`` (the paper's
-            objective) disables it.
-        delta_low_mode: ``"cutoff"``: no gradient below ``delta_low``; ``"decay"``: the gradient weight
-            ``-beta1 * (1 - epsilon_low) * A * r / delta_low``, continuous at ``delta_low`` (with ``delta_low = 1 -
-            epsilon_low``: ``-beta1 * r * A``, the unclipped surrogate's decay).
-
-    Returns:
-        The per-token loss, shape ``broadcast(per_token_logps, advantages)``, dtype at least fp32.
+        log_ratio: ``logp - old_logp`` with its graph (``(B, 1)``: the masked mean per sequence, as TRL's).
+        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
+        coefficient: `preserved_coefficient`.
     """
-    check_left_guard(delta_low, delta_low_mode, epsilon_low)
-    settings = dict(
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        beta1=beta1,
-        beta2=beta2,
-        delta=delta,
-        delta_low=delta_low,
-        delta_low_mode=delta_low_mode,
-    )
-    return _CEGPPOLoss.apply(per_token_logps, old_per_token_logps, advantages, settings)
+    return -(_as_rows(advantages, log_ratio) * coefficient) * (log_ratio - log_ratio.detach())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -326,11 +213,13 @@ class CEGPPODiagnostics(NamedTuple):
         sums: over the (masked) completion tokens: ``tokens``; tokens in each region, ``left``, ``right``, ``dual``,
             ``guard``; ``ratio``, the sum of ``r``; ``grad_weight`` and ``preserved_grad_weight``, the sum of
             ``|d loss / d logp|`` over all tokens and over preserved (left/right-clipped) ones; ``left_log_ratio``,
-            the sum of ``log r`` over left-clipped tokens (how far β1 has pushed them below the rollout policy).
+            the sum of ``log r`` over left-clipped tokens; with `entropies`: ``entropy`` and ``entropy_tokens`` (the
+            token-weighted entropy), and the predictor's ``right_raise``, ``left_raise`` (preserved tokens whose push
+            raises entropy) and ``entropy_change`` (their first-order entropy change per unit learning rate).
         minima: ``ratio``, the smallest ``r``; ``left_share``, the smallest share of left-clipped tokens in a
-            sequence (TRL's ``clip_ratio/low_min``). ``inf`` without tokens.
+            sequence. ``inf`` without tokens.
         maxima: ``ratio``, the largest ``r``; ``right_share``, the largest share of right-clipped tokens in a
-            sequence (TRL's ``clip_ratio/high_max``). ``-inf`` without tokens.
+            sequence. ``-inf`` without tokens.
     """
 
     sums: dict[str, torch.Tensor]
@@ -352,62 +241,85 @@ def cegppo_diagnostics(
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
     weights: torch.Tensor | None = None,
+    logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
 ) -> CEGPPODiagnostics:
-    """What the CE-GPPO loss did to one micro-batch: regions, ratio, and the gradient weight it preserved.
+    """What the CE-GPPO loss did to one micro-batch: regions, ratio, the gradient weight it preserved, and which way
+    the preserved gradient pushes entropy.
 
-    The gradient weight ``|d loss / d logp|`` is the kernel's own times each token's coefficient in the loss
-    (`weights`), so, given the coefficients the loss applies, its share on preserved tokens is exactly the share of
-    the surrogate's gradient the model receives that PPO's clip would have thrown away, for every aggregation and
-    both ratio levels (tests/test_aggregation.py checks it against autograd). A sequence-level ratio is the masked
-    mean of the token log-ratios, so each of a sequence's tokens gets ``1 / |o_i|`` of its gradient: the sequence's
-    total is the kernel's weight times the sum of its tokens' coefficients.
+    The gradient weight ``|d loss / d logp|`` of a token is ``|A|`` times PPO's (``r`` where the clip keeps the
+    token, 0 where it drops it) plus `preserved_coefficient`, times the token's coefficient in the loss (`weights`):
+    its share on preserved tokens is the share of the model's policy gradient that PPO's clip would have thrown away.
+
+    The entropy predictor (first order, one logit at a time): pushing a token's log-probability up by ``g`` moves the
+    position's entropy by about ``-g * p * (log p + H)``, so a right-clipped token (pushed up) raises entropy iff
+    ``log p < -H`` and a left-clipped one (pushed down) iff ``log p > -H``. ``entropy_change`` sums that leading term
+    over preserved tokens with ``g`` their preserved gradient (``A * coefficient * weight``), per unit learning rate in
+    logit space; it leaves out the rest of the softmax (the ``sum_b p_b^2 (log p_b + H)`` term), which needs the whole
+    vocabulary.
 
     Args:
         log_ratio: ``logp - old_logp``, ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (then a sequence counts
-            once, if it has any token in `mask`).
+            once in the region sums, if it has any token in `mask`).
         advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
         mask: ``(B, T)`` completion tokens that enter the loss (0 for padding and for dropped groups).
-        epsilon_low, epsilon_high, beta1, beta2, delta, delta_low, delta_low_mode: as in `cegppo_per_token_loss`.
-        weights: non-negative ``d loss / d per_token_loss`` of each token, broadcastable to ``(B, T)``: the
-            aggregation's weights (`cegppo_trl.aggregation.aggregation_weights`, e.g. ``1 / |o_i|`` per sequence for
-            ``grpo``) times the factors the per-token loss is multiplied by (TRL's off-policy mask, entropy mask,
-            vLLM importance-sampling ratio). None: 1 per token (the loss ``sum(per_token_loss * mask)``).
+        epsilon_low, epsilon_high, beta1, beta2, delta, delta_low, delta_low_mode: as in `cegppo_objective`.
+        weights: non-negative ``d loss / d per_token_loss`` of each token, broadcastable to ``(B, T)``
+            (`cegppo_trl.aggregation.trl_weights` times TRL's off-policy mask, entropy mask, vLLM ratio). None: 1.
+        logps, entropies: ``(B, T)`` current log-probabilities and entropies (TRL's, under the sampling
+            temperature), for the entropy sums and the predictor; None leaves those sums out.
 
     Returns:
         `CEGPPODiagnostics`.
     """
-    ratio, adv = _ratio_and_advantages(log_ratio, log_ratio.new_zeros(()), advantages)
-    settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta, delta_low=delta_low)
-    regions = _regions(ratio, adv, **settings)
-    _, neg_adv, weight = _value_and_grad_factors(
-        ratio, adv, regions, **settings, beta1=beta1, beta2=beta2, delta_low_mode=delta_low_mode
-    )
-    grad_weight = (neg_adv * weight).abs()  # [B, T] (or [B, 1])
-    coefficient = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
-    if regions.left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
-        count = (mask.sum(-1, keepdim=True) > 0).to(ratio.dtype)  # [B, 1]
-        grad_weight = grad_weight * coefficient.sum(-1, keepdim=True)  # [B, 1]: the sequence's total
+    log_ratio = log_ratio.float() if log_ratio.dtype in (torch.bfloat16, torch.float16) else log_ratio
+    dtype = log_ratio.dtype
+    mask = mask.to(dtype)
+    settings = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low)
+    left, right, dual, guard = (x.to(dtype) for x in cegppo_regions(log_ratio, advantages, **settings, delta=delta))
+    coefficient = preserved_coefficient(log_ratio, advantages, **settings, beta1=beta1, beta2=beta2,
+                                        delta_low_mode=delta_low_mode)  # fmt: skip
+    ratio, abs_adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio).abs()
+    dropped = torch.clamp(left + right + dual, max=1.0)  # no PPO gradient there
+    grad_weight = abs_adv * (ratio * (1 - dropped) + coefficient)  # [B, T] or [B, 1]
+    preserved = abs_adv * coefficient
+    token_weight = mask if weights is None else weights * mask  # [B, T]: d loss / d per_token_loss
+    if left.shape[-1] == 1 and mask.shape[-1] != 1:  # sequence-level ratio: one entry per sequence with tokens
+        count = (mask.sum(-1, keepdim=True) > 0).to(dtype)  # [B, 1]
+        total_weight = token_weight.sum(-1, keepdim=True)  # [B, 1]: the sequence's total
+        # log r is the mean of the tokens' log-ratios: each token gets 1 / |o_i| of the sequence's gradient
+        token_share = total_weight / mask.sum(-1, keepdim=True).clamp(min=1.0) * mask  # [B, T]
     else:
-        count = mask.to(ratio.dtype)  # [B, T]
-        grad_weight = grad_weight * coefficient  # [B, T]
-    off = torch.zeros_like(regions.left, dtype=ratio.dtype)
-    left, right, dual, guard = (off if region is None else region.to(ratio.dtype) for region in regions)
+        count, total_weight, token_share = mask, token_weight, token_weight
     sums = dict(
-        tokens=torch.ones_like(count),
-        left=left,
-        right=right,
-        dual=dual,
-        guard=guard,
-        ratio=ratio,
-        grad_weight=grad_weight,
-        preserved_grad_weight=(left + right) * grad_weight,  # the regions are disjoint
-        left_log_ratio=left * log_ratio.to(ratio.dtype),
+        tokens=count,
+        left=left * count,
+        right=right * count,
+        dual=dual * count,
+        guard=guard * count,
+        ratio=ratio * count,
+        grad_weight=grad_weight * total_weight,
+        preserved_grad_weight=preserved * total_weight,
+        left_log_ratio=left * log_ratio * count,
     )
-    sums = {name: (x * count).sum() for name, x in sums.items()}
+    if entropies is not None and logps is not None:
+        H, logp = entropies.detach().to(dtype), logps.detach().to(dtype)  # [B, T]
+        raises = logp < -H  # pushing such a token up raises the entropy; pushing it down lowers it
+        sums.update(
+            entropy=H * mask,
+            entropy_tokens=mask,
+            right_raise=(right * raises) * mask,
+            right_tokens=right * mask,
+            left_raise=(left * ~raises) * mask,
+            left_tokens=left * mask,
+            # d logp = +A * coefficient * weight per unit learning rate (gradient descent on the loss)
+            entropy_change=-(_as_rows(advantages, log_ratio) * coefficient * token_share) * logp.exp() * (logp + H),
+        )
+    sums = {name: x.sum() for name, x in sums.items()}
     tokens_per_sequence = count.sum(-1)  # [B]; 0 / 0 = NaN below for a sequence without tokens, ignored
     left_share = (left * count).sum(-1) / tokens_per_sequence  # [B]
     right_share = (right * count).sum(-1) / tokens_per_sequence  # [B]
-    valid = count.bool()
+    valid = count.bool().expand_as(ratio) if ratio.shape != count.shape else count.bool()
     minima = dict(
         ratio=torch.where(valid, ratio, torch.inf).amin(),
         left_share=torch.where(left_share.isnan(), torch.inf, left_share).amin(),

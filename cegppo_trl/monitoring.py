@@ -408,8 +408,8 @@ def combine_diagnostics(
 def diagnostics_metrics(
     sums: dict[str, float], minima: dict[str, float], maxima: dict[str, float], left_guard: bool
 ) -> dict[str, float]:
-    """TRL's `clip_ratio/*` and the `cegppo/` metric values of one micro-batch from its combined diagnostics
-    (`combine_diagnostics`); none when it holds no token (every group, on every process, was dropped).
+    """The `cegppo/` metric values of one micro-batch from its combined diagnostics (`combine_diagnostics`); none
+    when it holds no token (every group, on every process, was dropped). TRL logs its own `clip_ratio/*`.
 
     Args:
         sums, minima, maxima: `combine_diagnostics`' values.
@@ -419,11 +419,6 @@ def diagnostics_metrics(
     if count == 0:  # nothing to measure
         return {}
     metrics = {
-        "clip_ratio/low_mean": sums["left"] / count,
-        "clip_ratio/high_mean": sums["right"] / count,
-        "clip_ratio/region_mean": (sums["left"] + sums["right"]) / count,  # disjoint regions
-        "clip_ratio/low_min": minima["left_share"],
-        "clip_ratio/high_max": maxima["right_share"],
         "cegppo/preserved/left_frac": sums["left"] / count,
         "cegppo/preserved/right_frac": sums["right"] / count,
     }
@@ -438,6 +433,11 @@ def diagnostics_metrics(
     metrics["cegppo/ratio/min"] = minima["ratio"]
     metrics["cegppo/ratio/mean"] = sums["ratio"] / count
     metrics["cegppo/ratio/max"] = maxima["ratio"]
+    if "entropy_change" in sums:  # the entropy predictor (`cegppo_diagnostics`); a share only where it has tokens
+        for side in ("right", "left"):
+            if sums[f"{side}_tokens"] > 0:
+                metrics[f"cegppo/predictor/{side}_raise_frac"] = sums[f"{side}_raise"] / sums[f"{side}_tokens"]
+        metrics["cegppo/predictor/entropy_change"] = sums["entropy_change"]
     return metrics
 
 
@@ -449,24 +449,29 @@ def cegppo_metrics(
     gather: Callable[[torch.Tensor], torch.Tensor],
     weights: torch.Tensor | None = None,
     controller: EntropyController | None = None,
+    logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """One micro-batch's `cegppo/` metrics and TRL's `clip_ratio/*`, over all processes in one `gather`.
+    """One micro-batch's `cegppo/` metrics over all processes, in one `gather` and one host transfer.
 
     Args:
-        log_ratio, advantages, mask, weights: `cegppo_diagnostics`' arguments.
-        coefficients: the step's `cegppo_per_token_loss` keyword arguments (`CEGPPOTrainer.cegppo_coefficients`).
+        log_ratio, advantages, mask, weights, logps, entropies: `cegppo_diagnostics`' arguments.
+        coefficients: the step's clip range, betas and guards (`CEGPPOTrainer.cegppo_coefficients`).
         gather: concatenates a 1-D tensor over the processes (`accelerator.gather`).
         controller: the entropy controller, whose target and last entropy are logged, or None.
 
     Returns:
-        Metric name -> value, and the combined diagnostic sums (`combine_diagnostics`; `LeftDriftAlarm.warning`).
+        Metric name -> value, and the combined diagnostic sums (`combine_diagnostics`; the entropy controller and
+        `LeftDriftAlarm.warning` read them).
     """
     metrics = {"cegppo/beta1": coefficients["beta1"], "cegppo/beta2": coefficients["beta2"]}
     if controller is not None:
         metrics["cegppo/controller/target_low"], metrics["cegppo/controller/target_high"] = controller.target
         if controller.last_entropy is not None:
             metrics["cegppo/controller/entropy"] = controller.last_entropy
-    diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights)
+    diagnostics = cegppo_diagnostics(
+        log_ratio, advantages, mask, **coefficients, weights=weights, logps=logps, entropies=entropies
+    )
     sums, minima, maxima = combine_diagnostics(diagnostics, gather)
     metrics.update(diagnostics_metrics(sums, minima, maxima, left_guard=coefficients["delta_low"] is not None))
     return metrics, sums
@@ -537,7 +542,7 @@ class LeftDriftAlarm:
             step_end: whether it ends the optimizer step (`accelerator.sync_gradients`).
             step: the optimizer step, counted from 1.
             args: the run's config.
-            coefficients: the step's `cegppo_per_token_loss` keyword arguments.
+            coefficients: the step's `CEGPPOTrainer.cegppo_coefficients`.
         """
         drift = self.observe(sums["left_log_ratio"], sums["left"], step_end)
         if drift is None:

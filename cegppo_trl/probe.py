@@ -4,25 +4,35 @@
 
 Protocol (`run_probe`), in this order:
 
-1. A fixed probe set is sampled once from the starting model (`probe_prompts` prompts, one completion each, with a
-   private RNG: training's random stream is untouched). Probe entropy is the mean full-vocabulary entropy of the
-   next-token distribution at every completion position of these fixed sequences (no grad). Every arm is measured on
-   the same tokens, so which prefixes an arm happened to sample does not enter.
+1. A fixed probe set is sampled once from the starting model (`probe_prompts` prompts, one completion each) with the
+   run's own sampling settings (TRL's `generation_config`: temperature, `top_k`, `top_p`, `min_p`, repetition
+   penalty, `generation_kwargs`) and a seed of its own; every generator it touches (CPU, every CUDA device's, Python,
+   NumPy) is put back after, so training's random stream is untouched. Probe entropy is the mean full-vocabulary
+   entropy of the policy TRL trains at every completion position of these fixed sequences (no grad), computed by
+   TRL's own `_get_per_token_logps_and_entropies`, which divides the logits by `temperature` as the loss and TRL's
+   logged `entropy` do. Every arm is measured on the same tokens, so which prefixes an arm sampled does not enter.
 2. At each of K branch points (a rollout-batch boundary) the run's state is snapshotted in memory: weights,
-   optimizer, lr scheduler, torch / Python / NumPy RNG, `trainer.state`, TRL's step counter and buffered rollout
-   batch, the trainer's run state, and the dataloader batches of the next rollout batch (pulled once).
+   optimizer, lr scheduler, the torch RNG of the CPU and of every CUDA device, Python's and NumPy's, `trainer.state`,
+   TRL's step counter, buffered rollout batch and vLLM weight-sync step, the trainer's run state, and the dataloader
+   batches of the next rollout batch (pulled once). With `vllm_mode="server"` the server samples in another process,
+   whose generator no snapshot reaches: the probe gives every request of a rollout batch a seed of that batch's
+   instead (`_VllmRequestSeed`), the same for every arm. Colocated vLLM samples in this process, from the device
+   generator the snapshot restores (neither vLLM path is exercised by the CPU tests: the batch-hash check below stops
+   the probe if one does not hold).
 3. Each arm restores that snapshot, sets its constant (β1, β2) and takes the run's optimizer steps for one rollout
    batch (`steps_per_generation × num_iterations / gradient_accumulation_steps`) through the trainer's own
    `training_step`, clipping, optimizer and scheduler, exactly as `Trainer`'s loop does. Restoring the RNG makes every
    arm generate the same rollout batch; the probe checks it (a hash of the completion ids each arm trained on) and
    stops if one differs. It records the probe-entropy change and the token shares of the four clip regions
-   (A > 0 / A < 0 × r < 1 - ε_low / r > 1 + ε_high) over the arm's steps.
+   (A > 0 / A < 0 × r < 1 - ε_low / r > 1 + ε_high) over the arm's steps. The left-drift warning of an arm's step
+   names the arm (its β is the arm's: the loss reads the schedules the probe sets).
 4. The reference arm (the first arm, GRPO's (0, 0) by default) runs last; its end state is the base run's next state
    (not recomputed). Non-branch rollout batches (`branch_every` > 1) are trained with the reference arm.
 5. Per arm: D = its probe-entropy change minus the reference arm's at the same branch point; over the K branch points
    the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.stats`).
 
-CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py), and the only
+CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py; on a GPU, as far
+as its kernels are deterministic: the batch-hash check says when they are not), and the only
 variance left in D is how the effect varies across training states. One process only (no DDP / DeepSpeed); the
 entropy controller is refused (it would move β away from the arm's values). The run must be off-policy
 (`steps_per_generation × num_iterations > gradient_accumulation_steps`): on policy r ≡ 1, nothing is clipped and every
@@ -58,6 +68,7 @@ __all__ = [
     "parse_arms",
     "plot_probe",
     "probe_entropy",
+    "probe_generation_config",
     "run_probe",
     "summarize_probe",
 ]
@@ -151,19 +162,53 @@ def _prompt_text(tokenizer, prompt: Any) -> str:
     return prompt
 
 
+def probe_generation_config(trainer):
+    """The `GenerationConfig` the trainer samples its rollouts with, for the probe set.
+
+    TRL's own object where it has one (generation by the training model: temperature, `top_k`, `top_p`, `min_p`,
+    repetition penalty, EOS ids and `generation_kwargs`, as TRL builds them). With vLLM, TRL samples through
+    `SamplingParams` built from the same config fields; these become a transformers config here (`generation_kwargs`
+    then holds vLLM keys, which `generate` does not take, so it is left out).
+    """
+    from transformers import GenerationConfig
+
+    config = getattr(trainer, "generation_config", None)
+    if isinstance(config, GenerationConfig):
+        return config
+    args = trainer.args
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    return GenerationConfig(
+        max_new_tokens=args.max_completion_length, do_sample=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=getattr(trainer, "eos_token_ids", tokenizer.eos_token_id), temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        disable_compile=True,
+    )  # fmt: skip
+
+
 @torch.no_grad()
-def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens: int, temperature: float = 1.0,
-                    seed: int = 1234) -> ProbeSet:  # fmt: skip
-    """Sample one completion per prompt from `model` with a private RNG (the global RNG state is restored after).
+def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens: int | None = None,
+                    temperature: float = 1.0, seed: int = 1234, generation_config=None) -> ProbeSet:  # fmt: skip
+    """Sample one completion per prompt from `model` with a seed of its own; every global generator is restored after.
 
     Args:
         model: the starting policy.
         tokenizer: its tokenizer (left padding is used for the prompts whatever it is set to).
         prompts: plain strings or chat-message lists.
-        max_new_tokens: the completion budget (the run's `max_completion_length`).
-        temperature: sampling temperature (the run's).
+        max_new_tokens: the completion budget (the run's `max_completion_length`; overrides `generation_config`'s).
+        temperature: the sampling temperature when no `generation_config` is given (then plain sampling: no top-k,
+            no top-p).
         seed: the sampling seed.
+        generation_config: the run's sampling settings (`probe_generation_config(trainer)`), used as they are.
     """
+    from transformers import GenerationConfig
+
+    if generation_config is None:
+        generation_config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                             pad_token_id=tokenizer.pad_token_id,
+                                             eos_token_id=tokenizer.eos_token_id, disable_compile=True)  # fmt: skip
+    if max_new_tokens is not None:
+        generation_config = copy.deepcopy(generation_config)  # the trainer's own is left as it is
+        generation_config.max_new_tokens = max_new_tokens
     texts = [_prompt_text(tokenizer, p) for p in prompts]
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
@@ -171,41 +216,66 @@ def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens:
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
         tokenizer.padding_side = side
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    with torch.random.fork_rng(devices=[]):
+    # `torch.manual_seed` seeds the CPU and every CUDA device: all of them (and Python's, NumPy's) are put back.
+    state = _rng_state()
+    try:
         torch.manual_seed(seed)
         out = model.generate(
-            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=True, temperature=temperature,
-            top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+            generation_config=generation_config,
         )  # fmt: skip
-    model.train(was_training)
-    completion_ids = out[:, enc["input_ids"].shape[1] :]
-    # Keep tokens up to and including the first EOS (TRL's completion mask).
-    eos = completion_ids == tokenizer.eos_token_id
+    finally:
+        _set_rng_state(state)
+        model.train(was_training)
+    completion_ids = out[:, enc["input_ids"].shape[1] :].cpu()
+    # Keep tokens up to and including the first EOS (TRL's completion mask), for any of the config's EOS ids.
+    eos_ids = generation_config.eos_token_id if generation_config.eos_token_id is not None else tokenizer.eos_token_id
+    eos = torch.isin(completion_ids, torch.tensor(eos_ids).reshape(-1))
     after_eos = (eos.cumsum(1) - eos.long()) > 0
     completion_mask = (~after_eos).long()
     return ProbeSet(enc["input_ids"], enc["attention_mask"], completion_ids, completion_mask)
 
 
 @torch.no_grad()
-def probe_entropy(model, probe_set: ProbeSet, batch_size: int = 16) -> float:
-    """Token-mean entropy (nats) of `model`'s full next-token distribution at each completion position of the set."""
+def probe_entropy(policy, probe_set: ProbeSet, batch_size: int = 16, *, temperature: float = 1.0) -> float:
+    """Token-mean entropy (nats) of the full next-token distribution at each completion position of the set.
+
+    Args:
+        policy: a `GRPOTrainer` (then TRL's `_get_per_token_logps_and_entropies` on its model: the distribution it
+            trains and whose entropy it logs, logits divided by `args.temperature`, under its autocast dtype), or a
+            bare model (its fp32 logits divided by `temperature`, as TRL divides them).
+        probe_set: the fixed sequences.
+        batch_size: sequences per forward pass.
+        temperature: the bare model's temperature (a trainer uses its own).
+    """
+    trainer = policy if hasattr(policy, "_get_per_token_logps_and_entropies") else None
+    model = trainer.model if trainer is not None else policy
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     total, count = 0.0, 0.0
-    prompt_len = probe_set.prompt_ids.shape[1]
-    for start in range(0, probe_set.prompt_ids.shape[0], batch_size):
-        rows = slice(start, start + batch_size)
-        ids = torch.cat([probe_set.prompt_ids[rows], probe_set.completion_ids[rows]], 1)
-        attention = torch.cat([probe_set.prompt_mask[rows], probe_set.completion_mask[rows]], 1)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1].float()  # [B, C, V]
-        logp = torch.log_softmax(logits, -1)
-        entropy = -(logp.exp() * logp).sum(-1)  # [B, C]
-        mask = probe_set.completion_mask[rows].float()
-        total += float((entropy * mask).sum())
-        count += float(mask.sum())
-    model.train(was_training)
+    prompt_len, completion_len = probe_set.prompt_ids.shape[1], probe_set.completion_ids.shape[1]
+    try:
+        for start in range(0, probe_set.prompt_ids.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            ids = torch.cat([probe_set.prompt_ids[rows], probe_set.completion_ids[rows]], 1).to(device)
+            attention = torch.cat([probe_set.prompt_mask[rows], probe_set.completion_mask[rows]], 1).to(device)
+            if trainer is not None:
+                _, entropy, _ = trainer._get_per_token_logps_and_entropies(
+                    model, ids, attention, completion_len, compute_entropy=True
+                )  # [B, C]
+            else:
+                logits = model(input_ids=ids, attention_mask=attention).logits[:, prompt_len - 1 : -1]  # [B, C, V]
+                logp = torch.log_softmax(logits.float() / temperature, -1)
+                entropy = -(logp.exp() * logp).sum(-1)  # [B, C]
+            mask = probe_set.completion_mask[rows].to(device).float()
+            total += float((entropy.float() * mask).sum())
+            count += float(mask.sum())
+    finally:
+        model.train(was_training)
     return total / max(count, 1.0)
 
 
@@ -230,13 +300,25 @@ def _numpy():
 
 
 def _rng_state() -> dict:
+    """Every global generator a rollout batch or the probe set can draw from: torch's CPU generator, every CUDA (and
+    XPU) device's and MPS's (sampling on an accelerator draws from the device's; `torch.manual_seed` seeds them all),
+    Python's and NumPy's (reward functions may)."""
     np = _numpy()
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "xpu": torch.xpu.get_rng_state_all() if torch.xpu.is_available() else None,
+            "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
             "numpy": None if np is None else np.random.get_state()}  # fmt: skip
 
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["xpu"] is not None:
+        torch.xpu.set_rng_state_all(state["xpu"])
+    if state["mps"] is not None:
+        torch.mps.set_rng_state(state["mps"])
     random.setstate(state["python"])
     if state["numpy"] is not None:
         _numpy().random.set_state(state["numpy"])
@@ -251,6 +333,7 @@ def _snapshot(trainer) -> dict:
         "state": copy.deepcopy(trainer.state),
         "step": trainer._step,
         "buffered": trainer._buffered_inputs,  # replaced, never mutated, by TRL: a reference is enough
+        "vllm_loaded_step": getattr(trainer, "_last_loaded_step", None),  # vLLM: when its weights were last synced
         "run_state": _clone(trainer.cegppo_run_state()),
     }
 
@@ -263,6 +346,8 @@ def _restore(trainer, snap: dict) -> None:
     trainer.state = copy.deepcopy(snap["state"])
     trainer._step = snap["step"]
     trainer._buffered_inputs = snap["buffered"]
+    if snap["vllm_loaded_step"] is not None:
+        trainer._last_loaded_step = snap["vllm_loaded_step"]
     trainer.load_cegppo_run_state(_clone(snap["run_state"]))
     trainer.model.zero_grad(set_to_none=True)
 
@@ -286,6 +371,7 @@ class _Recorder:
     def __init__(self, trainer):
         self.trainer = trainer
         self.original = trainer._log_cegppo_metrics
+        self.arm: tuple[float, float] | None = None  # the arm being trained: its name heads the drift warning
         self.reset()
 
     def reset(self) -> None:
@@ -295,7 +381,7 @@ class _Recorder:
     def __enter__(self):
         trainer = self.trainer
 
-        def hooked(mode, log_ratio, advantages, mask, coefficients, weights=None):
+        def hooked(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs):  # the rest: passed through
             if mode == "train":
                 low, high = math.log(1 - coefficients["epsilon_low"]), math.log1p(coefficients["epsilon_high"])
                 lr, adv, m = log_ratio.detach(), advantages.detach().expand_as(log_ratio), mask.detach().float()
@@ -307,13 +393,25 @@ class _Recorder:
                 ):
                     self.counts[name] += float((region.float() * m).sum())
                 self.tokens += float(m.sum())
-            return self.original(mode, log_ratio, advantages, mask, coefficients, weights)
+            return self.original(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs)
 
         trainer._log_cegppo_metrics = hooked
+        alarm = trainer.left_drift_alarm
+        if alarm is not None:
+            # The warning's β is the loss's (the arm's schedules); it says it is a probe arm, not the configured run.
+            def labelled(*args, **kwargs):
+                text = type(alarm).warning(alarm, *args, **kwargs)
+                if text is None or self.arm is None:
+                    return text
+                return f"[cegppo probe, arm (β1, β2) = {arm_name(self.arm)}] {text}"
+
+            alarm.warning = labelled
         return self
 
     def __exit__(self, *exc):
         del self.trainer._log_cegppo_metrics  # back to the class's method
+        if self.trainer.left_drift_alarm is not None:
+            self.trainer.left_drift_alarm.__dict__.pop("warning", None)
         return False
 
     def shares(self) -> dict[str, float]:
@@ -325,10 +423,37 @@ def _batch_digest(trainer) -> tuple[str, float]:
     |advantage| (reported beside it)."""
     h = hashlib.sha256()
     for part in trainer._buffered_inputs:
-        h.update(part["completion_ids"].to(torch.int64).contiguous().numpy().tobytes())
-        h.update(part["completion_mask"].to(torch.int64).contiguous().numpy().tobytes())
+        h.update(part["completion_ids"].to("cpu", torch.int64).contiguous().numpy().tobytes())
+        h.update(part["completion_mask"].to("cpu", torch.int64).contiguous().numpy().tobytes())
     advantages = torch.cat([p["advantages"].reshape(-1) for p in trainer._buffered_inputs])
     return h.hexdigest()[:16], float(advantages.abs().mean())
+
+
+class _VllmRequestSeed:
+    """Server-mode vLLM samples in the server's process, out of the snapshot's reach: `set(seed)` before a rollout
+    batch gives its requests that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`) so that every arm of
+    a branch point draws the same rollout batch; the user's `generation_kwargs` are put back on exit. Nothing changes
+    without vLLM, with colocated vLLM (it samples in this process, from the restored device generator) or with a seed
+    of the user's. A per-request seed gives two requests of the same prompt in one rollout batch the same samples."""
+
+    def __init__(self, trainer):
+        generation = getattr(trainer, "vllm_generation", None)
+        server = getattr(trainer, "use_vllm", False) and getattr(generation, "mode", None) == "server"
+        self.generation = generation if server and "seed" not in (generation.generation_kwargs or {}) else None
+
+    def __enter__(self):
+        if self.generation is not None:
+            self.user_kwargs = self.generation.generation_kwargs
+        return self
+
+    def set(self, seed: int) -> None:
+        if self.generation is not None:
+            self.generation.generation_kwargs = {**(self.user_kwargs or {}), "seed": seed}  # a new dict each time
+
+    def __exit__(self, *exc):
+        if self.generation is not None:
+            self.generation.generation_kwargs = self.user_kwargs
+        return False
 
 
 def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> list[float]:
@@ -406,8 +531,8 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
 
     probe_set = build_probe_set(
         trainer.model, tokenizer, list(probe_prompts)[: settings.probe_prompts],
-        max_new_tokens=trainer.args.max_completion_length, temperature=trainer.args.temperature,
-        seed=settings.probe_seed,
+        max_new_tokens=trainer.args.max_completion_length, seed=settings.probe_seed,
+        generation_config=probe_generation_config(trainer),
     )  # fmt: skip
     say(f"probe set: {probe_set.prompt_ids.shape[0]} sequences, {int(probe_set.completion_mask.sum())} completion "
         f"tokens, digest {probe_set.digest()}")  # fmt: skip
@@ -431,23 +556,27 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
     branches = []
     started = time.perf_counter()
     recorder = _Recorder(trainer)
-    with recorder:
+    with recorder, _VllmRequestSeed(trainer) as vllm_seed:
         for k in range(settings.branch_points):
             for _ in range(settings.branch_every - 1):  # rollout batches between branch points: the reference arm
                 _set_betas(trainer, reference)
+                recorder.arm = reference
+                vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)  # one seed per rollout batch
                 _train_rollout_batch(trainer, next_batches(), ga)
             batches = next_batches()
-            h0 = probe_entropy(trainer.model, probe_set)
+            h0 = probe_entropy(trainer, probe_set)
             snap = _snapshot(trainer)
+            vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)
             record: dict = {"branch": k, "step": trainer.state.global_step, "h0": h0, "arms": {}}
             for arm in (*others, reference):  # the reference last: its end state is the base run's next state
                 t0 = time.perf_counter()
                 _restore(trainer, snap)
                 _set_betas(trainer, arm)
                 recorder.reset()
+                recorder.arm = arm
                 losses = _train_rollout_batch(trainer, batches, ga)
                 digest, adv = _batch_digest(trainer)
-                h = probe_entropy(trainer.model, probe_set)
+                h = probe_entropy(trainer, probe_set)
                 record["arms"][arm_name(arm)] = {
                     "beta1": arm[0], "beta2": arm[1], "h_after": h, "delta": h - h0, "clip": recorder.shares(),
                     "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,

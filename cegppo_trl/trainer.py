@@ -1,13 +1,11 @@
-"""`CEGPPOTrainer`: TRL's `GRPOTrainer` with the CE-GPPO surrogate.
+"""`CEGPPOTrainer`: TRL's `GRPOTrainer` with CE-GPPO's preserved gradient added to its loss.
 
-The seam: a full override of `GRPOTrainer._compute_loss` (TRL's own GMPO pattern). TRL 1.16 has no per-token
-surrogate hook, and the alternatives cost more than they save: a gradient-injection term needs TRL's masking and
-normalisation re-derived beside the copy anyway, and per-token advantages that carry the extra gradient corrupt
-TRL's clip metrics and cannot express a sequence-level ratio. The override below is TRL 1.16.0's method line for
-line except where marked `# CE-GPPO`; the objective itself lives only in `cegppo_trl.loss`. Because the copy, and
-the rollout-batch normalisers, rely on TRL internals that can change without notice, `check_trl_compatibility`
-compares the source of each (`TRL_GUARDED_SOURCES`) with its hash in the TRL release it was read from and refuses to
-train on a mismatch, naming the method (tests/test_trl_drift.py pins the same hashes and tests each assumption).
+The seam: `_compute_loss` calls TRL's method unchanged and adds one term built from the tensors TRL computed (the
+log-probabilities and entropies of its forward pass, its entropy mask, captured as TRL hands them on): the gradient
+PPO's clip throws away, scaled by `loss.preserved_coefficient`, times the factors TRL multiplies its per-token loss
+by and TRL's aggregation weights (`aggregation.trl_weights`). The term is 0 in value, so the loss TRL logs is TRL's,
+and at ``beta1 = beta2 = 0`` it is not built: the trainer is `GRPOTrainer`. The private TRL names the seam touches
+are listed in docs/maintaining.md, each held by a test.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from transformers.trainer_utils import TrainOutput
 from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler
 
-from .aggregation import Normaliser, aggregation_weights, policy_loss, policy_normaliser, sft_loss
+from .aggregation import sft_loss, trl_weights
 from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     CEGPPO_STATE_FILE,
     ResumePlan,
@@ -34,7 +32,7 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message, vanishing_term_messages
 from .controller import EntropyController, parse_controller
 from .distributed import _flag
-from .loss import cegppo_per_token_loss
+from .loss import preserved_coefficient, preserved_gradient_term
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
     LeftDriftAlarm,
@@ -77,12 +75,13 @@ class CEGPPOTrainer(GRPOTrainer):
 
     Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` is a [`CEGPPOConfig`] (a `GRPOConfig` is converted,
     with CE-GPPO's defaults). For `loss_type` in
-    `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` the per-token surrogate is `cegppo_per_token_loss`; every other
-    part of the loss (KL, entropy mask, off-policy mask, vLLM correction, entropy bonus, MoE aux loss, gradient
-    accumulation) is TRL's. Other loss types run TRL's objective unchanged.
+    `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` TRL's loss gains the preserved-gradient term of
+    `cegppo_trl.loss` (Eq. 8's gradient: clipped tokens keep ``beta * bound * A``); every other part of the loss
+    (the clipped surrogate, KL, entropy mask, off-policy mask, vLLM correction, entropy bonus, MoE aux loss, gradient
+    accumulation) is TRL's own computation. Other loss types run TRL's objective unchanged.
 
-    The class wires separately tested modules into TRL's hooks: `aggregation` (split-invariant normalisers, the SFT
-    term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
+    The class wires separately tested modules into TRL's hooks: `loss` (the term), `aggregation` (TRL's weights, the
+    SFT term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
     (metrics, stops, the left-drift warning), `checkpoints`, `safe_load` and `modelcard`. It never runs the
     pre-flight (`cegppo check`): where `GRPOTrainer` trains, so does it.
 
@@ -91,6 +90,7 @@ class CEGPPOTrainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "cegppo"]
+    _loss_tensors: dict | None = None  # what TRL's `_compute_loss` computed, while it runs
     _name = "CE-GPPO"
     _paper = PAPER  # TRL's card: its paper link and citation
 
@@ -145,7 +145,7 @@ class CEGPPOTrainer(GRPOTrainer):
     # beta1 / beta2 for the current optimizer step
     # ------------------------------------------------------------------------------------------------------------
     def cegppo_coefficients(self) -> dict[str, float | str | None]:
-        """Keyword arguments of `cegppo_per_token_loss` at the current optimizer step: the clip range, this step's
+        """Keyword arguments of `loss.preserved_coefficient` at the current optimizer step: the clip range, this step's
         (beta1, beta2), the dual-clip constant and the left guard."""
         beta1, beta2 = self.current_gppo_betas()
         return dict(
@@ -372,10 +372,22 @@ class CEGPPOTrainer(GRPOTrainer):
         return output
 
     # ------------------------------------------------------------------------------------------------------------
-    # Loss
+    # Loss: TRL's `_compute_loss`, plus CE-GPPO's preserved gradient as a term of value 0 (`cegppo_trl.loss`)
     # ------------------------------------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        output = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._loss_tensors is not None and "logps" not in self._loss_tensors:  # the policy's pass in the loss
+            self._loss_tensors["logps"], self._loss_tensors["entropies"] = output[0], output[1]
+        return output
+
+    def get_high_entropy_mask(self, entropies, mask, threshold):
+        entropy_mask = super().get_high_entropy_mask(entropies, mask, threshold)  # a collective: taken, not redone
+        if self._loss_tensors is not None:
+            self._loss_tensors["entropy_mask"] = entropy_mask
+        return entropy_mask
+
     def _layout(self, mode) -> dict:
-        """How the rollout batch is split into micro-batches: `aggregation.normaliser`'s layout arguments."""
+        """How the rollout batch is split into micro-batches: `aggregation`'s layout arguments."""
         train = mode == "train"
         return dict(
             num_processes=self.accelerator.num_processes,
@@ -386,15 +398,55 @@ class CEGPPOTrainer(GRPOTrainer):
             train=train,
         )
 
-    def _policy_normaliser(self, per_token_loss, mask, inputs, mode) -> Normaliser:
-        """`aggregation.policy_normaliser` of one micro-batch."""
-        counts = inputs["num_items_in_batch"], inputs.get("num_sequences_in_batch"), inputs.get("keep_mask")
-        return policy_normaliser(self.loss_type, per_token_loss, mask, *counts, **self._layout(mode))
+    def _compute_loss(self, model, inputs):
+        if self.loss_type not in CEGPPO_LOSS_TYPES:  # cispo, sapo, vespo: TRL's objective as it is
+            return super()._compute_loss(model, inputs)
+        if (
+            "keep_mask" in inputs
+        ):  # dynamic sampling: dropped groups leave the loss as TRL's tool mask takes tokens out
+            keep = inputs["keep_mask"].unsqueeze(1).to(inputs["completion_mask"].dtype)
+            inputs = {**inputs, "tool_mask": keep * inputs["tool_mask"] if "tool_mask" in inputs else keep}
+        self._loss_tensors = {}
+        try:
+            loss = super()._compute_loss(model, inputs)
+            captured = self._loss_tensors
+        finally:
+            self._loss_tensors = None
+        return loss + self._cegppo_terms(inputs, **captured)
 
-    def _policy_loss(self, per_token_loss, mask, inputs, mode):
-        """`aggregation.policy_loss`: one micro-batch's policy loss and TRL's `policy_loss` metric value."""
-        norm = self._policy_normaliser(per_token_loss, mask, inputs, mode)
-        return policy_loss(self.loss_type, per_token_loss, mask, norm)
+    def _cegppo_terms(self, inputs, logps, entropies, entropy_mask=None):
+        """What CE-GPPO adds to TRL's loss of one micro-batch, from the tensors TRL computed: the preserved gradient
+        (value 0) and the authors' SFT term; the `cegppo/` metrics and the controller's entropy on the way."""
+        mode = "train" if self.model.training else "eval"
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        old_logps = inputs.get("old_per_token_logps")
+        log_ratio = logps - (logps.detach() if old_logps is None else old_logps)  # TRL's, in TRL's dtype
+        if self.importance_sampling_level == "sequence":
+            log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        # The factors TRL multiplies its per-token loss by, then TRL's aggregation weights of `loss_type`.
+        weights = trl_weights(self.loss_type, mask, num_items_in_batch=inputs["num_items_in_batch"],
+                              **self._layout(mode))  # fmt: skip
+        if self.off_policy_mask_threshold is not None:
+            sampling_logps = inputs.get("sampling_per_token_logps", logps.detach() if old_logps is None else old_logps)
+            weights = weights * self.get_off_policy_mask(advantages, logps, sampling_logps, mask,
+                                                         self.off_policy_mask_threshold)  # fmt: skip
+        if entropy_mask is not None:
+            weights = weights * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights = weights * inputs["importance_sampling_ratio"]
+        coefficients = self.cegppo_coefficients()
+        term = logps.new_zeros(())
+        if coefficients["beta1"] or coefficients["beta2"]:  # at beta = 0, TRL's loss and nothing else
+            coefficient = preserved_coefficient(log_ratio.detach(), advantages, **coefficients)
+            term = (preserved_gradient_term(log_ratio, advantages, coefficient) * weights).sum()
+        if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
+            term = term + self.args.sft_loss_coef * self._sft_loss(logps, mask, inputs, mode)
+        self._log_cegppo_metrics(mode, log_ratio.detach(), advantages, mask, coefficients, weights, logps, entropies)
+        return term
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
         """`aggregation.sft_loss`, and `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct
@@ -409,293 +461,17 @@ class CEGPPOTrainer(GRPOTrainer):
                 self._metrics[mode]["cegppo/sft_loss"].append(nll_sum / num_tokens)
         return loss
 
-    def _compute_loss(self, model, inputs):
-        # --- CE-GPPO begin: TRL's other objectives (cispo, sapo, vespo) run unchanged ---
-        if self.loss_type not in CEGPPO_LOSS_TYPES:
-            return super()._compute_loss(model, inputs)
-        # --- CE-GPPO end ---
-        # Compute the per-token log probabilities for the model
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)  # we only need to compute the logits for the completion tokens
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-
-        # Compute the per_token_logps and the entropy at each position in the completion
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            pixel_values=inputs.get("pixel_values"),
-            image_grid_thw=inputs.get("image_grid_thw"),
-            num_images=inputs.get("num_images"),
-            pixel_attention_mask=inputs.get("pixel_attention_mask"),
-            spatial_shapes=inputs.get("spatial_shapes"),
-            num_tiles=inputs.get("num_tiles"),
-            image_sizes=inputs.get("image_sizes"),
-            token_type_ids=inputs.get("token_type_ids"),
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-            image_position_ids=inputs.get("image_position_ids"),
-        )
-
-        # --- CE-GPPO begin: dynamic sampling drops uninformative groups before anything else, as the authors do: ---
-        # from here on they are out of the entropy quantile, the loss, the entropy bonus, the controller and metrics.
-        if "keep_mask" in inputs:
-            mask = mask * inputs["keep_mask"].unsqueeze(1)
-        # --- CE-GPPO end ---
-
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-        else:
-            entropy_mask = None
-
-        # Compute the loss
-        advantages = inputs["advantages"]
-        # In the base GRPO implementation, advantages are expected to have shape (B,). To support subclasses that
-        # provide advantages with shape (B, T), we *conditionally* unsqueeze the tensor.
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
-        # When num_iterations == 1 and steps_per_generation <= gradient_accumulation_steps,
-        # old_per_token_logps == per_token_logps. In this case we can skip its computation
-        # (see _generate_and_score_completions) and instead use per_token_logps.detach().
-        # The exception is when using vLLM, where we always compute old_per_token_logps
-        # for importance sampling
-        old_per_token_logps = inputs.get("old_per_token_logps")
-        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-
-        if self.off_policy_mask_threshold is not None:
-            # OPSM should use inference-time logprobs to detect both sources of off-policyness:
-            # 1. Drift from gradient updates (always present)
-            # 2. Drift from training-inference mismatch (when using vLLM)
-            # When using vLLM, prioritize sampling_per_token_logps, otherwise use old_per_token_logps
-            sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
-
-            off_policy_mask = self.get_off_policy_mask(
-                advantages=advantages,
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=sampling_per_token_logps,
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
-
-        log_ratio = per_token_logps - old_per_token_logps
-        if self.importance_sampling_level == "token":
-            log_importance_weights = log_ratio
-        elif self.importance_sampling_level == "sequence":
-            log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-            log_importance_weights = log_importance_weights.unsqueeze(-1)
-        else:
-            raise ValueError(
-                f"Unknown importance sampling level: {self.importance_sampling_level}. Possible values are 'token' "
-                "and 'sequence'."
-            )
-
-        coef_1 = torch.exp(log_importance_weights)
-
-        # Compute the KL divergence between the model and the reference model
-        if self.beta != 0.0:
-            ref_per_token_logps = inputs["ref_per_token_logps"]
-            per_token_kl = (
-                torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
-            )
-            # Importance sampling correction for the KL divergence
-            if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * coef_1
-
-        # From here, log_importance_weights (and all subsequent tensors, coef_1, coef_2, etc.) shape depends on
-        # importance_sampling_level: "token" level: (B, T); "sequence" level: (B, 1)
-        # --- CE-GPPO begin: the cispo, sapo and vespo branches below (and their metrics further down) cannot run ---
-        # here, since those loss types go to `super()` at the top; they are kept so that this copy diffs line for line
-        # against TRL's method (tests/test_trl_drift.py).
-        # --- CE-GPPO end ---
-        if self.loss_type == "cispo":
-            clamped_ratios = torch.clamp(coef_1, max=self.epsilon_high).detach()
-            per_token_loss = -clamped_ratios * advantages * per_token_logps
-        elif self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
-            # --- CE-GPPO begin: the gradient-preserving surrogate (Eq. 8) replaces -min(r A, clip(r) A) and the ---
-            # two-sided `delta` clamp, which for A < 0 is the authors' dual clip. A sequence-level (GSPO) ratio is a
-            # (B, 1) log-ratio: clipped sequences keep beta * bound * A * grad(mean log-ratio).
-            coefficients = self.cegppo_coefficients()
-            per_token_loss = cegppo_per_token_loss(
-                log_importance_weights,
-                log_importance_weights.new_zeros(()),  # already a log-ratio; a 0-d zero avoids a (B, T) copy
-                advantages,
-                **coefficients,
-            )
-            # --- CE-GPPO end ---
-        elif self.loss_type == "sapo":
-            temperatures = torch.where(advantages > 0, self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)
-            soft_coef_1 = torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures
-            per_token_loss = -soft_coef_1 * advantages
-        elif self.loss_type == "vespo":
-            phi_seq = self.get_gamma_weights(
-                advantages=advantages,
-                log_ratio_per_token=log_ratio,
-                mask=mask,
-                importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
-                k_pos=self.args.vespo_k_pos,
-                lambda_pos=self.args.vespo_lambda_pos,
-                k_neg=self.args.vespo_k_neg,
-                lambda_neg=self.args.vespo_lambda_neg,
-            )
-            per_token_loss = -phi_seq * advantages * per_token_logps
-        else:
-            raise ValueError(f"Unknown loss type: {self.loss_type}")
-
-        if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * off_policy_mask
-
-        if entropy_mask is not None:
-            per_token_loss = per_token_loss * entropy_mask
-
-        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-
-        if self.beta != 0.0:
-            per_token_loss = per_token_loss + self.beta * per_token_kl
-
-        mode = "train" if self.model.training else "eval"
-        # --- CE-GPPO begin: TRL's aggregation per loss type, but with the sequence counts of the whole rollout ---
-        # batch, so the loss does not depend on how the batch is split (`_aggregate`); the authors' SFT term.
-        loss, policy_loss = self._policy_loss(per_token_loss, mask, inputs, mode)
-        if self.args.sft_loss_coef > 0 and "sft_mask" in inputs:
-            loss = loss + self.args.sft_loss_coef * self._sft_loss(per_token_logps, mask, inputs, mode)
-        # --- CE-GPPO end ---
-
-        # Entropy bonus: add entropy regularization to encourage exploration. _entropy_bonus_enabled is set
-        # whenever a non-zero static coef is set OR adaptive mode is enabled (adaptive stays enabled even when
-        # entropy_coef has been decremented to entropy_coef_min so it can recover once entropy drops again).
-        if self._entropy_bonus_enabled:
-            # When top_entropy_quantile < 1.0, entropy_mask restricts policy gradients to high-entropy
-            # tokens. Use the same effective mask for the entropy bonus so it acts on the same tokens.
-            effective_mask = mask if entropy_mask is None else mask * entropy_mask
-            # Entropy bonus = mean per-token entropy H (the documented objective L = L_policy - coef * H), so
-            # H does not depend on how each loss type normalizes its policy term. The bonus is a mean over the
-            # tokens it acts on (effective_mask), scaled only for gradient accumulation, never by a loss-type-
-            # specific policy normalizer. (The adaptive controller below tracks a window-global token-weighted mean,
-            # which can differ from this per-micro-batch mean when token counts vary across micro-batches.)
-            accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            entropy_loss = (
-                (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_factor
-            )
-
-            # Apply the coefficient and gating from the end of the previous optimizer step, so that every
-            # micro-batch in the current accumulation window applies the same entropy bonus. The adaptive
-            # update below only takes effect on the next step.
-            if self.use_adaptive_entropy:
-                apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
-            else:
-                apply_coef = self.entropy_coef
-
-            loss = loss - apply_coef * entropy_loss
-
-            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-
-            # Adaptive update. Gated on train mode so evaluation cannot mutate the entropy controller state.
-            if self.use_adaptive_entropy and mode == "train":
-                # Accumulate the entropy sum and active-token count of every micro-batch into a running window
-                # buffer, so the controller measures the exact window-global entropy rather than just the last
-                # micro-batch (which would be a 1 / gradient_accumulation_steps subsample).
-                stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-                if self._entropy_window_stats is None:
-                    self._entropy_window_stats = stats
-                else:
-                    self._entropy_window_stats = self._entropy_window_stats + stats
-                # At the optimizer-step boundary, reduce the window totals across ranks (sum and token count
-                # jointly, for a true global mean unbiased when ranks have different completion lengths),
-                # update the coefficient for the next step, then reset the window buffer.
-                if self.accelerator.sync_gradients:
-                    window_stats = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-                    world_entropy = (window_stats[0] / window_stats[1].clamp(min=1.0)).item()
-                    if world_entropy <= self.args.entropy_target:
-                        self.entropy_coef = min(
-                            self.entropy_coef + self.args.entropy_coef_delta, self.args.entropy_coef_max
-                        )
-                    else:
-                        self.entropy_coef = max(
-                            self.entropy_coef - self.args.entropy_coef_delta, self.args.entropy_coef_min
-                        )
-                    self._last_world_entropy = world_entropy
-                    self._entropy_window_stats = None
-
-            # Log entropy_coef on train optimizer-step boundaries (constant for static control; updated just
-            # above for adaptive control). sync_gradients is always True in eval (no accumulation context).
-            if mode == "train" and self.accelerator.sync_gradients:
-                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-
-        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
-        if self.aux_loss_enabled:
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-
-        # Log the metrics
-        # --- CE-GPPO begin: `masked_seq_mean` is unused here (TRL's clip metrics come from `cegppo_diagnostics`); ---
-        # kept, like the branches above, for the line-for-line diff.
-        # --- CE-GPPO end ---
-        def masked_seq_mean(x):
-            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
-                return x.squeeze(1)
-            return (x * mask).sum(-1) / mask.sum(-1)
-
-        def global_masked_mean(x):
-            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
-                local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
-            else:
-                local_sum, local_count = (x * mask).sum(), mask.sum().float()
-            totals = self.accelerator.reduce(torch.stack([local_sum, local_count]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        # --- CE-GPPO begin: KL and entropy over the kept groups in one reduction; a micro-batch whose groups ---
-        # were all dropped measures nothing and logs neither (TRL's `global_masked_mean` would log 0). The means are
-        # `global_masked_mean`'s own operations (sums in the tensors' dtype, one tensor division), so the logged
-        # values are TRL's bit for bit. The same global entropy feeds the entropy controller.
-        kl_sum = (per_token_kl * mask).sum() if self.beta != 0.0 else entropies.new_zeros(())
-        totals = torch.stack([(entropies * mask).sum(), kl_sum, mask.sum().float()]).detach()
-        totals = self.accelerator.reduce(totals, reduction="sum")
-        means = totals[:2] / totals[2].clamp(min=1.0)  # elementwise: each the same division as TRL's
-        entropy_sum, _, num_tokens, entropy_mean, kl_mean = torch.cat([totals, means]).tolist()  # one host sync
-        if num_tokens > 0:
-            if self.beta != 0.0:
-                self._metrics[mode]["kl"].append(kl_mean)
-            self._metrics[mode]["entropy"].append(entropy_mean)
-        if self.entropy_controller is not None and mode == "train":
-            self.entropy_controller.observe(entropy_sum, num_tokens, step_end=self.accelerator.sync_gradients)
-        # --- CE-GPPO end ---
-
-        if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
-            # --- CE-GPPO begin: TRL's clip_ratio/* keep their meaning (tokens outside the clip range, which now ---
-            # keep a gradient); they and the cegppo/ metrics come from `cegppo_diagnostics`, beside the loss.
-            # Each token's coefficient in the loss scales its gradient: the aggregation's weight (from the normalisers
-            # the loss used) times the factors TRL multiplies the per-token loss by. The diagnostics weigh by it.
-            vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-            weights = aggregation_weights(mask, self._policy_normaliser(per_token_loss, mask, inputs, mode))
-            for factor in (
-                off_policy_mask if self.off_policy_mask_threshold is not None else None,
-                entropy_mask,
-                inputs["importance_sampling_ratio"] if vllm_correction else None,
-            ):
-                if factor is not None:
-                    weights = weights * factor
-            self._log_cegppo_metrics(mode, log_importance_weights, advantages, mask, coefficients, weights)
-            # --- CE-GPPO end ---
-        elif self.loss_type == "cispo":
-            is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
-            self._metrics[mode]["cispo_clip_ratio"].append(global_masked_mean(is_cispo_clipped.float()))
-        elif self.loss_type == "vespo":
-            self._metrics[mode]["vespo/phi_seq_mean"].append(global_masked_mean(phi_seq))
-
-        return loss
-
-    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights=None) -> None:
+    def _log_cegppo_metrics(self, mode, log_ratio, advantages, mask, coefficients, weights, logps, entropies) -> None:
         """`monitoring.cegppo_metrics` into TRL's metrics (`log()` averages them over the logging window); the
-        left-drift alarm reads the same sums, alike on every process."""
+        entropy controller and the left-drift alarm read the same sums, alike on every process."""
         gather, controller = self.accelerator.gather, self.entropy_controller
-        metrics, sums = cegppo_metrics(log_ratio, advantages, mask, coefficients, gather, weights, controller)
+        metrics, sums = cegppo_metrics(
+            log_ratio, advantages, mask, coefficients, gather, weights, controller, logps=logps, entropies=entropies
+        )
+        if mode == "train" and controller is not None:  # the step's entropy, logged once measured
+            controller.observe(sums["entropy"], sums["entropy_tokens"], step_end=self.accelerator.sync_gradients)
+            if controller.last_entropy is not None:
+                metrics["cegppo/controller/entropy"] = controller.last_entropy
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
         if mode == "train" and self.left_drift_alarm is not None:

@@ -102,14 +102,14 @@ def test_grad_share_weighs_tokens_by_the_factors_the_loss_is_multiplied_by():
     # inside; row 1 (A = +1): right-clipped e, inside, padding. The weights silence the inside tokens of row 0 and
     # halve the right-clipped one: unweighted the share would be (0.4 + 0.9) / (0.4 + 2 + 0.9 + 1), weighted it is
     # (0.4 + 0.45) / (0.4 + 0.45 + 1).
-    from cegppo_trl.loss import cegppo_per_token_loss
+    from helpers.reference import reference_loss
 
     log_ratio = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 3.0]], requires_grad=True)
     advantages = torch.tensor([-1.0, 1.0])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     weights = torch.tensor([[1.0, 0.0, 0.0], [0.5, 1.0, 1.0]])  # e.g. entropy mask x IS ratio
     kwargs = {**KWARGS, "beta2": 0.75, "delta": None}
-    loss = (cegppo_per_token_loss(log_ratio, torch.zeros(()), advantages, **kwargs) * weights * mask).sum()
+    loss = (reference_loss(log_ratio, torch.zeros(()), advantages, **kwargs) * weights * mask).sum()
     (grad,) = torch.autograd.grad(loss, log_ratio)
     preserved = torch.tensor([[True, False, False], [True, False, False]])
     expected = grad.abs()[preserved].sum() / (grad.abs() * mask).sum()
@@ -200,8 +200,8 @@ def test_diagnostics_metrics_are_shares_of_the_combined_tokens_and_nothing_for_a
     sums, minima, maxima = combine_diagnostics(left, lambda local: local)
     assert sums["left"] == 1.0 and sums["right"] == 0.0  # A < 0: r = e is beyond delta 2.5, the dual clip
     metrics = diagnostics_metrics(sums, minima, maxima, left_guard=False)
-    assert metrics["clip_ratio/low_mean"] == 0.5 and metrics["clip_ratio/region_mean"] == 0.5
-    assert metrics["cegppo/dual_clip_frac"] == 0.5 and metrics["clip_ratio/low_min"] == 0.5
+    assert metrics["cegppo/preserved/left_frac"] == 0.5 and metrics["cegppo/preserved/right_frac"] == 0.0
+    assert metrics["cegppo/dual_clip_frac"] == 0.5 and not any(k.startswith("clip_ratio/") for k in metrics)  # TRL's
     assert metrics["cegppo/preserved/left_log_ratio"] == -1.0
     assert metrics["cegppo/ratio/mean"] == pytest.approx((math.exp(-1) + math.e) / 2)
     assert "cegppo/preserved/left_guard_frac" not in metrics
@@ -219,7 +219,7 @@ def test_cegppo_metrics_adds_the_betas_and_the_controller_and_the_drift_alarm_re
     assert list(metrics)[:5] == ["cegppo/beta1", "cegppo/beta2", "cegppo/controller/target_low",
                                  "cegppo/controller/target_high", "cegppo/controller/entropy"]  # fmt: skip
     assert [metrics[k] for k in list(metrics)[:5]] == [0.5, 0.75, 0.3, 0.6, 0.45]
-    assert metrics["clip_ratio/low_mean"] == 0.5 and metrics["cegppo/preserved/left_log_ratio"] == -2.0
+    assert metrics["cegppo/preserved/left_frac"] == 0.5 and metrics["cegppo/preserved/left_log_ratio"] == -2.0
     assert sums["left_log_ratio"] == -2.0 and sums["left"] == 1.0
     without, _ = cegppo_metrics(*args)
     assert "cegppo/controller/target_low" not in without and without["cegppo/beta1"] == 0.5
@@ -231,3 +231,34 @@ def test_cegppo_metrics_adds_the_betas_and_the_controller_and_the_drift_alarm_re
     warning = alarm.warning(sums, True, 3, config, coefficients)  # the step's mean (-2 - 2) / 2 = -2 < -1.5
     assert warning.startswith("cegppo/preserved/left_log_ratio = -2.00 at step 3 is below `left_drift_warning` = -1.5")
     assert alarm.warning(sums, True, 4, config, coefficients) is None  # the same episode
+
+
+def test_entropy_predictor_counts_the_tokens_whose_push_raises_entropy_and_sums_the_leading_term():
+    # H = 1 nat at every position. Row 0, A = +1: a right-clipped token (log r = 1) with p = 0.1, log p = -2.30 < -H:
+    # pushed up, it raises entropy; g = beta2 * 1.2 * A = 0.9, leading term -g p (log p + H) = -0.9 * 0.1 * (-1.303)
+    # = +0.1173. Its neighbour inside the range carries no preserved gradient. Row 1, A = -1: a left-clipped token
+    # (log r = -1) with p = 0.8, log p = -0.223 > -H: pushed down (g = -0.4), it raises entropy too:
+    # 0.4 * 0.8 * 0.777 = +0.2486; a left-clipped token with p = 0.05 (log p < -H) pushed down lowers it:
+    # -0.4 * ... = 0.4 * 0.05 * (-3.0 + 1) = -0.0399.
+    log_ratio = torch.tensor([[1.0, 0.0], [-1.0, -1.0]])
+    advantages = torch.tensor([1.0, -1.0])
+    logps = torch.tensor([[0.1, 0.5], [0.8, 0.05]]).log()
+    entropies = torch.ones(2, 2)
+    kwargs = {**KWARGS, "beta2": 0.75, "delta": None}
+    diag = cegppo_diagnostics(log_ratio, advantages, torch.ones(2, 2), **kwargs, logps=logps, entropies=entropies)
+    sums = named(diag.sums)
+    assert (sums["right_tokens"], sums["right_raise"], sums["left_tokens"], sums["left_raise"]) == (1, 1, 2, 1)
+
+    def term(g, p):
+        return -g * p * (math.log(p) + 1.0)
+
+    expected = term(0.9, 0.1) + term(-0.4, 0.8) + term(-0.4, 0.05)
+    assert math.isclose(sums["entropy_change"], expected, rel_tol=1e-5)
+    assert sums["entropy"] == 4.0 and sums["entropy_tokens"] == 4.0
+    metrics = diagnostics_metrics(*combine_diagnostics(diag, lambda local: local), left_guard=False)
+    assert metrics["cegppo/predictor/right_raise_frac"] == 1.0 and metrics["cegppo/predictor/left_raise_frac"] == 0.5
+    assert math.isclose(metrics["cegppo/predictor/entropy_change"], expected, rel_tol=1e-5)
+    # At beta = 0 nothing is preserved: no entropy change is predicted, whatever the shares.
+    zero = cegppo_diagnostics(log_ratio, advantages, torch.ones(2, 2), **{**kwargs, "beta1": 0.0, "beta2": 0.0},
+                              logps=logps, entropies=entropies)  # fmt: skip
+    assert named(zero.sums)["entropy_change"] == 0.0

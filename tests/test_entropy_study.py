@@ -461,23 +461,23 @@ def test_unknown_arm_is_refused():
 # Third study: the guard as an input transform, the design and the claims
 # ----------------------------------------------------------------------------------------------------------------
 def test_delta_low_transform_gives_the_guarded_gradient_through_the_library_loss():
-    """Hand-derived, through `cegppo_per_token_loss` with β1 = 0.5, ε = 0.2, A = -1: a left-clipped token (r < 0.8)
+    """Hand-derived, through `cegppo_objective` with β1 = 0.5, ε = 0.2, A = -1: a left-clipped token (r < 0.8)
     has value and gradient weight -β1(1-ε)A = 0.4. The cut-off 0.25 drops the gradient of r = 0.1 only; the r-decay
     below 0.8 scales it by r / 0.8 (so β1·r·|A| = 0.05 at r = 0.1, 0.25 at r = 0.5); values never change."""
-    from cegppo_trl.loss import cegppo_per_token_loss
+    from cegppo_trl.loss import cegppo_objective
     from examples.entropy_study.runner import delta_low_logps
 
     old = torch.zeros(2, 3)
     logps = torch.log(torch.tensor([[0.1, 0.5, 1.0], [0.1, 0.5, 1.0]])).requires_grad_()
     adv = torch.tensor([-1.0, 1.0])  # row 1 has A > 0: never guarded, whatever its ratio
     kw = {"epsilon_low": 0.2, "epsilon_high": 0.2, "beta1": 0.5, "beta2": 1.0}
-    plain = cegppo_per_token_loss(logps, old, adv, **kw)
+    plain = cegppo_objective(logps, old, adv, **kw)
     (g_plain,) = torch.autograd.grad(plain.sum(), logps)
     torch.testing.assert_close(g_plain[0], torch.tensor([0.4, 0.4, 1.0]))  # r = 1 is inside the clip: -r·A = 1
     expected = {("cutoff", 0.25): [0.0, 0.4, 1.0], ("cutoff", 0.5): [0.0, 0.4, 1.0], ("decay", 0.8): [0.05, 0.25, 1.0],
                 ("decay", 0.4): [0.1, 0.4, 1.0]}  # fmt: skip
     for (mode, delta_low), row0 in expected.items():
-        loss = cegppo_per_token_loss(delta_low_logps(logps, old, adv, delta_low, mode), old, adv, **kw)
+        loss = cegppo_objective(delta_low_logps(logps, old, adv, delta_low, mode), old, adv, **kw)
         torch.testing.assert_close(loss, plain.detach())  # values unchanged
         (grad,) = torch.autograd.grad(loss.sum(), logps)
         torch.testing.assert_close(grad[0], torch.tensor(row0), msg=f"{mode} {delta_low}")
@@ -608,7 +608,7 @@ def test_the_studys_guard_transform_trains_what_the_librarys_delta_low_trains(mo
     # library's `delta_low` only if the two give the same loss and gradient.
     from helpers.reference import random_inputs
 
-    from cegppo_trl.loss import cegppo_per_token_loss
+    from cegppo_trl.loss import cegppo_objective
     from examples.entropy_study.runner import delta_low_logps
 
     logp, old, adv = random_inputs(spread=3.0, dtype=torch.float32, seed=3)
@@ -617,9 +617,9 @@ def test_the_studys_guard_transform_trains_what_the_librarys_delta_low_trains(mo
     for transformed in (True, False):
         x = logp.clone().requires_grad_(True)
         if transformed:
-            loss = cegppo_per_token_loss(delta_low_logps(x, old, adv, delta_low, mode), old, adv, **kw)
+            loss = cegppo_objective(delta_low_logps(x, old, adv, delta_low, mode), old, adv, **kw)
         else:
-            loss = cegppo_per_token_loss(x, old, adv, **kw, delta_low=delta_low, delta_low_mode=mode)
+            loss = cegppo_objective(x, old, adv, **kw, delta_low=delta_low, delta_low_mode=mode)
         (grad,) = torch.autograd.grad(loss.sum(), x)
         grads.append((loss.detach(), grad))
     guarded = (adv < 0) & (torch.exp(logp - old) < delta_low)

@@ -1,4 +1,4 @@
-"""Tests for the CE-GPPO per-token objective (`cegppo_trl.loss`).
+"""Tests for the CE-GPPO per-token objective (`cegppo_trl.loss`): the definition and the term the trainer adds.
 
 In the torchtune style: log-probs are chosen so that the ratio is exactly ``e``, ``1/e``, ``e^0.1``..., the expected
 value of each region is derived in a comment, and the gradient w.r.t. the current log-probs is taken with
@@ -12,10 +12,10 @@ import math
 
 import pytest
 import torch
-from helpers.reference import random_inputs, reference_loss
+from helpers.reference import random_inputs
 from torch.testing import assert_close
 
-from cegppo_trl.loss import cegppo_per_token_loss, cegppo_regions
+from cegppo_trl.loss import cegppo_objective, cegppo_regions, preserved_coefficient, preserved_gradient_term
 
 EPS_LOW, EPS_HIGH, BETA1, BETA2 = 0.2, 0.2, 0.5, 0.75
 LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta2=BETA2)
@@ -24,7 +24,7 @@ LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta
 def loss_and_grad(logp, old_logp, advantages, grad_out=None, **kwargs):
     """Per-token loss and its gradient w.r.t. `logp` (of `loss.sum()` unless `grad_out` is given)."""
     logp = logp.detach().clone().requires_grad_()
-    loss = cegppo_per_token_loss(logp, old_logp, advantages, **{**LOSS_KWARGS, **kwargs})
+    loss = cegppo_objective(logp, old_logp, advantages, **{**LOSS_KWARGS, **kwargs})
     (grad,) = torch.autograd.grad(loss, logp, torch.ones_like(loss) if grad_out is None else grad_out)
     return loss.detach(), grad
 
@@ -79,16 +79,6 @@ def test_negative_advantage_above_range_is_not_clipped():
     loss, grad = loss_and_grad(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([-1.0]))
     assert_close(loss, torch.tensor([[math.e]]))
     assert_close(grad, torch.tensor([[math.e]]))
-
-
-def test_zero_advantage_gives_exact_zero_even_when_the_ratio_overflows():
-    # log-ratio 100 -> exp overflows fp32 (max ~ e^88.7): ratio = inf, and -inf * 0 would be NaN. A = 0 contributes
-    # nothing: value 0, gradient 0, for ratios 1/e, e and inf alike.
-    logp = torch.tensor([[-1.0, 1.0, 100.0]])
-    loss, grad = loss_and_grad(logp, torch.zeros(1, 3), torch.tensor([0.0]))
-    assert torch.isinf(torch.exp(logp)).any()  # the overflow really happens
-    assert_close(loss, torch.zeros(1, 3))
-    assert_close(grad, torch.zeros(1, 3))
 
 
 def test_dual_clip_gives_constant_value_and_no_gradient_to_negative_advantages_above_delta():
@@ -168,24 +158,62 @@ def test_regions_without_delta_has_empty_dual_mask():
 # ---------------------------------------------------------------------------------------------------------------------
 # Special cases: PPO (beta = 0) and GPPO (beta = 1)
 # ---------------------------------------------------------------------------------------------------------------------
+def term_and_grad(logp, old, adv, grad_out=None, **kwargs):
+    """The trainer's loss per token, TRL's clipped surrogate plus `preserved_gradient_term`, and its gradient."""
+    kwargs = {**LOSS_KWARGS, **kwargs}
+    leaf = logp.detach().clone().requires_grad_()
+    log_ratio = leaf - old
+    coefficient = preserved_coefficient(log_ratio.detach(), adv, **kwargs)
+    ppo = ppo_clip_loss(leaf, old, adv, epsilon_low=kwargs["epsilon_low"], epsilon_high=kwargs["epsilon_high"],
+                        delta=kwargs.get("delta"))  # fmt: skip
+    loss = ppo + preserved_gradient_term(log_ratio, adv, coefficient)
+    (grad,) = torch.autograd.grad(loss, leaf, torch.ones_like(loss) if grad_out is None else grad_out)
+    return loss.detach(), ppo.detach(), grad
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("delta", [None, 3.0])
-def test_zero_betas_give_trls_gradient_bit_for_bit_for_any_incoming_gradient(delta, dtype):
-    # What `GRPOTrainer` computes, operation for operation: TRL's surrogate differentiated by autograd, under an
-    # incoming gradient that is not 1 (the aggregation's normaliser, the mask). The kernel multiplies it by -A, then
-    # by r, as autograd does for TRL's expression; one product g * (-r * A) differed in the last bit on ~1/4 of the
-    # tokens, which moved trained parameters (tests/test_drop_in.py, `cast_lm_head_to_fp32`). The unclipped values
-    # are TRL's too (a clipped token's value is the paper's, 0 here).
+@pytest.mark.parametrize("guard", [{}, dict(delta_low=0.5), dict(delta_low=0.5, delta_low_mode="decay")])
+def test_trls_surrogate_plus_the_term_has_the_definitions_gradient_and_trls_value(delta, dtype, guard):
+    # Every region populated (log-ratios in [-1.5, 1.5], advantages of both signs and 0), under an incoming gradient
+    # that is not 1 (the aggregation's weights): the term carries exactly what the clip dropped, scaled by beta.
     logp, old, adv = random_inputs(batch=32, length=48, dtype=dtype, spread=1.5)
     grad_out = torch.rand(logp.shape, generator=torch.Generator().manual_seed(2), dtype=dtype) / 7
-    loss, grad = loss_and_grad(logp, old, adv, grad_out=grad_out, beta1=0.0, beta2=0.0, delta=delta)
-    logp_ref = logp.clone().requires_grad_()
-    ppo = ppo_clip_loss(logp_ref, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
-    (grad_ppo,) = torch.autograd.grad(ppo, logp_ref, grad_out)
-    assert (grad_ppo == 0).any() and (grad_ppo != 0).any()  # both clipped and unclipped tokens present
-    assert_close(grad, grad_ppo, rtol=0, atol=0)
+    loss, ppo, grad = term_and_grad(logp, old, adv, grad_out=grad_out, delta=delta, **guard)
+    assert_close(loss, ppo, rtol=0, atol=0)  # the term is 0 in value: the logged loss is TRL's
+    leaf = logp.clone().requires_grad_()
+    definition = cegppo_objective(leaf, old, adv, **LOSS_KWARGS, delta=delta, **guard)
+    (grad_definition,) = torch.autograd.grad(definition, leaf, grad_out)
     left, right, _, _ = cegppo_regions(logp - old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
-    assert_close(loss, torch.where(left | right, 0.0, ppo.detach()), rtol=0, atol=0)
+    assert left.any() and right.any()
+    tolerance = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-14, atol=1e-16)
+    assert_close(grad, grad_definition, **tolerance)
+    assert_close(grad[left | right], (-adv * preserved_coefficient(logp - old, adv, **LOSS_KWARGS, delta=delta,
+                 **guard)).expand_as(logp)[left | right] * grad_out[left | right], **tolerance)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_at_zero_betas_the_term_is_zero_in_value_and_gradient(dtype):
+    # beta1 = beta2 = 0: the coefficient is 0 everywhere, so TRL's loss and gradient are all there is.
+    logp, old, adv = random_inputs(dtype=dtype, spread=1.5)
+    coefficient = preserved_coefficient(logp - old, adv, **{**LOSS_KWARGS, "beta1": 0.0, "beta2": 0.0})
+    assert torch.equal(coefficient, torch.zeros_like(coefficient))
+    leaf = logp.clone().requires_grad_()
+    term = preserved_gradient_term(leaf - old, adv, coefficient)
+    (grad,) = torch.autograd.grad(term.sum(), leaf)
+    assert torch.equal(term.detach(), torch.zeros_like(term)) and torch.equal(grad.abs(), torch.zeros_like(grad))
+
+
+def test_the_coefficient_is_beta_times_the_bound_on_each_side_and_zero_elsewhere():
+    # log r = -1 (r = 1/e < 0.8) with A = -1: 0.5 * 0.8 = 0.4. log r = 1 (r = e > 1.2) with A = 1: 0.75 * 1.2 = 0.9.
+    # Inside, and the unclipped sides (A > 0 below the range, A < 0 above it): 0.
+    log_ratio = torch.tensor([[-1.0, 0.1, 1.0], [-1.0, 0.1, 1.0]])
+    adv = torch.tensor([-1.0, 1.0])
+    coefficient = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS)
+    assert_close(coefficient, torch.tensor([[0.4, 0.0, 0.0], [0.0, 0.0, 0.9]]))
+    leaf = log_ratio.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(preserved_gradient_term(leaf, adv, coefficient).sum(), leaf)
+    assert_close(grad, torch.tensor([[0.4, 0.0, 0.0], [0.0, 0.0, -0.9]]))  # -A * coefficient
 
 
 @pytest.mark.parametrize("delta", [None, 3.0])
@@ -203,16 +231,17 @@ def test_unit_betas_are_gppo_whose_value_equals_ppo(delta):
 # ---------------------------------------------------------------------------------------------------------------------
 # Numerics: overflow, exactness, dtypes
 # ---------------------------------------------------------------------------------------------------------------------
-def test_extreme_log_ratios_stay_finite_with_dual_clip_where_the_authors_form_gives_nan():
-    # Log-ratios of +-200: exp overflows fp32 to inf (and underflows to 0). With delta = 10:
-    # A = -1, +200: dual clip, value 10, gradient 0.       A = -1, -200: left clip, 0.5 * 0.8 = 0.4.
-    # A = +1, +200: right clip, -0.75 * 1.2 = -0.9.        A = +1, -200: plain surrogate, -0 * 1 = 0.
-    logp = torch.tensor([[200.0, -200.0], [200.0, -200.0]])
-    adv = torch.tensor([-1.0, 1.0])
-    loss, grad = loss_and_grad(logp, torch.zeros(2, 2), adv, delta=10.0)
-    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
-    assert_close(loss, torch.tensor([[10.0, 0.4], [-0.9, 0.0]]))
-    assert_close(grad, torch.tensor([[0.0, 0.4], [-0.9, 0.0]]))
+def test_the_term_stays_finite_at_extreme_log_ratios_where_the_authors_form_gives_nan():
+    # Log-ratios of +-200 (exp overflows fp32 to inf, underflows to 0) and A = 0 with r = inf (inf * 0 would be NaN):
+    # the term never evaluates r * A. A = -1, -200: left clip, gradient 0.5 * 0.8 = 0.4; A = +1, +200: right clip,
+    # gradient -0.75 * 1.2 = -0.9; A = -1, +200 and A = +1, -200: no preserved gradient; value 0 everywhere.
+    log_ratio = torch.tensor([[200.0, -200.0], [200.0, -200.0], [200.0, -200.0]], requires_grad=True)
+    adv = torch.tensor([-1.0, 1.0, 0.0])
+    coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=10.0)
+    term = preserved_gradient_term(log_ratio, adv, coefficient)
+    (grad,) = torch.autograd.grad(term.sum(), log_ratio)
+    assert torch.equal(term.detach().abs(), torch.zeros(3, 2))
+    assert_close(grad, torch.tensor([[0.0, 0.4], [-0.9, 0.0], [0.0, 0.0]]))
 
     # The paper's `beta * bound * A / sg(r) * r` on the same clipped tokens: inf / inf and 0 / 0 are NaN.
     logp_authors = torch.tensor([200.0, -200.0], requires_grad=True)
@@ -221,14 +250,6 @@ def test_extreme_log_ratios_stay_finite_with_dual_clip_where_the_authors_form_gi
     authors = bound_a / ratio.detach() * ratio
     (authors_grad,) = torch.autograd.grad(authors.sum(), logp_authors)
     assert torch.isnan(authors).all() and torch.isnan(authors_grad).all()
-
-
-def test_overflowing_ratio_without_dual_clip():
-    # delta=None, log-ratio 200 (r = inf in fp32). A = -1: the plain surrogate -r * A = +inf, the true value, not
-    # NaN. A = +1: right clip, value = gradient = -0.75 * 1.2 = -0.9, finite. A = 0: exactly 0.
-    loss, grad = loss_and_grad(torch.full((3, 1), 200.0), torch.zeros(3, 1), torch.tensor([-1.0, 1.0, 0.0]))
-    assert_close(loss, torch.tensor([[math.inf], [-0.9], [0.0]]))
-    assert_close(grad, torch.tensor([[math.inf], [-0.9], [0.0]]))
 
 
 def test_nan_log_probs_propagate_instead_of_being_hidden():
@@ -249,31 +270,13 @@ def test_left_clip_bound_above_delta_is_not_capped_by_the_dual_clip():
     assert_close(grad, torch.tensor([[16.0]]))
 
 
-@pytest.mark.parametrize("delta", [None, 2.5])
-def test_float64_matches_reference_implementation_exactly(delta):
-    # All regions (log-ratios in [-1.5, 1.5], advantages of both signs and 0), unit output gradient: the value and
-    # the gradient are the same floating-point operations as the plain `torch.where` + autograd reference.
-    logp, old, adv = random_inputs(spread=1.5)
-    loss, grad = loss_and_grad(logp, old, adv, delta=delta)
-    logp_ref = logp.clone().requires_grad_()
-    ref = reference_loss(logp_ref, old, adv, **LOSS_KWARGS, delta=delta)
-    (grad_ref,) = torch.autograd.grad(ref, logp_ref, torch.ones_like(ref), retain_graph=True)
-    assert_close(loss, ref.detach(), rtol=0, atol=0)
-    assert_close(grad, grad_ref, rtol=0, atol=0)
-    # With a non-trivial output gradient (the mask / normaliser of the aggregation) too: the same rounding order.
-    grad_out = torch.rand(loss.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    _, grad = loss_and_grad(logp, old, adv, grad_out=grad_out, delta=delta)
-    (grad_ref,) = torch.autograd.grad(ref, logp_ref, grad_out)
-    assert_close(grad, grad_ref, rtol=0, atol=0)
-
-
 def test_gradcheck_where_the_surrogate_is_smooth():
     # Away from the clip boundaries and outside the clipped regions the objective is the differentiable -r * A, so
     # its gradient must match finite differences (clipped tokens are exempt by design: constant value, kept gradient).
     logp = torch.tensor([[0.1, -0.1, -1.0, 1.0]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(1, 4, dtype=torch.float64)
     adv = torch.tensor([[0.7, -1.3, 0.9, -0.4]], dtype=torch.float64)  # inside, inside, A>0 low, A<0 high
-    assert torch.autograd.gradcheck(lambda x: cegppo_per_token_loss(x, old, adv, **LOSS_KWARGS), (logp,))
+    assert torch.autograd.gradcheck(lambda x: cegppo_objective(x, old, adv, **LOSS_KWARGS), (logp,))
 
 
 def test_bf16_log_probs_give_fp32_loss_from_fp32_ratio_and_bf16_gradient():
@@ -285,22 +288,6 @@ def test_bf16_log_probs_give_fp32_loss_from_fp32_ratio_and_bf16_gradient():
     assert loss.dtype == torch.float32 and grad.dtype == torch.bfloat16
     assert_close(loss, torch.tensor([[-math.exp(0.03125)]]), rtol=1e-6, atol=0)
     assert_close(grad, torch.tensor([[-math.exp(0.03125)]], dtype=torch.bfloat16))
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_definition_equals_the_fast_path_bit_for_bit_with_half_precision_log_probs(dtype):
-    # The definition computed r in the input dtype: with bf16 log-probs r = exp(log r) rounds to 8 mantissa bits, and
-    # its values differed from the fast path's (fp32 r) by up to 0.33. Both now compute in fp32.
-    logp, old, adv = random_inputs(dtype=dtype, spread=1.5)
-    kwargs = dict(**LOSS_KWARGS, delta=2.5, delta_low=0.5, delta_low_mode="decay")
-    fast_loss, fast_grad = loss_and_grad(logp, old, adv, **kwargs)
-    leaf = logp.clone().requires_grad_()
-    definition_loss = reference_loss(leaf, old, adv, **kwargs)
-    (definition_grad,) = torch.autograd.grad(definition_loss.sum(), leaf)
-    assert definition_loss.dtype == fast_loss.dtype == torch.float32
-    assert definition_grad.dtype == fast_grad.dtype == dtype
-    assert_close(definition_loss, fast_loss, rtol=0, atol=0)
-    assert_close(definition_grad, fast_grad, rtol=0, atol=0)
 
 
 def test_bf16_matches_fp32_on_the_same_values():
@@ -338,16 +325,6 @@ def test_sequence_level_log_ratio_with_token_advantages_sums_the_gradient_per_se
     assert_close(grad, token_grad.sum(-1, keepdim=True))
 
 
-def test_old_log_probs_and_advantages_receive_no_gradient():
-    logp, old, adv = random_inputs(batch=2, length=3)
-    logp.requires_grad_()
-    old.requires_grad_()
-    adv.requires_grad_()
-    loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS)
-    grads = torch.autograd.grad(loss.sum(), (logp, old, adv), allow_unused=True)
-    assert grads[0] is not None and grads[1] is None and grads[2] is None
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # torch.compile: no graph break (hence no `.item()`, no data-dependent shape, no host sync)
 # ---------------------------------------------------------------------------------------------------------------------
@@ -361,11 +338,14 @@ def _compile_or_skip(fn):
 @pytest.mark.parametrize("delta", [None, 2.5])
 @pytest.mark.slow
 def test_compiles_in_one_graph_and_matches_eager(delta):
-    # fullgraph=True: the forward and the custom backward trace into one graph (no graph break); AOT autograd runs
+    # fullgraph=True: TRL's surrogate plus the term trace into one graph (no graph break); AOT autograd runs
     # the backward of the compiled graph. (Host synchronisation is checked separately below: torch 2.13 captures
     # `.item()` and boolean indexing without a graph break.)
     def masked_mean_loss(logp, old, adv, mask):
-        loss = cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=delta)
+        log_ratio = logp - old
+        coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=delta)
+        loss = ppo_clip_loss(logp, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
+        loss = loss + preserved_gradient_term(log_ratio, adv, coefficient)
         return (loss * mask).sum() / mask.sum()
 
     compiled = _compile_or_skip(masked_mean_loss)
@@ -407,7 +387,9 @@ def test_forward_and_backward_need_no_host_sync():
     logp.requires_grad_()
 
     def cegppo(logp, old, adv):
-        return cegppo_per_token_loss(logp, old, adv, **LOSS_KWARGS, delta=2.5)
+        log_ratio = logp - old  # the trainer's term, beside TRL's surrogate
+        coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=2.5, delta_low=0.5)
+        return preserved_gradient_term(log_ratio, adv, coefficient)
 
     def authors(logp, old, adv):
         ratio = torch.exp(logp - old)

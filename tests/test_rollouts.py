@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from helpers.batches import loss_and_grads, make_offpolicy_batch
-from helpers.reference import reference_per_token_loss
+from helpers.reference import reference_per_token_loss, trl_clip_loss
 
 from cegppo_trl.rollouts import correct_completions, informative_groups, rollout_batch_masks, total_rewards
 
@@ -159,7 +159,9 @@ def test_sft_term_over_several_micro_batches_is_the_rollout_batch_nll(make_train
     policy, sft_nll = rollout_batch_expected(loss_type, per_token, -logp, cmask, sft, trainer.max_completion_length)
     expected = policy + 0.1 * sft_nll
     expected_grads = torch.autograd.grad(expected, params)
-    torch.testing.assert_close(loss.detach(), expected.detach())
+    trl_per_token = trl_clip_loss(logp.detach(), batch["old_per_token_logps"], batch["advantages"])
+    trl_policy, _ = rollout_batch_expected(loss_type, trl_per_token, -logp, cmask, sft, trainer.max_completion_length)
+    torch.testing.assert_close(loss.detach(), (trl_policy + 0.1 * sft_nll).detach())  # the policy's value is TRL's
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # Logged once for the optimizer step: the token-mean NLL of its correct completions for every loss type,

@@ -1,5 +1,6 @@
-"""CEGPPOTrainer through a real (tiny) model: the training gradient is the CE-GPPO gradient under every aggregation,
-TRL's machinery around the surrogate is untouched, and training runs, changes parameters and logs metrics."""
+"""CEGPPOTrainer through a real (tiny) model: the training gradient is the CE-GPPO gradient (`cegppo_objective`, the
+definition) under every aggregation, the loss value is TRL's, TRL's machinery around the surrogate is untouched, and
+training runs, changes parameters and logs metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import pytest
 import torch
 from helpers.batches import loss_and_grads, make_offpolicy_batch
-from helpers.reference import reference_per_token_loss
+from helpers.reference import reference_per_token_loss, trl_clip_loss
 from trl import GRPOTrainer
 
 from cegppo_trl import CEGPPOTrainer
@@ -36,10 +37,17 @@ def assert_grads_close(grads_a, grads_b, **kw):
         torch.testing.assert_close(a, b, **kw)
 
 
+# float32: the definition and TRL's surrogate plus the term round differently (5e-8 in the gradient here); float64
+# log-probabilities (TRL 1.16 keeps the model's dtype; older releases compute them in float32): the same mathematics.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-7), torch.float64: dict(rtol=1e-12, atol=1e-15)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("delta", [None, 1.3])
-def test_training_gradient_equals_cegppo_formula(make_trainer, loss_type, delta):
+def test_training_gradient_equals_cegppo_formula(make_trainer, loss_type, delta, dtype):
     trainer = make_trainer(loss_type=loss_type, gppo_beta1=0.5, gppo_beta2=1.0, delta=delta)
+    trainer.model.to(dtype)
     inputs = make_offpolicy_batch(trainer)
     loss, grads = loss_and_grads(trainer, inputs)
 
@@ -55,8 +63,10 @@ def test_training_gradient_equals_cegppo_formula(make_trainer, loss_type, delta)
     expected = aggregate(per_token, inputs["completion_mask"], loss_type, trainer.max_completion_length)
     expected_grads = torch.autograd.grad(expected, [p for p in model.parameters() if p.requires_grad])
 
-    torch.testing.assert_close(loss, expected.detach())
-    assert_grads_close(grads, expected_grads, rtol=1e-5, atol=1e-7)
+    trl_per_token = trl_clip_loss(logp.detach(), inputs["old_per_token_logps"], inputs["advantages"], delta=delta)
+    value = aggregate(trl_per_token, inputs["completion_mask"], loss_type, trainer.max_completion_length)
+    torch.testing.assert_close(loss, value.to(loss.dtype))  # TRL's value: the term adds 0
+    assert_grads_close(grads, expected_grads, **TOLERANCE[logp.dtype])
 
 
 def test_sequence_level_ratio_gradient_equals_formula(make_trainer):
@@ -76,7 +86,8 @@ def test_sequence_level_ratio_gradient_equals_formula(make_trainer):
     assert left.any() or right.any(), "at least one sequence must be clipped"
     expected = ((per_seq * mask).sum(-1) / mask.sum(-1)).mean()
     expected_grads = torch.autograd.grad(expected, [p for p in model.parameters() if p.requires_grad])
-    torch.testing.assert_close(loss, expected.detach())
+    trl_per_seq = trl_clip_loss(seq_log_ratio.detach(), 0.0, inputs["advantages"], epsilon_low=0.05, epsilon_high=0.05)
+    torch.testing.assert_close(loss, ((trl_per_seq * mask).sum(-1) / mask.sum(-1)).mean())
     assert_grads_close(grads, expected_grads, rtol=1e-5, atol=1e-7)
 
 

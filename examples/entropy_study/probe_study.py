@@ -18,9 +18,13 @@ The claims and their tests are fixed here and in the docs before the run:
 - A4: D(0.5, 1) ≈ D(0.5, 0) + D(0, 1). Interaction I = D(0.5, 1) − D(0.5, 0) − D(0, 1); its test is two-sided
   (I ≠ 0). Held when that test does not reject and the 95 % t-interval of mean I lies within ± half the sum of the
   two main effects' magnitudes, 0.5 · (|mean D(0.5, 0)| + |mean D(0, 1)|); failed when the test rejects.
-- Holm across the four p-values at family-wise α = 0.05. A1-A3 hold when their Holm-adjusted p <= 0.05 and each
-  seed's mean over its own branch points is on the claimed side; they fail when the reverse one-sided test,
-  Holm-adjusted over the reverse tests, is <= 0.05; otherwise they are not resolved at this power.
+- Pre-registered: Holm across the four p-values at family-wise α = 0.05. A1-A3 hold when their Holm-adjusted p <=
+  0.05 and each seed's mean over its own branch points is on the claimed side; they fail when the reverse one-sided
+  test, Holm-adjusted over the reverse tests, is <= 0.05; otherwise they are not resolved at this power.
+- Changed after the run: those are two families, forward (4 tests) and reverse (3), each corrected on its own, so
+  a claim can pass through either door at α = 0.05 each. The verdicts now come from **one Holm family over all seven
+  tests** (`p_holm`, `p_reverse_holm`, `verdict`); the split reading stays beside it, labelled (`p_holm_split`,
+  `p_reverse_holm_split`, `verdict_split`). `summarize` prints and writes both.
 """
 
 from __future__ import annotations
@@ -162,30 +166,48 @@ def evaluate_claims(pooled: list[dict], per_seed: dict[int, list[dict]]) -> list
     margin = 0.5 * main
     rows.append({"id": "A4", "claim": "D(0.5,1) ≈ D(0.5,0) + D(0,1)", "p": sign_flip_p(d, "two-sided"),
                  "interaction": {"k": len(d), "mean": mean, "ci95": [low, high], "margin": margin}})  # fmt: skip
-    adjusted = holm([r["p"] for r in rows])
-    reverse = holm([r["p_reverse"] for r in rows if "p_reverse" in r])
-    for r, p in zip(rows, adjusted):
+    directional = [r for r in rows if "p_reverse" in r]
+    # One family: every test the verdicts read, forward and reverse together (seven with A1-A4).
+    family = holm([r["p"] for r in rows] + [r["p_reverse"] for r in directional])
+    for r, p in zip(rows, family[: len(rows)]):
         r["p_holm"] = p
-    for r, p in zip([r for r in rows if "p_reverse" in r], reverse):
+    for r, p in zip(directional, family[len(rows) :]):
         r["p_reverse_holm"] = p
+    # The pre-registered reading, kept beside it: forward and reverse tests corrected as two separate families.
+    for r, p in zip(rows, holm([r["p"] for r in rows])):
+        r["p_holm_split"] = p
+    for r, p in zip(directional, holm([r["p_reverse"] for r in directional])):
+        r["p_reverse_holm_split"] = p
     for r in rows:
-        if r["id"] == "A4":
-            inter = r["interaction"]
-            if r["p_holm"] <= ALPHA:
-                r["verdict"] = "failed (interaction ≠ 0)"
-            elif -inter["margin"] <= inter["ci95"][0] and inter["ci95"][1] <= inter["margin"]:
-                r["verdict"] = "held"
-            else:
-                r["verdict"] = "not resolved at this power"
-        elif r["p_holm"] <= ALPHA and r["seeds_agree"]:
-            r["verdict"] = "held"
-        elif r["p_holm"] <= ALPHA:
-            r["verdict"] = "not resolved (significant pooled, seeds disagree)"
-        elif r["p_reverse_holm"] <= ALPHA:
-            r["verdict"] = "failed (reversed)"
-        else:
-            r["verdict"] = "not resolved at this power"
+        r["verdict"] = _verdict(r, r["p_holm"], r.get("p_reverse_holm"))
+        r["verdict_split"] = _verdict(r, r["p_holm_split"], r.get("p_reverse_holm_split"))
     return rows
+
+
+def family_tests(rows: list[dict]) -> list[dict]:
+    """The one Holm family as rows: each test (a claim, or a claim's reverse), its exact p and its adjusted p."""
+    out = [{"test": f"{r['id']} {r['claim']}", "p": r["p"], "p_holm": r["p_holm"]} for r in rows]
+    out += [{"test": f"{r['id']} reversed", "p": r["p_reverse"], "p_holm": r["p_reverse_holm"]}
+            for r in rows if "p_reverse" in r]  # fmt: skip
+    return out
+
+
+def _verdict(r: dict, p_holm: float, p_reverse_holm: float | None) -> str:
+    """A claim's verdict from its adjusted p-values (the rules in the module docstring)."""
+    if r["id"] == "A4":
+        inter = r["interaction"]
+        if p_holm <= ALPHA:
+            return "failed (interaction ≠ 0)"
+        if -inter["margin"] <= inter["ci95"][0] and inter["ci95"][1] <= inter["margin"]:
+            return "held"
+        return "not resolved at this power"
+    if p_holm <= ALPHA and r["seeds_agree"]:
+        return "held"
+    if p_holm <= ALPHA:
+        return "not resolved (significant pooled, seeds disagree)"
+    if p_reverse_holm <= ALPHA:
+        return "failed (reversed)"
+    return "not resolved at this power"
 
 
 def _fmt_terms(terms: dict[str, float]) -> str:
@@ -222,7 +244,8 @@ def results_markdown(out: Path) -> tuple[str, dict]:
                          f"{s['p_two_sided']:.3g} | {s['positive']}/{s['k']} | {clip} |")  # fmt: skip
     if claims:
         lines += ["", "| claim | tested quantity (mean, 95% t-interval) | branch points on the claimed side | per-seed means "
-                  "| exact p (one-sided; A4 two-sided) | Holm p | verdict |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| exact p (one-sided; A4 two-sided) | Holm p (one family of all tests) | verdict |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in claims:
             if r["id"] == "A4":
                 i = r["interaction"]
@@ -234,7 +257,8 @@ def results_markdown(out: Path) -> tuple[str, dict]:
                 label = f"{r['id']} {r['claim']}" if j == 0 else "″"
                 seeds = ", ".join(f"{m:+.4f}" for m in part["seed_means"].values())
                 verdict = (
-                    f"{r['verdict']} (p = max of parts {r['p']:.3g}, reversed p {r['p_reverse']:.3g}, Holm {r['p_reverse_holm']:.3g})"
+                    f"{r['verdict']} (p = max of parts {r['p']:.3g}, reversed p {r['p_reverse']:.3g}, "
+                    f"Holm {r['p_reverse_holm']:.3g})"
                     if j == 0
                     else ""
                 )
@@ -242,10 +266,24 @@ def results_markdown(out: Path) -> tuple[str, dict]:
                 lines.append(f"| {label} | {_fmt_terms(part['terms'])} {part['relation']} 0: {part['mean']:+.4f} "
                              f"[{part['ci95'][0]:+.4f}, {part['ci95'][1]:+.4f}] | {part['on_side']}/{part['k']} | "
                              f"{seeds} | {part['p']:.3g} | {holm_p} | {verdict} |")  # fmt: skip
+    if claims:
+        tests = family_tests(claims)
+        lines += ["", f"One Holm family over all {len(tests)} tests (each claim, and each directional claim's reverse): "
+                  "the verdicts above read these adjusted p-values.", "", "| test | exact p | Holm-adjusted p |",
+                  "|---|---|---|"]  # fmt: skip
+        lines += [f"| {t['test']} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in tests]
+        lines += ["", "Pre-registered split reading (forward tests and reverse tests corrected as two separate "
+                  "families), for comparison only: " + "; ".join(
+                      f"{r['id']} Holm {r['p_holm_split']:.3g}"
+                      + (f", reversed Holm {r['p_reverse_holm_split']:.3g}" if "p_reverse" in r else "")
+                      + f" ({r['verdict_split']})" for r in claims) + "."]  # fmt: skip
     seconds = [m.get("wall_seconds") for m in metas if m.get("wall_seconds")]
     lines += ["", f"Machine: {metas[0]['machine']}; started {', '.join(m['started'] for m in metas)}"
               + (f"; wall time per seed {', '.join(f'{s:.0f} s' for s in seconds)}" if seconds else "") + "."]  # fmt: skip
-    return "\n".join(lines), {"summary": summary, "claims": claims, "branch_points": len(pooled)}
+    data = {"summary": summary, "claims": claims, "branch_points": len(pooled)}
+    if claims:
+        data["holm_family"] = family_tests(claims)
+    return "\n".join(lines), data
 
 
 def summarize(out: Path, write_docs: bool = False) -> str:
@@ -301,7 +339,8 @@ def sampled_accuracy(model, tokenizer, task, samples: int = B_SAMPLES, seed: int
     attention = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
     was_training = model.training
     model.eval()
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    # `torch.manual_seed` seeds every CUDA device too: fork them all, not only the CPU generator.
+    with torch.no_grad(), torch.random.fork_rng(devices=range(torch.cuda.device_count())):
         torch.manual_seed(seed)
         out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
                              top_p=1.0, max_new_tokens=task.max_completion_length, num_return_sequences=samples,
@@ -389,16 +428,20 @@ def summarize_b(out: Path) -> tuple[str, dict]:
         lines.append(f"| {s} | {hs(g)} | {hs(c)} | {g['greedy_accuracy']:.3f} / {c['greedy_accuracy']:.3f} | "
                      f"{g['sampled_accuracy']:.3f} / {c['sampled_accuracy']:.3f} |")  # fmt: skip
     p_b1 = sign_flip_p(h_diff, "greater")
-    if any(d <= 0 for d in h_diff):  # 5/5 is needed: one seed at or below GRPO decides it
-        b1 = "failed"
+    p_lower = sign_flip_p(h_diff, "less")  # the reverse direction: (0.5, 1) below GRPO
+    below = sum(d <= 0 for d in h_diff)
+    if below:  # 5/5 is needed: one seed at or below GRPO decides it, which is not evidence of the reverse
+        b1 = f"cannot hold: 5/5 can no longer happen ({below} of {len(seeds)} seeds at or below GRPO)"
     else:
         b1 = "held" if len(seeds) == len(B_SEEDS) else "not resolved (unfinished)"
-    data = {"seeds": seeds, "b1": {"differences": h_diff, "p_one_sided": p_b1, "verdict": b1}}
+    data = {"seeds": seeds, "b1": {"differences": h_diff, "p_one_sided": p_b1, "p_one_sided_lower": p_lower,
+                                   "verdict": b1}}  # fmt: skip
     lines += [
         "",
         f"B1 (0.5, 1) ends (step {B_STEPS}) with more probe entropy than GRPO in 5/5 seeds: differences "
         + ", ".join(f"{d:+.4f}" for d in h_diff)
-        + f"; exact one-sided sign-flip p = {p_b1:.4g}: **{b1}**.",
+        + f"; exact one-sided sign-flip p = {p_b1:.4g}: **{b1}**. Not a reversal: the one-sided p of (0.5, 1) "
+        f"ending *below* GRPO over these {len(seeds)} seeds is {p_lower:.4g}.",
     ]
     for key in ("greedy_accuracy", "sampled_accuracy"):
         d = [runs[(s, "cegppo_0.5_1")][key] - runs[(s, "grpo")][key] for s in seeds]
@@ -411,9 +454,15 @@ def summarize_b(out: Path) -> tuple[str, dict]:
             if len(d) > 1
             else float("nan")
         )
-        data[key] = {"differences": d, "mean": statistics.fmean(d), "bootstrap95": [low, high], "mde": mde}
+        data[key] = {"differences": d, "mean": statistics.fmean(d), "bootstrap95": [low, high], "range": [min(d), max(d)],
+                     "mde": mde}  # fmt: skip
+        if len(d) < len(B_SEEDS):  # a percentile bootstrap of 3 values returns their range: say so
+            spread = (f"the {len(d)} seeds' differences range over [{min(d):+.3f}, {max(d):+.3f}] (over {len(d)} "
+                      "seeds a 95% bootstrap interval is this range, nothing more)")  # fmt: skip
+        else:
+            spread = f"95% bootstrap interval over seeds [{low:+.3f}, {high:+.3f}]"
         lines.append(f"B2 {key.replace('_', ' ')} at step {B_ACCURACY_AT}, (0.5, 1) − GRPO: mean "
-                     f"{statistics.fmean(d):+.3f}, 95% bootstrap interval over seeds [{low:+.3f}, {high:+.3f}]; smallest "
+                     f"{statistics.fmean(d):+.3f}, {spread}; smallest "
                      f"difference this design detects (paired t, α 0.05 two-sided, power 0.8): ±{mde:.3f}.")  # fmt: skip
     return "\n".join(lines), data
 

@@ -1,8 +1,8 @@
 """The CE-GPPO per-token loss by its definition, for every test that checks a value or a gradient against the formula.
 
 The definition is `cegppo_trl.loss.cegppo_objective` (the table of docs/algorithm.md as `torch.where` selections,
-differentiated by autograd); tests/test_loss.py pins it to hand-derived values in every region and ties the fast
-kernel to it bit for bit. Here: the region masks and the positional form the trainer tests use.
+differentiated by autograd); tests/test_loss.py pins it to hand-derived values in every region. Here: TRL's clipped
+surrogate (the value the trainer logs), the region masks and the positional form the trainer tests use.
 """
 
 from __future__ import annotations
@@ -11,7 +11,17 @@ import torch
 
 from cegppo_trl.loss import cegppo_objective as reference_loss
 
-__all__ = ["random_inputs", "reference_loss", "reference_per_token_loss", "reference_regions"]
+__all__ = ["random_inputs", "reference_loss", "reference_per_token_loss", "reference_regions", "trl_clip_loss"]
+
+
+def trl_clip_loss(logp, old_logp, advantages, *, epsilon_low=0.2, epsilon_high=0.2, delta=None):
+    """TRL 1.16's clipped surrogate per token (`GRPOTrainer._compute_loss`, token level): the value the trainer logs."""
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    coef_1 = torch.exp(logp - old_logp)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
 
 
 def reference_regions(logp, old_logp, advantages, *, epsilon_low, epsilon_high):

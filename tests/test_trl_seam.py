@@ -1,0 +1,217 @@
+"""The private TRL names the CE-GPPO seam touches (docs/maintaining.md, "The TRL seam"): each test fails, naming what
+changed, when a TRL release changes one. The loss itself is TRL's plus a term: no copy of TRL's code to keep in step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+import torch
+import trl
+from packaging.version import Version
+from trl import GRPOTrainer
+
+from cegppo_trl import trl_compat
+
+# name -> the parameters the seam passes (in this order), as `inspect.signature` shows them on TRL's GRPOTrainer
+SEAM = {
+    "_compute_loss": ["self", "model", "inputs"],
+    "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep"],
+    "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
+    "get_off_policy_mask": [
+        "advantages",
+        "per_token_logps",
+        "sampling_per_token_logps",
+        "mask",
+        "off_policy_threshold",
+    ],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+}
+
+
+@pytest.mark.parametrize("name", list(SEAM))
+def test_the_private_trl_names_the_seam_touches_keep_their_parameters(name):
+    method = getattr(GRPOTrainer, name, None)
+    assert method is not None, f"trl {trl.__version__}'s GRPOTrainer has no `{name}`: the CE-GPPO seam needs it"
+    parameters = list(inspect.signature(method).parameters)[: len(SEAM[name])]
+    assert parameters == SEAM[name], f"trl {trl.__version__} changed `GRPOTrainer.{name}`'s parameters: {parameters}"
+
+
+def test_trls_loss_runs_one_policy_forward_pass_whose_tensors_the_term_is_built_from(make_trainer, monkeypatch):
+    # Inside `_compute_loss` TRL computes the policy's log-probs and entropies once, and the entropy mask once (with
+    # `top_entropy_quantile` < 1): the term is built from exactly those tensors (captured, not recomputed).
+    trainer = make_trainer(num_iterations=2, max_steps=2, top_entropy_quantile=0.5, gppo_beta1=0.5)
+    calls = []
+    for name in ("_get_per_token_logps_and_entropies", "get_high_entropy_mask"):
+        original = getattr(GRPOTrainer, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if self._loss_tensors is not None:  # inside `_compute_loss`
+                calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(GRPOTrainer, name, counted)
+    terms = []
+    original_terms = type(trainer)._cegppo_terms
+    monkeypatch.setattr(type(trainer), "_cegppo_terms", lambda self, inputs, **t: terms.append(sorted(t)) or
+                        original_terms(self, inputs, **t))  # fmt: skip
+    trainer.train()
+    assert calls == ["_get_per_token_logps_and_entropies", "get_high_entropy_mask"] * 2
+    assert terms == [["entropies", "entropy_mask", "logps"]] * 2
+
+
+def test_the_micro_batch_carries_the_inputs_the_term_reads(make_trainer, monkeypatch):
+    # What the term reads from TRL's micro-batch, off-policy: the loss mask, the advantages, the old log-probs and
+    # dapo's token count.
+    trainer = make_trainer(num_iterations=2, max_steps=1)
+    seen = []
+    original = GRPOTrainer._compute_loss
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, m, i: seen.append(set(i)) or original(self, m, i))
+    trainer.train()
+    for keys in seen:
+        missing = {"completion_mask", "advantages", "old_per_token_logps", "num_items_in_batch"} - keys
+        assert not missing, f"trl {trl.__version__}'s micro-batch lacks {missing}"
+
+
+def test_training_goes_through_the_overridden_loss(make_trainer, monkeypatch):
+    # Guards against any dispatch path (e.g. a fused loss) that would train without the CE-GPPO surrogate.
+    trainer = make_trainer(num_iterations=2, max_steps=2)
+    calls = []
+    original = type(trainer)._compute_loss
+    monkeypatch.setattr(type(trainer), "_compute_loss", lambda self, m, i: calls.append(1) or original(self, m, i))
+    trainer.train()
+    assert len(calls) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What the rollout-batch normalisers assume of TRL, tested on the real code path (the hashes above only say it changed)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_one_reward_call_per_rollout_batch_split_into_steps_per_generation_micro_batches(make_trainer, monkeypatch):
+    # 4 optimizer steps, 2 per rollout batch: 2 rollout batches of 8 completions, each split into 2 micro-batches of
+    # 4 that hold exactly its rows and the rollout batch's 0-d counts (`num_sequences_in_batch` / `share`).
+    from trl import GRPOTrainer
+
+    trainer = make_trainer(
+        per_device_train_batch_size=4, num_generations=4, steps_per_generation=2, max_steps=4, sft_loss_coef=0.1
+    )  # fmt: skip
+    reward_calls, rollouts, micro_batches = [], [], []
+    calculate_rewards = GRPOTrainer._calculate_rewards
+    monkeypatch.setattr(
+        GRPOTrainer, "_calculate_rewards", lambda self, inputs, *a: reward_calls.append(len(inputs)) or
+        calculate_rewards(self, inputs, *a),
+    )  # fmt: skip
+    cls = type(trainer)
+    generate, compute_loss = cls._generate_and_score_completions, cls._compute_loss
+    monkeypatch.setattr(cls, "_generate_and_score_completions", lambda self, i: rollouts.append(generate(self, i)) or
+                        rollouts[-1])  # fmt: skip
+    monkeypatch.setattr(cls, "_compute_loss", lambda self, m, i: micro_batches.append(i) or compute_loss(self, m, i))
+    trainer.train()
+
+    assert reward_calls == [8, 8] and len(rollouts) == 2 and len(micro_batches) == 4
+
+    def rows(batch):
+        return sorted(zip(batch["completion_ids"].tolist(), batch["advantages"].tolist(), batch["sft_mask"].tolist()))
+
+    counts = ("num_items_in_batch", "num_sequences_in_batch", "num_sft_items_in_batch", "num_sft_sequences_in_batch")
+    for rollout, pair in zip(rollouts, (micro_batches[:2], micro_batches[2:])):
+        assert [len(micro["advantages"]) for micro in pair] == [4, 4]
+        assert sorted(rows(pair[0]) + rows(pair[1])) == rows(rollout)
+        for micro in pair:
+            for name in counts:
+                assert micro[name].dim() == 0 and micro[name].item() == rollout[name].item(), name
+
+
+def test_split_and_shuffle_pass_0d_tensors_through():
+    from trl.trainer.grpo_trainer import shuffle_sequence_dict, split_tensor_dict
+
+    count = torch.tensor(7.0)
+    batch = {"rows": torch.arange(6), "count": count, "none": None}
+    shuffled = shuffle_sequence_dict(batch)
+    assert shuffled["count"] is count and sorted(shuffled["rows"].tolist()) == list(range(6))
+    chunks = split_tensor_dict(shuffled, 3)
+    assert [chunk["rows"].tolist() for chunk in chunks] == [shuffled["rows"][i : i + 2].tolist() for i in (0, 2, 4)]
+    assert all(chunk["count"] is count and chunk["none"] is None for chunk in chunks)
+
+
+def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_batch(make_trainer, monkeypatch):
+    # Two processes simulated in one: this one is rank 1, and "rank 0" holds the reversed batch. TRL must hand rank 1
+    # the rows 8..15 of the gathered rewards (its advantages), and the SFT / dynamic-sampling masks, cut from the
+    # gathered batch by `CEGPPOTrainer`, must be the same rows.
+    import trl.trainer.grpo_trainer as grpo_module
+
+    def reward(completions, **kwargs):  # local group 0 informative (0, 1, 2, 3), local group 1 constant
+        return [0.0, 1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 1.0][: len(completions)]  # the pre-flight calls it on 3 rows
+
+    trainer = make_trainer(
+        reward_funcs=reward, per_device_train_batch_size=8, sft_loss_coef=0.1, dynamic_sampling=True
+    )  # fmt: skip
+
+    def gather(tensor):  # [rank 0 = this process's batch reversed (groups and their members), rank 1 = this one]
+        tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        return torch.cat([tensor.flip(0), tensor])
+
+    monkeypatch.setattr(grpo_module, "gather", gather)
+    monkeypatch.setattr(trainer.accelerator, "gather", gather)
+    monkeypatch.setattr(type(trainer.accelerator), "process_index", property(lambda self: 1))
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([{"prompt": p} for p in ("1+1=", "2+2=") for _ in range(4)])
+
+    std = torch.tensor([0.0, 1.0, 2.0, 3.0]).std()
+    expected_advantages = torch.cat([(torch.arange(4.0) - 1.5) / (std + 1e-4), torch.zeros(4)])
+    torch.testing.assert_close(output["advantages"], expected_advantages)  # rows 8..15 (rows 0..7: reversed)
+    assert output["keep_mask"].tolist() == [1.0] * 4 + [0.0] * 4  # rows 0..7 would give the reverse
+    assert output["sft_mask"].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # the best of the kept group
+    assert output["num_sequences_in_batch"].item() == 8  # kept sequences of both processes: 2 groups of 4
+
+
+@pytest.mark.parametrize(
+    "version, refused", [("1.15.0", True), ("1.15.1", True), ("1.14.0", False), ("1.16.0", False)]
+)
+def test_trl_1_15_on_cpu_is_refused_before_training(make_trainer, monkeypatch, version, refused):
+    # TRL 1.15 computes log-probabilities with a triton (GPU-only) kernel: on CPU its own first step fails.
+    from trl import GRPOTrainer
+
+    monkeypatch.setattr(trl, "__version__", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (trl_compat.missing_trl_kernel() is not None) == refused
+    if refused:
+        monkeypatch.setattr(GRPOTrainer, "__init__", lambda *a, **k: pytest.fail("GRPOTrainer.__init__ ran"))
+        with pytest.raises(ValueError, match=rf"trl {version} computes every log-probability with a triton kernel .*"
+                           r"no GPU in this run.*!=1\.15\.\*"):  # fmt: skip
+            make_trainer()
+
+
+@pytest.mark.parametrize("version", ["1.10.0", "1.13.0", "1.14.0", "1.16.0"])
+def test_use_liger_kernel_is_refused_where_compute_loss_sends_it_to_a_fused_loss(monkeypatch, version):
+    # Before TRL 1.14, `compute_loss` sends `use_liger_kernel=True` to Liger's fused GRPO loss (plain GRPO).
+    monkeypatch.setattr(trl, "__version__", version)
+    liger = types.SimpleNamespace(use_liger_kernel=True)
+    if Version(version) < Version("1.14.0"):
+        with pytest.raises(
+            ValueError, match=rf"`use_liger_kernel=True` with trl {version}: .* would train plain GRPO"
+        ):
+            trl_compat.check_trl_compatibility(liger)
+    else:
+        trl_compat.check_trl_compatibility(liger)
+    trl_compat.check_trl_compatibility(types.SimpleNamespace(use_liger_kernel=False))
+
+
+def test_the_trl_pin_is_the_tested_range():
+    # pip's pin and the refusal's message say the same: the tested ends, without the release left out (what
+    # `.ci/trl_oldest.sh` installs is the pin's lower end).
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    (pin,) = [Requirement(d).specifier for d in project["dependencies"] if Requirement(d).name == "trl"]
+    oldest, newest = (Version(v) for v in trl_compat.TESTED_TRL)
+    left_out = trl_compat.GPU_ONLY_LOG_PROBS
+    assert pin == SpecifierSet(f">={oldest},!={left_out}.*,<{newest.major}.{newest.minor + 1}")
+    assert str(oldest) in pin and str(newest) in pin and f"{left_out}.0" not in pin
+    assert Requirement(trl_compat.supported_trl_requirement()).specifier.contains(trl.__version__)
