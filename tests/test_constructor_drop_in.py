@@ -219,3 +219,19 @@ def test_an_infinite_reward_trains_as_in_trl_and_warns_once(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "returned an infinite score" in r.getMessage()]
     assert len(said) == 1 and "one_infinite_reward" in said[0] and "TRL sets to 0" in said[0]
     assert cegppo.trainer.stop_reason is None  # the other groups have spread: the run learns
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What `cegppo check` now refuses before the model loads, the trainers refuse alike, later, in the host's words
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [(dict(learning_rate=-1.0), "Invalid learning rate: -1.0"),
+     (dict(temperature=0.0), "has to be a strictly positive float"),
+     (dict(reward_weights=[1.0, 2.0]), "Number of reward weights (2) must match number of reward functions (1)")],
+    ids=["learning_rate", "temperature", "reward_weights"],
+)  # fmt: skip
+def test_what_check_refuses_early_both_trainers_refuse_in_the_same_words(tmp_path, setting, words):
+    grpo, cegppo = differential(tmp_path, **setting)
+    assert grpo.error is ValueError and words in grpo.message, grpo.message
+    assert_same_acceptance(grpo, cegppo)

@@ -537,3 +537,21 @@ def test_the_report_sections_are_the_documented_ones():
     section = text.split("## Pre-flight: `cegppo check`", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^- \*\*([A-Z][a-z]+(?: [a-z]+)?)\*\*:", section, re.MULTILINE)
     assert documented == [title.split(" (")[0] for title in preflight_module.SECTIONS.values()]
+
+
+def test_check_says_it_did_not_read_the_weights_and_train_fails_on_a_truncated_file(capsys, model_dir, data_file,
+                                                                                      tmp_path):  # fmt: skip
+    """A `model.safetensors` cut short: `check` does not read weights, and says so (exit 0 is a verdict on what it
+    checked); `train` fails at load, in safetensors' words."""
+    import shutil
+
+    folder = tmp_path / "truncated"
+    shutil.copytree(model_dir, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    argv = cli_args(str(folder), data_file, tmp_path / "out", "--reward_funcs", "format")
+    status, out = check(capsys, *argv)
+    text = " ".join(out.split())
+    assert status == 0 and "Not checked" in text and "the model's weights: not read (a truncated" in text, out
+    with pytest.raises(Exception, match="(?i)safetensor|header|deserializ|incomplete"):
+        train(*parse_args(argv))
