@@ -69,8 +69,9 @@ examples:
         "check",
         add_help=False,
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
-        "gets them, what each reward receives, the batch layout, the engine and extras; no GPU, no model weights; "
-        "exits 1 on any error; --call_rewards also calls your rewards on real rows",
+        "gets them, what each reward receives, the batch layout, the engine, optimizer and generation settings, and "
+        "what it did not check; no GPU, no model weights; exits 1 on any error; --call_rewards also calls your "
+        "rewards on real rows",
     )
     commands.add_parser(
         "probe",
@@ -157,8 +158,8 @@ def _is_user_error(error: BaseException) -> bool:
 
     A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
     that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
-    training (a launch that would run the wrong engine, a changed TRL, an `output_dir` that is a file, a missing
-    extra: the pre-flight report raises them). Anything raised inside the training loop, and any other such error,
+    training (a launch that would run the wrong engine, a refused TRL, an `output_dir` that is a file: the pre-flight
+    report raises them). Anything raised inside the training loop, and any other such error,
     keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
     """
     import os
