@@ -235,3 +235,21 @@ def test_what_check_refuses_early_both_trainers_refuse_in_the_same_words(tmp_pat
     grpo, cegppo = differential(tmp_path, **setting)
     assert grpo.error is ValueError and words in grpo.message, grpo.message
     assert_same_acceptance(grpo, cegppo)
+
+
+def test_the_entropy_mask_hook_works_on_a_stand_in_trainer_as_trls_does():
+    """TRL's own test module calls `GRPOTrainer.get_high_entropy_mask` on a `Mock(spec=GRPOTrainer)`: the override
+    must give TRL's mask there too."""
+    from unittest.mock import Mock
+
+    import torch
+
+    entropies = torch.tensor([[0.1, 0.9, 0.5, 0.7], [0.3, 0.2, 0.8, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    masks = []
+    for trainer_cls, _ in PAIR:
+        stand_in = Mock(spec=trainer_cls)
+        stand_in.accelerator = Mock(num_processes=1, gather=lambda x: x)
+        stand_in.accelerator.pad_across_processes = lambda x, dim, pad_index: x
+        masks.append(trainer_cls.get_high_entropy_mask(stand_in, entropies, mask, 0.5))
+    assert torch.equal(masks[0], masks[1])
