@@ -197,7 +197,7 @@ def check_main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
-    report, _ = check_command(*parsed, call_rewards=call_rewards)
+    report, _ = check_command(*parsed, call_rewards=call_rewards, plan_resume=True)
     print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
     return 1 if report.errors else 0
 

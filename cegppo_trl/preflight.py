@@ -513,8 +513,8 @@ def cpu_computes_natively(dtype: str) -> bool:
         return False
 
 
-def inspect_output_dir(report: Report, args: Any, overwrite: bool = False) -> None:
-    """Fresh, holds checkpoints, or a file; and the resume `cegppo train` will plan (`checkpoints.plan_resume`,
+def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan: bool = True) -> None:
+    """Fresh, holds checkpoints, or a file; and (`plan`) the resume `cegppo train` will plan (`checkpoints.plan_resume`,
     without its lock or deletions): what it refuses is refused here."""
     from .checkpoints import checkpoint_folders, plan_resume, refusal
 
@@ -526,7 +526,7 @@ def inspect_output_dir(report: Report, args: Any, overwrite: bool = False) -> No
     names = [os.path.basename(f) for f in checkpoint_folders(path)] if os.path.isdir(path) else []
     state = "fresh (will be created)" if not os.path.isdir(path) else "exists, no checkpoints"
     report.info("output_dir", f"{path}: " + (f"holds checkpoints ({', '.join(names[-3:])})" if names else state))
-    planned = report.collect("output_dir", plan_resume, path, args.resume_from_checkpoint, args)
+    planned = report.collect("output_dir", plan_resume, path, args.resume_from_checkpoint, args) if plan else None
     if planned is None:
         return
     plan, blocking = planned

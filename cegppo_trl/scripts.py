@@ -168,9 +168,10 @@ class Prepared:
 
 
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
-                  call_rewards: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
+                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
     """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared, as
-    `cegppo train` hands them to the trainer. `call_rewards`: `--call_rewards`."""
+    `cegppo train` hands them to the trainer. `call_rewards`: `--call_rewards`; `plan_resume`: `cegppo check` makes
+    the resume plan `cegppo train` makes once, in `start_run`."""
     from trl import get_peft_config
 
     report, prepared = Report(), Prepared()
@@ -210,7 +211,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
                reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
                call_rewards=call_rewards, report=report)  # fmt: skip
-    inspect_output_dir(report, training_args, script_args.overwrite_output_dir)  # the resume `train` will plan
+    inspect_output_dir(report, training_args, script_args.overwrite_output_dir, plan_resume)
     return report, prepared
 
 

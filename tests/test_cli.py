@@ -321,7 +321,7 @@ def test_a_gpu_recipe_on_cpu_gets_the_flags_that_work(capsys, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 50: `--config` twice, Ctrl-C, and a refused run that leaves no folder behind
+# `--config` twice, Ctrl-C, and a refused run that leaves no folder behind
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("command", "status"), [("train", 2), ("check", 1)])
 def test_config_given_twice_is_one_line_naming_the_flag(capsys, command, status):

@@ -1,4 +1,4 @@
-"""`CEGPPOTrainer(...)` refuses nothing `GRPOTrainer` trains (issue 50): each case the pre-flight used to refuse at
+"""`CEGPPOTrainer(...)` refuses nothing `GRPOTrainer` trains: each case the pre-flight used to refuse at
 construction, or refused where TRL refuses in other words, runs through both trainers with the same script
 (`test_drop_in.run_script`, CE-GPPO at beta1 = beta2 = 0) and must end alike: both train the same number of steps, or
 both raise the same exception type with the same message."""

@@ -271,17 +271,12 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
 # `check` and `train` agree: each refusal is in the report (`check` exits 1) and is `train`'s one line (exit 2),
 # before the model loads
 # ----------------------------------------------------------------------------------------------------------------
-def _trl_release(monkeypatch, version: str, changed: bool) -> None:
+def _trl_release(monkeypatch, version: str) -> None:
     import torch
     import trl
 
-    from cegppo_trl import trl_compat
-
     monkeypatch.setattr(trl, "__version__", version)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    if changed:  # an older release: its guarded sources differ from every tested one
-        installed = trl_compat.trl_source_fingerprints()
-        monkeypatch.setattr(trl_compat, "trl_source_fingerprints", lambda: dict.fromkeys(installed, "0" * 64))
 
 
 def _rows_file(tmp_path, prompts) -> str:
@@ -299,9 +294,8 @@ def _weightless_model(model_dir, tmp_path) -> str:
 
 REFUSALS = {
     # `check` said "ready to train" where `train` refused (or failed after the model loaded)
-    "trl_1_15_on_cpu": ([], lambda mp, tmp: _trl_release(mp, "1.15.0", changed=False),
+    "trl_1_15_on_cpu": ([], lambda mp, tmp: _trl_release(mp, "1.15.0"),
                         r"trl 1\.15\.0 computes every log-probability with a triton kernel"),
-    "trl_1_9_2": ([], lambda mp, tmp: _trl_release(mp, "1.9.2", changed=True), r"trl 1\.9\.2"),
     "batch_size_0": (["--per_device_train_batch_size", "0"], None,
                      r"`per_device_train_batch_size=0`: must be at least 1 .* `--per_device_train_batch_size 1`"),
     "learning_rate_negative": (["--learning_rate", "-1"], None, r"Invalid learning rate: -1.*`--learning_rate`"),
