@@ -29,6 +29,7 @@ exit status of `cegppo train` (the final model and its card are saved in each ca
      message names the kind)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row, or every rollout batch
      of a shorter run, got no reward (None or NaN everywhere)
+  130  interrupted (Ctrl-C): one line names the newest complete checkpoint and how to resume
 """
 
 
@@ -68,8 +69,9 @@ examples:
         "check",
         add_help=False,
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
-        "gets them, what each reward receives, the batch layout, the engine and extras; no GPU, no model weights; "
-        "exits 1 on any error; --call_rewards also calls your rewards on real rows",
+        "gets them, what each reward receives, the batch layout, the engine, optimizer and generation settings, and "
+        "what it did not check; no GPU, no model weights; exits 1 on any error; --call_rewards also calls your "
+        "rewards on real rows",
     )
     commands.add_parser(
         "probe",
@@ -156,8 +158,8 @@ def _is_user_error(error: BaseException) -> bool:
 
     A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
     that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
-    training (a launch that would run the wrong engine, a changed TRL, an `output_dir` that is a file, a missing
-    extra: the pre-flight report raises them). Anything raised inside the training loop, and any other such error,
+    training (a launch that would run the wrong engine, a refused TRL, an `output_dir` that is a file: the pre-flight
+    report raises them). Anything raised inside the training loop, and any other such error,
     keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
     """
     import os
@@ -174,6 +176,46 @@ def _is_user_error(error: BaseException) -> bool:
     if isinstance(error, ValueError):
         return True
     return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
+
+
+def check_main(argv: list[str] | None = None) -> int:
+    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
+    refused (one line), else 0. `--call_rewards` (this command's own flag) calls every reward on a rollout batch of
+    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
+    import shutil
+
+    from .quiet import quiet_unused_deepspeed
+    from .scripts import check_command, parse_args
+
+    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
+    argv = list(sys.argv[1:] if argv is None else argv)
+    call_rewards = "--call_rewards" in argv
+    try:
+        parsed = parse_args([a for a in argv if a != "--call_rewards"], prog="cegppo check")
+    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
+        return 1 if exit.code else 0
+    except ValueError as error:
+        print(f"cegppo check: error: {error}", file=sys.stderr)
+        return 1
+    report, _ = check_command(*parsed, call_rewards=call_rewards, plan_resume=True)
+    print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
+    return 1 if report.errors else 0
+
+
+def _interrupted(parsed) -> str:
+    """After Ctrl-C: what was saved (the newest committed checkpoint) and how to resume, in one line."""
+    if parsed is None:
+        return "Nothing was started."
+    from .checkpoints import checkpoint_folders, marker
+
+    output_dir = parsed[1].output_dir
+    saved = [folder for folder in checkpoint_folders(output_dir) if marker(folder) is not None]
+    if not saved:
+        return f"No checkpoint was saved in {output_dir}: the same command starts over."
+    return (
+        f"Saved: {saved[-1]} (the newest complete checkpoint). Resume: the same command with "
+        "`--resume_from_checkpoint last`."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,20 +237,23 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import main as train
         from .scripts import parse_args
 
+        parsed = None
         try:
-            trainer = train(*parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES))
+            parsed = parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
+            trainer = train(*parsed)
         except (ValueError, RuntimeError, OSError, ImportError) as error:
             if not _is_user_error(error):
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print(f"cegppo train: interrupted. {_interrupted(parsed)}", file=sys.stderr)
+            return 130
         if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
             print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
                   file=sys.stderr)  # fmt: skip
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
-        from .scripts import check_main
-
         return check_main(argv[1:])
     elif args.command == "probe":
         from .probe import main as probe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -13,11 +14,12 @@ from .controller import parse_controller
 from .loss import check_left_guard
 from .schedules import parse_schedule
 
+logger = logging.getLogger(__name__)
+
 # Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 # Config fields a resume may change without changing the run (where and how it reports, saves and loads); a resume
 # names every other field that differs from the checkpoint's (`changed_settings`).
 SAFE_TO_CHANGE = (
@@ -90,6 +92,19 @@ def on_policy_message(args: Any, vllm_importance_sampling_correction: bool = Fal
     )
 
 
+def vanishing_term_messages(args: Any) -> list[str]:
+    """One line for each setting TRL trains on that makes a CE-GPPO term vanish or meaningless (not refused)."""
+    if args.loss_type not in CEGPPO_LOSS_TYPES:
+        return []
+    messages = []
+    if args.epsilon >= 1:
+        messages.append(
+            f"`epsilon={args.epsilon:g}` >= 1: the ratio is never below 1 - epsilon <= 0, so no token is left-clipped "
+            "and `gppo_beta1` has no effect (CE-GPPO's left term vanishes). The paper uses `epsilon=0.2`."
+        )
+    return messages
+
+
 def _check_finite_nonnegative(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
@@ -114,11 +129,9 @@ class CEGPPOConfig(GRPOConfig):
             Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right
             clip). Larger values make entropy fall slower (exploration).
         delta (`float` or `None`, *optional*, defaults to `None`):
-            TRL's field, used as the dual clip `c`: negative-advantage tokens with ratio above `c` get the constant
-            loss `-c * A` and no gradient. The authors' recipes use `delta=10`. With a CE-GPPO loss type it must
-            be `> 1 + epsilon_high`, where it is exactly TRL's two-sided clipping: below, TRL's clamp would also
-            freeze positive-advantage tokens with `delta < r <= 1 + epsilon_high`, so `beta1 = beta2 = 0` would
-            no longer be GRPO.
+            TRL's field (two-sided clipping: the ratio is capped at `delta`), which for negative-advantage tokens is
+            the authors' dual clip `c`: a ratio above it gives the constant loss `-c * A` and no gradient. Their
+            recipes use `delta=10`. TRL's clamp does the clipping, for any value TRL takes.
         num_iterations, steps_per_generation, gradient_accumulation_steps:
             CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
             `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
@@ -243,7 +256,6 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
-        self._validate_inherited()
         if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
             # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
             # transformers would, without its FutureWarning on every config the user did not cause.
@@ -301,48 +313,19 @@ class CEGPPOConfig(GRPOConfig):
 
     @classmethod
     def for_trainer(cls, model: Any, args: Any) -> CEGPPOConfig:
-        """`CEGPPOTrainer`'s `args`: a `CEGPPOConfig` as given, TRL's default for None (named `<model>-CE-GPPO`);
-        a `GRPOConfig` is refused (the CE-GPPO fields would be missing), naming the conversion."""
+        """`CEGPPOTrainer`'s `args`: a `CEGPPOConfig` as given, TRL's default for None (named `<model>-CE-GPPO`), and a
+        `GRPOConfig` converted (`from_grpo_config`, CE-GPPO's defaults) with one line saying so: a drop-in user swaps
+        the class, not the config. Anything else is passed on for `GRPOTrainer` to take or refuse."""
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             return cls(f"{model_name.split('/')[-1]}-CE-GPPO")
-        if not isinstance(args, cls):
-            raise TypeError(
-                f"`args` must be a `CEGPPOConfig`, got `{type(args).__name__}`. Convert it with "
-                "`CEGPPOConfig.from_grpo_config(your_grpo_config, gppo_beta1=..., gppo_beta2=...)`, or build a "
-                "`CEGPPOConfig` directly (it takes every GRPOConfig field)."
+        if isinstance(args, GRPOConfig) and not isinstance(args, cls):
+            logger.warning(
+                "`args` is a `GRPOConfig`: converted to a `CEGPPOConfig` with CE-GPPO's defaults (gppo_beta1=0.5, "
+                "gppo_beta2=1.0); pass a `CEGPPOConfig` to set them."
             )
+            return cls.from_grpo_config(args)
         return args
-
-    def _validate_inherited(self) -> None:
-        """GRPOConfig fields whose bad values TRL accepts but that silently corrupt a CE-GPPO run."""
-        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta >= 0):
-            raise ValueError(
-                f"`beta` (TRL's KL coefficient) must be a finite number >= 0, got {self.beta!r}: a negative value "
-                "rewards moving away from the reference model. Use `beta=0.0` for no KL term (the authors' setting)."
-            )
-        # `temperature <= 0` is refused by transformers' generation config (a `ValueError` at the first batch).
-        # `num_generations < 2` is refused by GRPOConfig itself.
-        if self.num_iterations < 1:
-            raise ValueError(
-                f"`num_iterations` must be >= 1, got {self.num_iterations}: it is the number of passes over each "
-                "rollout batch. Use 1, or 2+ for off-policy steps where CE-GPPO differs from GRPO."
-            )
-        if self.steps_per_generation is not None and self.steps_per_generation < 1:
-            raise ValueError(
-                f"`steps_per_generation` must be >= 1 or None (= `gradient_accumulation_steps`), got "
-                f"{self.steps_per_generation}."
-            )
-        if self.max_steps == 0:
-            raise ValueError(
-                "`max_steps=0` would train one optimizer step at learning rate 0 (transformers reads 0 as a run "
-                "length, not as unset). Give the number of optimizer steps (> 0), or leave `max_steps` at -1 (the "
-                "default) to train `num_train_epochs` epochs."
-            )
-        for name in ("max_unscorable_batches", "max_zero_signal_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
 
     def _validate_left_guard(self) -> None:
         """`delta_low`, `delta_low_mode` and `left_drift_warning` (after `_validate_cegppo` has checked epsilon)."""
@@ -353,6 +336,8 @@ class CEGPPOConfig(GRPOConfig):
             )
         check_left_guard(self.delta_low, self.delta_low_mode, self.epsilon)
         threshold = self.left_drift_warning
+        if self.epsilon >= 1:  # no left region (`vanishing_term_messages` warns): the warning can never fire
+            return
         if threshold is not None and not (
             isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold < math.log(1 - self.epsilon)
         ):
@@ -385,45 +370,16 @@ class CEGPPOConfig(GRPOConfig):
             raise ValueError(
                 f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
             )
-        allowed = CEGPPO_LOSS_TYPES + PASSTHROUGH_LOSS_TYPES
-        if self.loss_type not in allowed:
-            raise ValueError(
-                f"`loss_type` must be one of {list(CEGPPO_LOSS_TYPES)} (CE-GPPO objective with TRL's aggregation) or "
-                f"{list(PASSTHROUGH_LOSS_TYPES)} (TRL's objective, unchanged), got {self.loss_type!r}."
-            )
-        if self.loss_type in PASSTHROUGH_LOSS_TYPES and (self.sft_loss_coef > 0 or self.dynamic_sampling):
+        if self.loss_type not in CEGPPO_LOSS_TYPES and (self.sft_loss_coef > 0 or self.dynamic_sampling):
             raise ValueError(
                 f"`sft_loss_coef` and `dynamic_sampling` apply to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
                 f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `sft_loss_coef=0` and "
                 "`dynamic_sampling=False`, or use a CE-GPPO loss type."
             )
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"`importance_sampling_level` must be one of {list(IMPORTANCE_SAMPLING_LEVELS)}, "
-                f"got {self.importance_sampling_level!r}."
-            )
-        if self.loss_type in CEGPPO_LOSS_TYPES:
-            epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-            for name, value in (("epsilon", self.epsilon), ("epsilon_high", epsilon_high)):
-                if not (math.isfinite(value) and 0 < value < 1):
-                    raise ValueError(
-                        f"`{name}` must be in the open interval (0, 1) for the CE-GPPO clip range, got {value!r}."
-                    )
-        if self.delta is not None and not (math.isfinite(self.delta) and self.delta > 1):
-            raise ValueError(
-                f"`delta` (the dual-clip constant c) must be a finite number > 1, got {self.delta!r}; the authors' "
-                "recipes use 10. Set `delta=None` to disable the dual clip."
-            )
-        epsilon_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.delta is not None and self.loss_type in CEGPPO_LOSS_TYPES and not self.delta > 1 + epsilon_high:
-            # TRL clamps r at delta for both signs: for A > 0 and delta < r <= 1 + epsilon_high its surrogate is the
-            # constant delta * A (no gradient), while the CE-GPPO surrogate keeps -r * A and its gradient there.
-            raise ValueError(
-                f"`delta` must be > 1 + epsilon_high = {1 + epsilon_high:g} with loss_type={self.loss_type!r}, got "
-                f"{self.delta!r}: in 1 < delta <= 1 + epsilon_high TRL's clip would also freeze positive-advantage "
-                "tokens with delta < r <= 1 + epsilon_high, which CE-GPPO does not, so beta1 = beta2 = 0 would no "
-                "longer be GRPO. The authors' recipes use `delta=10`; `delta=None` disables the dual clip."
-            )
+        for name in ("max_unscorable_batches", "max_zero_signal_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
         self._validate_controller_bounds()
 
     def _validate_controller_bounds(self) -> None:

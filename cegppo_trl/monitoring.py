@@ -9,15 +9,18 @@ rollout batches and
 
 - counts *unscorable* batches (no completion got a reward: every reward None/NaN) and stops after
   `max_unscorable_batches` in a row;
-- counts *zero-signal* batches (every group's scorable rewards are equal: exactly the batches in which dynamic
-  sampling, `rollouts.informative_groups`, would keep no group; or no completion is left in the loss) and stops
+- counts *zero-signal* batches (no term of the loss has a gradient: every group's scorable rewards are equal, exactly
+  the batches in which dynamic sampling, `rollouts.informative_groups`, would keep no group, and neither TRL's KL term
+  (`beta != 0`), its entropy bonus (`entropy_coef`) nor the SFT term on a completion it selects (`sft_loss_coef`) is
+  on; or no completion is left in the loss) and stops
   after `max_zero_signal_batches` in a row, warning at the first batch of each such streak with its kind:
 
   - `"top"`: every completion got the top reward (the task is solved or too easy);
   - `"lowest"`: every completion got the lowest reward (too hard, or the reward cannot score this data);
   - `"equal"`: every completion got one value in between (the reward is constant);
   - `"mixed"`: each group is unanimous, some at the top and some at the lowest (each prompt is all or nothing);
-  - `"nonfinite"`: a reward is infinite, so TRL's advantages are NaN;
+  - `"nonfinite"`: a reward is infinite, so TRL's advantages are NaN (TRL sets them to 0). An infinite reward is
+    warned about once per run at its first batch (`observe_rewards`), whatever the other groups do;
   - `"masked"`: every completion is masked out of the loss (e.g. `mask_truncated_completions` and every completion
     truncated).
 
@@ -53,9 +56,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from .config import CEGPPO_LOSS_TYPES
 from .controller import EntropyController
 from .loss import CEGPPODiagnostics, cegppo_diagnostics
-from .rollouts import informative_groups
+from .rollouts import correct_completions, informative_groups
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +107,11 @@ class RewardSignalMonitor:
         reward_range: `(lowest, top)` of the total (weighted) reward when every reward declares its range, else None
             (the run's observed extremes are used).
         reward_names: the reward functions' names, for the messages.
+        gradient_terms: the loss terms other than the policy's that have a gradient whatever the rewards (TRL's KL
+            term with `beta != 0`, its entropy bonus): a batch with any of them has a learning signal.
+        sft_term: the SFT term is on (`sft_loss_coef > 0`): a batch in which it trains a completion (one that
+            `rollouts.correct_completions` selects with `sft_reward_threshold`) has a learning signal.
+        sft_reward_threshold: the SFT term's threshold (None: the best of its group and positive).
     """
 
     def __init__(
@@ -111,11 +120,17 @@ class RewardSignalMonitor:
         max_zero_signal_batches: int = 0,
         reward_range: tuple[float, float] | None = None,
         reward_names: Sequence[str] = (),
+        gradient_terms: Sequence[str] = (),
+        sft_term: bool = False,
+        sft_reward_threshold: float | None = None,
     ):
         self.max_unscorable_batches = max_unscorable_batches
         self.max_zero_signal_batches = max_zero_signal_batches
         self.reward_range = reward_range
         self.reward_names = list(reward_names)
+        self.gradient_terms = tuple(gradient_terms)
+        self.sft_term, self.sft_reward_threshold = sft_term, sft_reward_threshold
+        self.warned_infinite = False  # the infinite-reward warning is given once per run
         self.unscorable_batches = 0  # consecutive training rollout batches without any reward
         self.zero_signal_batches = 0  # consecutive training rollout batches without reward spread in any group
         self.zero_signal_kind: str | None = None  # kind of the last zero-signal batch
@@ -135,11 +150,17 @@ class RewardSignalMonitor:
 
         args = trainer.args
         ranges = [reward_value_range(func) for func in trainer.reward_funcs]
+        terms = [name for name, on in (("KL (`beta`)", args.beta != 0),
+                 ("entropy bonus (`entropy_coef`)", getattr(args, "entropy_coef", 0) != 0  # TRL >= 1.14's fields
+                  or getattr(args, "use_adaptive_entropy", False))) if on]  # fmt: skip
         return cls(
             max_unscorable_batches=args.max_unscorable_batches,
             max_zero_signal_batches=args.max_zero_signal_batches,
             reward_range=total_reward_range(ranges, trainer.reward_weights.tolist()),
             reward_names=trainer.reward_func_names,
+            gradient_terms=terms,
+            sft_term=args.sft_loss_coef > 0 and args.loss_type in CEGPPO_LOSS_TYPES,
+            sft_reward_threshold=args.sft_reward_threshold,
         )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -153,6 +174,17 @@ class RewardSignalMonitor:
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
         self.scored = self.scored or not unscorable
         self.unscorable_batches = self.unscorable_batches + 1 if unscorable else 0
+        infinite = torch.isinf(rewards_per_func)
+        if bool(infinite.any()) and not self.warned_infinite:
+            # TRL turns the NaN advantages of such a group into 0: the group trains on nothing, silently
+            self.warned_infinite = True
+            names = [n for i, n in enumerate(self.reward_names) if bool(infinite[:, i].any())] or self.reward_names
+            return (
+                f"Reward {', '.join(names)} returned an infinite score for {int(infinite.any(1).sum())} of "
+                f"{rewards_per_func.size(0)} completions of this rollout batch: their groups' advantages are NaN, "
+                "which TRL sets to 0, so those prompts train on nothing (warned once per run; a run with no other "
+                "signal stops as zero-signal). Return a finite score (or None for a completion it cannot score)."
+            )
         if not unscorable or not self.max_unscorable_batches:
             return None
         names = ", ".join(self.reward_names)
@@ -201,7 +233,10 @@ class RewardSignalMonitor:
             self.observed_min = low if self.observed_min is None else min(self.observed_min, low)
             self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
         masked = trained is not None and not bool(trained.any())
-        if not masked and bool(informative_groups(advantages, num_generations).any()):
+        if not masked and (
+            bool(informative_groups(advantages, num_generations).any())
+            or self.other_term_has_gradient(rewards, num_generations, trained)
+        ):
             self.zero_signal_batches, self.zero_signal_kind, self.learned = 0, None, True
             return None
         self.zero_signal_batches += 1
@@ -229,6 +264,16 @@ class RewardSignalMonitor:
             f"No learning signal in this rollout batch: in every group all completions got the same reward, or none "
             f"is trained (zero policy gradient); {self._advice(kind, values)} ({stop}.)"
         )
+
+    def other_term_has_gradient(self, rewards: torch.Tensor, num_generations: int, trained=None) -> bool:
+        """Whether a loss term besides the policy's has a gradient in this batch: a `gradient_terms` one (always),
+        or the SFT term on a trained completion it selects."""
+        if self.gradient_terms:
+            return True
+        if not self.sft_term:
+            return False
+        selected = correct_completions(rewards, num_generations, self.sft_reward_threshold)
+        return bool((selected if trained is None else selected & trained.bool()).any())
 
     def end_of_run(self, steps: int) -> str | None:
         """At the end of `train()`: a run of `steps` optimizer steps in which no rollout batch had a learning signal

@@ -738,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     script_args, training_args, model_args = parse_args(rest, prog="cegppo probe")
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors(flags=True)
-    trainer = _build_trainer(script_args, training_args, model_args, prepared, report)
+    trainer = _build_trainer(script_args, training_args, model_args, prepared)
     prompts = _probe_prompts(script_args, prepared, settings.probe_prompts)
     result = run_probe(trainer, prompts, settings)
     out = Path(probe_args.probe_out or training_args.output_dir)
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _build_trainer(script_args, training_args, model_args, prepared, report):
+def _build_trainer(script_args, training_args, model_args, prepared):
     from trl import get_quantization_config
 
     from .trainer import CEGPPOTrainer
@@ -765,7 +765,7 @@ def _build_trainer(script_args, training_args, model_args, prepared, report):
     return CEGPPOTrainer(
         model=model_args.model_name_or_path, reward_funcs=prepared.reward_funcs, args=training_args,
         train_dataset=prepared.train_dataset, quantization_config=get_quantization_config(model_args),
-        peft_config=prepared.peft_config, preflight_report=report,
+        peft_config=prepared.peft_config,
     )  # fmt: skip
 
 

@@ -1,9 +1,8 @@
-"""The training script shared by the `cegppo train` CLI and `examples/cegppo.py` (TRL's `trl/scripts/grpo.py` shape).
+"""The `cegppo train` / `cegppo check` script (TRL's `trl/scripts/grpo.py` shape), shared with `examples/cegppo.py`.
 
-`make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`), so every
-field of the three dataclasses is settable from a YAML recipe (`--config recipe.yaml`) and overridable by flags, and
-`--use_peft`, `--lora_r`, `--load_in_4bit`, `--dtype` ... mean exactly what they mean in TRL. `main()` loads the
-dataset, maps its columns onto what the rewards read, and runs `CEGPPOTrainer`.
+`make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`): every field
+is settable from a YAML recipe (`--config recipe.yaml`) and by flags, and TRL's flags (`--use_peft`, `--dtype` ...)
+mean what they mean in TRL. `main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
 """
 
 from __future__ import annotations
@@ -16,116 +15,58 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .checkpoints import start_run
+from .checkpoints import LOCK_FILE, start_run
 from .config import CEGPPOConfig
-from .data import (  # noqa: F401 (the data helpers lived here: re-exported for callers that import them from here)
-    NONE_STRINGS,
-    check_model_path,
-    load_any_dataset,
-    prepare_dataset,
-)
+from .data import NONE_STRINGS, load_any_dataset, prepare_dataset
 from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
-from .preflight import (
+from .preflight import (  # noqa: F401 (cpu_computes_natively: the benchmark imports it from here)
     Fix,
     Report,
+    cpu_computes_natively,
     inspect_engine,
-    inspect_hub,
     inspect_model,
-    inspect_resume,
-    inspect_trl,
+    inspect_output_dir,
     missing_checkpoint,
     run_checks,
-)
+)  # fmt: skip
 from .resources import resolve_config_args
 from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
 
 if TYPE_CHECKING:
-    from datasets import DatasetDict
-
     from .trainer import CEGPPOTrainer
 
 logger = logging.getLogger(__name__)
-
-_NONE_STRINGS = NONE_STRINGS
 CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
+
+
+def _option(default: Any, help: str) -> Any:
+    return field(default_factory=default, metadata={"help": help}) if callable(default) else field(
+        default=default, metadata={"help": help})  # fmt: skip
 
 
 @dataclass
 class CEGPPOScriptArguments(ScriptArguments):
-    """
-    Script arguments for CE-GPPO training: TRL's dataset arguments plus rewards and column mapping.
+    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset or `save_to_disk` directory, or one
+    `.json`/`.jsonl`/`.csv`/`.parquet` file) plus the rewards and the column mapping."""
 
-    Args:
-        dataset_name (`str`):
-            Hub dataset id, a local dataset directory, a directory written by `Dataset.save_to_disk`, or a single
-            `.json`/`.jsonl`/`.csv`/`.parquet` file. `dataset_streaming` streams local files and directories too.
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_verify"]`):
-            Reward functions by name from `cegppo_trl.rewards.REWARD_FUNCS` (`math_verify`, `math_verify_01`,
-            `gsm8k`, `gsm8k_01`, `format`), TRL's by name (`accuracy_reward`, `reasoning_accuracy_reward`,
-            `think_format_reward`), or dotted import paths. Weight them with `reward_weights`.
-        prompt_column (`str`, *optional*, defaults to `"prompt"`):
-            Dataset column holding the prompt (a string or a list of chat messages); renamed to `prompt`.
-        solution_column (`str` or `None`, *optional*, defaults to `"solution"`):
-            Dataset column holding the reference answer, passed to the rewards as `solution`. A dotted path reads
-            a nested field (`reward_model.ground_truth` for verl-format data). `None` for reference-free rewards.
-        prompt_template (`str` or `None`, *optional*):
-            Template applied to the (last user turn of the) prompt; `{prompt}` is replaced by the prompt text. Other
-            braces are literal, so `\\boxed{}` needs no escaping.
-        system_prompt (`str` or `None`, *optional*):
-            System message prepended to every prompt (turning plain-text prompts into chat prompts). A prompt that
-            already opens with a system message keeps its own (a warning says how many do).
-        chat_prompts (`bool`, *optional*, defaults to `True`):
-            Wrap plain-text prompts as one user message, so the model's chat template is applied (instruct and
-            reasoning models). Set `False` for base models trained on raw text.
-        max_train_samples (`int` or `None`, *optional*):
-            Keep only the first N training rows (smoke tests, quick sweeps).
-    """
-
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_verify"],
-        metadata={
-            "help": f"Reward functions by name ({', '.join([*REWARD_FUNCS, *TRL_REWARD_FUNCS])}) or dotted import "
-            "path (`trl.rewards.<name>`, `my_lib.rewards.my_reward`). Weight them with `--reward_weights`."
-        },
-    )
-    prompt_column: str = field(
-        default="prompt", metadata={"help": "Dataset column holding the prompt (text or chat messages)."}
-    )
-    solution_column: str | None = field(
-        default="solution",
-        metadata={
-            "help": "Dataset column with the reference answer, passed to the rewards as `solution`. Dotted paths "
-            "read nested fields (`reward_model.ground_truth`). `None` for reference-free rewards."
-        },
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "Template for the prompt text; `{prompt}` is replaced, other braces are literal."},
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System message prepended to every prompt; a prompt with its own system message keeps it."},
-    )
-    chat_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Wrap plain-text prompts as a user message so the chat template is applied. False for base models."
-        },
-    )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep only the first N training rows (smoke tests)."}
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow a new run (not resuming) into an `output_dir` that already holds checkpoints; they are "
-            "deleted before training. Without it such a run is refused."
-        },
-    )
+    reward_funcs: list[str] = _option(lambda: ["math_verify"], "Reward functions by name (" + ", ".join(
+        [*REWARD_FUNCS, *TRL_REWARD_FUNCS]) + ") or dotted import path (`trl.rewards.<name>`, `my_lib.my_reward`). "
+        "Weight them with `--reward_weights`.")  # fmt: skip
+    prompt_column: str = _option("prompt", "Dataset column holding the prompt (text or chat messages).")
+    solution_column: str | None = _option("solution", "Dataset column with the reference answer, passed to the "
+        "rewards as `solution`. Dotted paths read nested fields (`reward_model.ground_truth`). `None`: no reference.")  # fmt: skip
+    prompt_template: str | None = _option(None, "Template for the prompt text; `{prompt}` is replaced, other braces "
+                                          "are literal.")  # fmt: skip
+    system_prompt: str | None = _option(None, "System message prepended to every prompt; a prompt with its own "
+                                        "system message keeps it.")  # fmt: skip
+    chat_prompts: bool = _option(True, "Wrap plain-text prompts as a user message so the chat template is applied. "
+                                 "False for base models.")  # fmt: skip
+    max_train_samples: int | None = _option(None, "Keep only the first N training rows (smoke tests).")
+    overwrite_output_dir: bool = _option(False, "Allow a new run (not resuming) into an `output_dir` that already "
+        "holds checkpoints; they are deleted before training. Without it such a run is refused.")  # fmt: skip
 
     def __post_init__(self):
-        # A flag cannot spell None: `none`/`null` (any case) or an empty string mean "unset" for every optional
-        # string option, e.g. `--solution_column none` is "no reference column".
+        # A flag cannot spell None: `none`/`null` (any case) or "" mean "unset" for every optional string option.
         for name in ("solution_column", "prompt_template", "system_prompt"):
             value = getattr(self, name)
             if isinstance(value, str) and value.strip().lower() in NONE_STRINGS:
@@ -137,43 +78,29 @@ class CEGPPOScriptArguments(ScriptArguments):
                 "use `system_prompt` for text that does not wrap the prompt."
             )
         if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(
-                f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: the dataset "
-                "would be empty."
-            )
-        if isinstance(self.reward_funcs, str):
-            self.reward_funcs = [self.reward_funcs]
+            raise ValueError(f"`max_train_samples` must be >= 1 (or None for all rows), got {self.max_train_samples}: "
+                             "the dataset would be empty.")  # fmt: skip
+        self.reward_funcs = [self.reward_funcs] if isinstance(self.reward_funcs, str) else self.reward_funcs
         for name in self.reward_funcs:  # fail at parse time, not after the model has loaded
             check_reward_name(name)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------------------
-def load_dataset_dict(script_args: CEGPPOScriptArguments) -> DatasetDict:
-    """Load `dataset_name` as a `DatasetDict` (see `load_any_dataset`)."""
-    return load_any_dataset(
-        script_args.dataset_name,
-        config=script_args.dataset_config,
-        train_split=script_args.dataset_train_split,
-        streaming=script_args.dataset_streaming,
-    )
+def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
+    """`dataset_name` as a `DatasetDict` (`data.load_any_dataset`)."""
+    return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
+                            train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
 
 
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
-    """The argument parser: script arguments, `CEGPPOConfig` and TRL's `ModelConfig`, with `--config` YAML support.
-
-    An argument error is one line and a pointer to `--help`: argparse's default prints the whole usage (about 220
-    lines here) before the line that matters. `epilog` ends `--help` (`cegppo train`'s exit statuses).
-    """
+    """The argument parser, with `--config` YAML support. An argument error is one line and a pointer to `--help`
+    (argparse's default prints the whole usage first); `epilog` ends `--help` (`cegppo train`'s exit statuses)."""
     import argparse
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
 
-    parser = TrlParser(
-        (CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog, formatter_class=Formatter
-    )
+    parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
+                       formatter_class=Formatter)  # fmt: skip
     # argparse %-formats help strings; field help is prose (`linear:0->0.5@10%-60%`), so escape a lone `%`.
     for action in parser._actions:
         if action.help:
@@ -196,15 +123,17 @@ def _unknown_setting(parser: TrlParser, key: str) -> str:
 def parse_args(
     args: list[str] | None = None, prog: str | None = None, epilog: str | None = None
 ) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
-    """Parse flags and `--config` YAML (flags win). Unknown keys in the YAML are an error, not silently dropped.
-
-    `--config` takes a path or the name of a recipe shipped with the package (`cpu_smoke`, see `cegppo recipes`).
-    Every refusal (an unknown flag or YAML key, with a did-you-mean; a GPU setting on a machine without one) exits 2
-    with one `PROG: error: ...` line.
-    """
+    """Parse flags and `--config` YAML (a shipped recipe's name or a path; flags win). Every refusal (an unknown flag
+    or YAML key, with a did-you-mean; `--config` twice; a GPU setting on a machine without one) exits 2 with one
+    `PROG: error: ...` line."""
     parser = make_parser(prog, epilog)
+    args = list(sys.argv[1:] if args is None else args)
+    configs = [a for a in args if a == "--config" or a.startswith("--config=")]
+    if len(configs) > 1:  # TrlParser reads one YAML; the second would be "unrecognized" (`fsdp_config`?)
+        parser.error(f"`--config` given {len(configs)} times: one YAML (or recipe) per run; override its fields "
+                     "with flags, or merge the YAML files into one")  # fmt: skip
     try:
-        args = resolve_config_args(list(sys.argv[1:] if args is None else args))
+        args = resolve_config_args(args)
     except ValueError as error:
         parser.error(str(error))  # before anything loads
     try:
@@ -218,20 +147,16 @@ def parse_args(
                 "`--use_cpu true --bf16 false` (the `cpu_smoke` recipe sets both)."
             ) from error
         raise
-    keys = [s[2:].split("=")[0] for s in from_config[::2]]
-    if keys:
+    if keys := [s[2:].split("=")[0] for s in from_config[::2]]:
         parser.error(f"unknown key(s) in the --config YAML: {', '.join(_unknown_setting(parser, k) for k in keys)}")
-    flags = [s.lstrip("-").split("=")[0] for s in from_flags if s.startswith("-")]
     if from_flags:
+        flags = [s.lstrip("-").split("=")[0] for s in from_flags if s.startswith("-")]
         named = ", ".join(_unknown_setting(parser, k) for k in flags) if flags else " ".join(from_flags)
         parser.error(f"unrecognized argument(s): {named}")
     return tuple(parsed)  # type: ignore[return-value]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The pre-flight of a command (`cegppo train` runs it once and hands the report to the trainer; `cegppo check`
-# prints it)
-# ----------------------------------------------------------------------------------------------------------------
+# --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
 @dataclass
 class Prepared:
     """What `check_command` loaded for the trainer."""
@@ -242,94 +167,51 @@ class Prepared:
     peft_config: Any = None
 
 
-def check_quantization(model_args: ModelConfig) -> None:
-    """4-bit QLoRA needs a CUDA GPU: bitsandbytes loads 4-bit weights on CPU, but its CPU path does not train."""
-    import torch
-
-    if model_args.load_in_4bit and not torch.cuda.is_available():
-        raise ValueError(
-            "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' CPU path loads "
-            "4-bit weights but its kernels do not train them. On CPU drop `--load_in_4bit` and train LoRA on the "
-            "full-precision model (`--use_peft true`)."
-        )
-
-
-def check_command(
-    script_args: CEGPPOScriptArguments,
-    training_args: CEGPPOConfig,
-    model_args: ModelConfig,
-    call_rewards: bool = False,
-) -> tuple[Report, Prepared]:
-    """Every check of a `cegppo train` command before the model loads; the data and rewards it prepared.
-    `call_rewards`: `cegppo check --call_rewards` (every reward called on a rollout batch of real rows)."""
+def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
+                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
+    """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared, as
+    `cegppo train` hands them to the trainer. `call_rewards`: `--call_rewards`; `plan_resume`: `cegppo check` makes
+    the resume plan `cegppo train` makes once, in `start_run`."""
     from trl import get_peft_config
 
-    report = Report()
-    prepared = Prepared()
-    model_name = model_args.model_name_or_path
+    report, prepared = Report(), Prepared()
     report.collect("engine", check_launch, training_args)
-    inspect_trl(report, training_args)
     inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
+    model_name = model_args.model_name_or_path
     if model_name is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
-        inspect_model(report, model_name, training_args, "model_name_or_path")
-    report.collect("extras", check_quantization, model_args)
-    for name in script_args.reward_funcs:
-        func = report.collect("rewards", get_reward_func, name)
-        if func is not None:
-            prepared.reward_funcs.append(func)
-    rewards_ok = len(prepared.reward_funcs) == len(script_args.reward_funcs)
+        inspect_model(report, model_name, training_args, model_args.dtype)
+    if model_args.load_in_4bit and not __import__("torch").cuda.is_available():
+        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' "
+                     "CPU path loads 4-bit weights but does not train them. On CPU drop `--load_in_4bit` and train "
+                     "LoRA on the full-precision model (`--use_peft true`).")  # fmt: skip
+    prepared.reward_funcs = [
+        f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
+    ]
     dataset = report.collect("dataset", load_dataset_dict, script_args)
-    if dataset is not None and rewards_ok:
-        split = script_args.dataset_train_split
-        if split not in dataset:
-            report.error(
-                "dataset",
-                f"The dataset has no split {split!r} (splits: {list(dataset)}): name it with {{fix}}.",
-                fixes=[Fix("dataset_train_split", list(dataset)[0] if len(dataset) else None)],
-            )
-        else:
-            prepared.train_dataset = report.collect(
-                "dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs
-            )
+    if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
+        splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
         if training_args.eval_strategy != "no":
-            if script_args.dataset_test_split not in dataset:
+            splits.append(("eval_dataset", script_args.dataset_test_split, "dataset_test_split"))
+        for attribute, split, option in splits:
+            if split not in dataset:
                 strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
-                report.error(
-                    "dataset",
-                    f"eval_strategy={strategy!r} but the dataset has no split {script_args.dataset_test_split!r} "
-                    f"(splits: {list(dataset)}). Name the split with {{fix}}, or {{fix1}}.",
-                    fixes=[Fix("dataset_test_split"), Fix("eval_strategy", "no")],
-                )
-            else:
-                prepared.eval_dataset = report.collect(
-                    "dataset",
-                    prepare_dataset,
-                    dataset[script_args.dataset_test_split],
-                    script_args,
-                    prepared.reward_funcs,
-                )
+                why = f"eval_strategy={strategy!r} but " if attribute == "eval_dataset" else ""
+                report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): name it "
+                             "with {fix}" + (", or {fix1}." if why else "."),
+                             fixes=[Fix(option, list(dataset)[0] if len(dataset) else None), Fix("eval_strategy", "no")])  # fmt: skip
+                continue
+            loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs)
+            setattr(prepared, attribute, loaded)
     processing_class = None
     if model_name is not None and not any(f.section == "model" for f in report.errors):
         processing_class = report.collect("model", _load_processing_class, model_args, training_args)
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
-    run_checks(
-        prepared.train_dataset,
-        prepared.reward_funcs,
-        training_args,
-        eval_dataset=prepared.eval_dataset,
-        reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)],
-        processing_class=processing_class,
-        quantized=bool(model_args.load_in_4bit or model_args.load_in_8bit),
-        engine=False,
-        call_rewards=call_rewards,
-        report=report,
-    )
-    # What the command line knows before the model loads and the API only later: the Hub (the API may bring a
-    # client of its own) and the resume (the API is told it at `train()`; `cegppo train` plans it once, in
-    # `start_run`, and `cegppo check` makes the same plan, `inspect_resume`).
-    inspect_hub(report, training_args)
+    run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
+               reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
+               call_rewards=call_rewards, report=report)  # fmt: skip
+    inspect_output_dir(report, training_args, script_args.overwrite_output_dir, plan_resume)
     return report, prepared
 
 
@@ -338,52 +220,54 @@ def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig)
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            trust_remote_code=training_args.trust_remote_code,
-        )
+        return AutoProcessor.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                             trust_remote_code=training_args.trust_remote_code)  # fmt: skip
     except Exception as error:
-        raise OSError(
-            f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
-            f"{type(error).__name__}: {error}"
-        ) from error
+        raise OSError(f"Cannot load the tokenizer of `{model_args.model_name_or_path}` (`model_name_or_path`): "
+                      f"{type(error).__name__}: {error}") from error  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------------------------------------------
+# --- Training
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
     """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
 
-    Follows TRL's `grpo.py`: `ModelConfig` supplies `model_init_kwargs` (revision, attention implementation,
-    dtype), the quantization config (`--load_in_4bit` / `--load_in_8bit`) and the LoRA config (`--use_peft`).
-    Model placement is TRL's: `device_map=None` under DDP/DeepSpeed, `"auto"` on one GPU.
+    The pre-flight first (`cegppo check` prints the same report): its errors are raised before the model loads, its
+    warnings logged. Then TRL's `grpo.py`: `ModelConfig` supplies `model_init_kwargs`, the quantization config and
+    the LoRA config. A run refused before training does not leave behind an `output_dir` it created.
     """
-    from .preflight import log_warnings
+    import os
+    import shutil
+
     from .quiet import log_above_progress_bars
 
     log_above_progress_bars()
-    # Before the model loads (`cegppo check` prints the same report): each problem would otherwise fail, or train on
-    # nothing, after it. Checked once: the report goes to the trainer.
     report, prepared = check_command(script_args, training_args, model_args)
-    report.raise_errors(flags=True)
-    log_warnings(report, flags=True)
-    # The launch's one resume plan, before the model loads (a refusal costs nothing then); it holds the `output_dir`
-    # lock until the run ends, and the trainer follows it without planning again.
-    plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
-                     overwrite=script_args.overwrite_output_dir,
-                     script={**vars(model_args), **vars(script_args)})  # fmt: skip
-    training_args.resume_from_checkpoint = plan.checkpoint
+    report.raise_errors()
+    for finding in report.warnings:
+        if finding.code != "trainer":  # the trainer gives those itself
+            logger.warning(finding.text())
+    output_dir, trained = training_args.output_dir, False
+    created = not os.path.exists(output_dir)
     try:
-        if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load
-            raise ValueError(missing)
-        return _train(script_args, training_args, model_args, prepared, plan, report)
+        # The launch's one resume plan, before the model loads; it holds the `output_dir` lock until the run ends.
+        plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
+                         overwrite=script_args.overwrite_output_dir,
+                         script={**vars(model_args), **vars(script_args)})  # fmt: skip
+        training_args.resume_from_checkpoint = plan.checkpoint
+        try:
+            if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load
+                raise ValueError(missing)
+            trainer = _train(script_args, training_args, model_args, prepared, plan)
+            trained = True
+            return trainer
+        finally:
+            plan.release()
     finally:
-        plan.release()
+        if created and not trained and os.path.isdir(output_dir) and set(os.listdir(output_dir)) <= {LOCK_FILE}:
+            shutil.rmtree(output_dir, ignore_errors=True)  # refused before anything was written: leave no trace
 
 
-def _train(script_args, training_args, model_args, prepared, plan, report) -> CEGPPOTrainer:
+def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrainer:
     import torch
     import transformers
     from packaging.version import Version
@@ -391,27 +275,18 @@ def _train(script_args, training_args, model_args, prepared, plan, report) -> CE
 
     from .trainer import CEGPPOTrainer
 
-    reward_funcs, train_dataset, eval_dataset = prepared.reward_funcs, prepared.train_dataset, prepared.eval_dataset
-
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=training_args.trust_remote_code,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-    check_cpu_dtype(model_args, training_args)
-
     trainer = CEGPPOTrainer(
         model=model_args.model_name_or_path,
-        reward_funcs=reward_funcs,
+        reward_funcs=prepared.reward_funcs,
         args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=prepared.train_dataset,
+        eval_dataset=prepared.eval_dataset,
         quantization_config=get_quantization_config(model_args),
         peft_config=prepared.peft_config,
-        preflight_report=report,  # checked once, above: the trainer does not check again
     )
     trainer.train(resume_from_checkpoint=plan)
     if not plan.finished:  # else `train()` wrote it from the checkpoint, if it was missing
@@ -427,92 +302,3 @@ def _train(script_args, training_args, model_args, prepared, plan, report) -> CE
     elif torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return trainer
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Checks before loading anything heavy: each names what is wrong and the fix
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def cpu_computes_natively(dtype: str) -> bool:
-    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it.
-
-    Without them half-precision matmuls are emulated, slower than float32; with them, bfloat16 is faster
-    (`benchmarks/bench_cpu_dtype.py` measures the ratio).
-    """
-    import torch
-
-    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
-    try:
-        return bool(getattr(torch.ops.mkldnn, probe)())
-    except (AttributeError, RuntimeError):  # a private probe: assume the slow path if this build lacks it
-        return False
-
-
-def check_cpu_dtype(model_args: ModelConfig, training_args: CEGPPOConfig) -> None:
-    """Warn when a CPU run loads its weights in a half precision this CPU has no instructions for (emulated: every
-    matmul is slower than in float32).
-
-    A GPU recipe (`dtype: bfloat16`) run on CPU keeps its dtype: the setting is the user's, so it is not changed, but
-    the warning says why it is slow and gives the flag. Where the CPU has the instructions, bfloat16 weights are
-    faster than float32 (full fine-tuning and LoRA alike, `benchmarks/bench_cpu_dtype.py`): nothing to warn about.
-    """
-    configured = (training_args.model_init_kwargs or {}).get("dtype", model_args.dtype)
-    if training_args.device.type != "cpu":
-        return
-    dtype = configured
-    if dtype == "auto":  # the checkpoint's own dtype (config.json), cheap to read
-        from transformers import AutoConfig
-
-        try:
-            config = AutoConfig.from_pretrained(
-                model_args.model_name_or_path,
-                revision=model_args.model_revision,
-                trust_remote_code=training_args.trust_remote_code,
-            )
-        except Exception as error:  # the model load reports the real problem
-            logger.debug("check_cpu_dtype: could not read the config: %s", error)
-            return
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    name = str(dtype).removeprefix("torch.")
-    if name not in ("bfloat16", "float16") or cpu_computes_natively(name):
-        return
-    logger.warning(
-        "The model's weights load as %s (`dtype: %s`) on a CPU run, and this CPU has no %s instructions, so every "
-        "matmul is emulated: each step is slower than with float32 weights (measured 1.7-2.5 times slower for "
-        "float16 on a CPU that emulates it). Pass `--dtype float32`. CPU launch: `--use_cpu true --bf16 false --dtype "
-        "float32` (or start from the shipped recipe: `--config cpu_smoke`); several CPU processes: %s",
-        name,
-        configured,
-        name,
-        CPU_LAUNCH_LINE,
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# `cegppo check`
-# ----------------------------------------------------------------------------------------------------------------
-def check_main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
-    refused (one line), else 0. `--call_rewards`, this command's own flag, calls every reward on a rollout batch of
-    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
-    import shutil
-
-    from .quiet import quiet_unused_deepspeed
-
-    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
-    argv = list(sys.argv[1:] if argv is None else argv)
-    call_rewards = "--call_rewards" in argv
-    argv = [a for a in argv if a != "--call_rewards"]
-    try:
-        script_args, training_args, model_args = parse_args(argv, prog="cegppo check")
-    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
-        return 1 if exit.code else 0
-    except ValueError as error:
-        print(f"cegppo check: error: {error}", file=sys.stderr)
-        return 1
-    report, _ = check_command(script_args, training_args, model_args, call_rewards=call_rewards)
-    inspect_resume(report, training_args, script_args.overwrite_output_dir)  # the plan `cegppo train` makes
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
-    print(report.format(width, flags=True))
-    return 1 if report.errors else 0

@@ -31,8 +31,9 @@ from .checkpoints import (  # noqa: F401 (CEGPPO_STATE_FILE re-exported)
     rotate,
     start_run,
 )
-from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message
+from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message, vanishing_term_messages
 from .controller import EntropyController, parse_controller
+from .distributed import _flag
 from .loss import cegppo_regions, preserved_coefficient, preserved_gradient_term
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
 from .monitoring import (
@@ -41,13 +42,13 @@ from .monitoring import (
     StopWhenNothingToLearn,
     cegppo_metrics,
 )
-from .preflight import trainer_checks
 from .quiet import quiet_unused_deepspeed, trl_deprecated_model_calls
 from .rewards import resolve_reward_names
 from .rollout_state import RolloutBatchError, load_rollout_batch, rollout_batch_file, save_rollout_batch
 from .rollouts import resume_offset, rollout_batch_masks, total_rewards
 from .safe_load import UnsafeCheckpointError, safe_resume_loads
 from .schedules import parse_schedule
+from .trl_compat import check_trl_compatibility
 
 logger = get_logger(__name__)
 
@@ -92,7 +93,8 @@ class EpochSeededRepeatSampler(RepeatSampler):
 class CEGPPOTrainer(GRPOTrainer):
     """GRPO trainer whose clipped surrogate keeps bounded gradients for clipped tokens (CE-GPPO).
 
-    Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` must be a [`CEGPPOConfig`]. For `loss_type` in
+    Accepts exactly the arguments of [`~trl.GRPOTrainer`]; `args` is a [`CEGPPOConfig`] (a `GRPOConfig` is converted,
+    with CE-GPPO's defaults). For `loss_type` in
     `("grpo", "bnpo", "dr_grpo", "dapo", "luspo")` TRL's loss gains the preserved-gradient term of
     `cegppo_trl.loss` (Eq. 8's gradient: clipped tokens keep ``beta * bound * A``); every other part of the loss
     (the clipped surrogate, KL, entropy mask, off-policy mask, vLLM correction, entropy bonus, MoE aux loss, gradient
@@ -100,8 +102,8 @@ class CEGPPOTrainer(GRPOTrainer):
 
     The class wires separately tested modules into TRL's hooks: `loss` (the term), `aggregation` (TRL's weights, the
     SFT term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
-    (metrics, stops, the left-drift warning), `preflight`, `checkpoints`, `safe_load` and
-    `modelcard`.
+    (metrics, stops, the left-drift warning), `checkpoints`, `safe_load` and `modelcard`. It never runs the
+    pre-flight (`cegppo check`): where `GRPOTrainer` trains, so does it.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
@@ -113,11 +115,12 @@ class CEGPPOTrainer(GRPOTrainer):
     _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
+        # CE-GPPO's own fields were checked by `CEGPPOConfig`; everything else is GRPOTrainer's to take or refuse,
+        # in its words. The inspection of the data, rewards and launch is `cegppo check` / `cegppo train`'s.
         args = CEGPPOConfig.for_trainer(model, args)
         reward_funcs = resolve_reward_names(reward_funcs)
-        # Before GRPOTrainer loads the model; `cegppo train` checked the same once and hands its report over.
-        report = kwargs.pop("preflight_report", None) or trainer_checks(model, reward_funcs, args, *pargs, **kwargs)
-        if report.engine != "deepspeed":
+        check_trl_compatibility(args)  # TRL 1.15 on CPU, Liger's fused loss before TRL 1.14: before the model loads
+        if not (getattr(args, "deepspeed", None) or _flag(os.environ, "ACCELERATE_USE_DEEPSPEED")):
             quiet_unused_deepspeed()
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._warn_if_on_policy()
@@ -142,9 +145,12 @@ class CEGPPOTrainer(GRPOTrainer):
         self._plan: ResumePlan | None = None  # the plan of the current `train()`
         self._held: dict = {}  # transformers' settings held back during `train()` (`save_total_limit`, `push_to_hub`)
 
-    def _warn_if_on_policy(self) -> None:  # CE-GPPO is GRPO on-policy
+    def _warn_if_on_policy(self) -> None:
+        """One warning for each setting TRL trains on that makes CE-GPPO silently GRPO (on-policy) or empties one of
+        its terms (`config.vanishing_term_messages`)."""
         vllm_correction = self.use_vllm and self.vllm_importance_sampling_correction
-        if (message := on_policy_message(self.args, vllm_correction)) is not None:
+        messages = [on_policy_message(self.args, vllm_correction), *vanishing_term_messages(self.args)]
+        for message in filter(None, messages):
             logger.warning(message, main_process_only=True)
 
     @property
@@ -494,7 +500,7 @@ class CEGPPOTrainer(GRPOTrainer):
 
     def get_high_entropy_mask(self, entropies, mask, threshold):
         entropy_mask = super().get_high_entropy_mask(entropies, mask, threshold)  # a collective: taken, not redone
-        if self._loss_tensors is not None:
+        if isinstance(self._loss_tensors, dict):  # (TRL's own tests call this on a stand-in trainer)
             self._loss_tensors["entropy_mask"] = entropy_mask
         return entropy_mask
 

@@ -318,3 +318,56 @@ def test_a_gpu_recipe_on_cpu_gets_the_flags_that_work(capsys, monkeypatch):
     assert status == 2 and err.count("\n") == 1, err
     assert "cegppo train: error: `bf16`: this machine has no GPU for it" in err
     assert "`--use_cpu true --bf16 false`" in err and "You need to assign use_cpu" not in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `--config` twice, Ctrl-C, and a refused run that leaves no folder behind
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("command", "status"), [("train", 2), ("check", 1)])
+def test_config_given_twice_is_one_line_naming_the_flag(capsys, command, status):
+    try:
+        code = cli.main([command, "--config", "cpu_smoke", "--config", "cpu_smoke", "--output_dir", "x"])
+    except SystemExit as exit_info:  # `cegppo train`'s argparse exit (the console script's status)
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == status
+    assert err.count("\n") == 1 and f"cegppo {command}: error: `--config` given 2 times" in err, err
+    assert "fsdp_config" not in err  # TrlParser's reading of the second one
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_the_resume(capsys, model_dir, data_file, tmp_path,
+                                                                       monkeypatch):  # fmt: skip
+    from cegppo_trl.trainer import CEGPPOTrainer
+
+    def interrupt_after_step_2(self, *args, **kwargs):
+        if self.state.global_step >= 2:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    original = CEGPPOTrainer.training_step
+    monkeypatch.setattr(CEGPPOTrainer, "training_step", interrupt_after_step_2)
+    argv = ["train", "--config", "cpu_smoke", "--model_name_or_path", model_dir, "--dataset_name", data_file,
+            "--output_dir", str(tmp_path / "out"), "--save_strategy", "steps", "--save_steps", "2"]  # fmt: skip
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("cegppo train: interrupted.")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"Saved: {tmp_path / 'out' / 'checkpoint-2'} (the newest complete checkpoint)" in lines[0]
+    assert "`--resume_from_checkpoint last`" in lines[0]
+    monkeypatch.setattr(CEGPPOTrainer, "training_step", lambda self, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli.main([*argv[:-6], "--output_dir", str(tmp_path / "other")]) == 130
+    assert "No checkpoint was saved in" in capsys.readouterr().err
+
+
+def test_a_refused_run_leaves_no_output_dir_behind(model_dir, data_file, tmp_path):
+    """Refused after the lock was taken (a resume path that is not there): the folder it created goes again."""
+    out = tmp_path / "fresh"
+    with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
+        train(*smoke_args(model_dir, data_file, out, "--resume_from_checkpoint", str(tmp_path / "missing")))
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    (kept / "notes").mkdir(parents=True)  # a folder the user made is never removed
+    with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
+        train(*smoke_args(model_dir, data_file, kept, "--resume_from_checkpoint", str(tmp_path / "missing")))
+    assert (kept / "notes").is_dir()

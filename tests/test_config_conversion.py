@@ -66,14 +66,14 @@ def test_from_grpo_config_overrides_the_batch_layout_and_names_unknown_fields(tm
         CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=-1.0)
 
 
-def test_trainer_given_a_grpo_config_suggests_the_conversion_that_works(tmp_path, tokenizer, prompt_dataset):
+def test_trainer_given_a_grpo_config_converts_it_as_from_grpo_config_does(tmp_path, tokenizer, prompt_dataset):
     from cegppo_trl.offline.tiny import build_tiny_llama
 
     grpo = _grpo(tmp_path, beta=0.0)  # no reference model to load (the tiny model has no Hub name)
-    with pytest.raises(TypeError, match=r"`CEGPPOConfig.from_grpo_config\(your_grpo_config, gppo_beta1=") as error:
-        CEGPPOTrainer(model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(completions),
-                      args=grpo, train_dataset=prompt_dataset, processing_class=tokenizer)  # fmt: skip
-    assert "to_dict" not in str(error.value)
+    trainer = CEGPPOTrainer(model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(
+        completions), args=grpo, train_dataset=prompt_dataset, processing_class=tokenizer)  # fmt: skip
+    converted = CEGPPOConfig.from_grpo_config(grpo)
+    assert type(trainer.args) is CEGPPOConfig and trainer.args.to_dict() == converted.to_dict()
     CEGPPOTrainer(
         model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(completions),
         args=CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.5), train_dataset=prompt_dataset,

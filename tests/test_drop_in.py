@@ -28,7 +28,6 @@ from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
-from cegppo_trl.preflight import trainer_checks
 
 REPO = Path(__file__).resolve().parents[1]
 # Every metric `CEGPPOTrainer` logs that `GRPOTrainer` does not (docs/configuration.md lists each).
@@ -587,19 +586,6 @@ def test_tool_chat_template_renders_and_parses_calls():
     assert parse_response(tools, answer, prefix=prompt) == {"role": "assistant", "content": "12"}
 
 
-def test_preflight_accepts_an_environment_dataset_without_prompt(tmp_path, model_dir):
-    """TRL trains a dataset holding only the `environment` routing column: the prompt comes from `reset()`. (A real
-    model path: a missing one is refused by the same checks.)"""
-    args = CEGPPOConfig(**base_config_kwargs(tmp_path, gppo_beta1=0.0, gppo_beta2=0.0))
-    dataset = Dataset.from_dict({"environment": ["counter"] * 8})
-    env = {"counter": CounterEnv}
-    assert trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=env).errors == []
-    report = trainer_checks(model_dir, ones_reward, args, train_dataset=dataset, environment_factory=CounterEnv)
-    assert report.errors == []
-    with pytest.raises(ValueError, match=r"`train_dataset` has no `prompt` column \(its columns: environment\)"):
-        trainer_checks(model_dir, ones_reward, args, train_dataset=dataset)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Reward models, PEFT, callbacks, saving, the Hub
 # ----------------------------------------------------------------------------------------------------------------
@@ -873,22 +859,6 @@ def test_same_exception(tmp_path, monkeypatch, case):
 # ----------------------------------------------------------------------------------------------------------------
 # Deliberate differences (docs/drop-in.md): each checked against what GRPOTrainer does
 # ----------------------------------------------------------------------------------------------------------------
-def test_grpo_config_is_refused_with_the_conversion(tmp_path):
-    outcome = run_script(CEGPPOTrainer, GRPOConfig, tmp_path)
-    assert outcome.error is TypeError
-    assert "CEGPPOConfig.from_grpo_config(your_grpo_config" in outcome.message
-
-
-def test_dataset_without_prompts_is_refused_before_the_model_loads(tmp_path):
-    """An already-tokenized dataset (no `prompt` column, no environment): GRPOTrainer builds and fails at the first
-    batch; CEGPPOTrainer refuses at construction and names the fix."""
-    tokenized = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 8})
-    grpo, cegppo = differential(tmp_path, train_dataset=tokenized)
-    assert grpo.trainer is not None and grpo.error is KeyError
-    assert cegppo.trainer is None and cegppo.error is ValueError
-    assert "`train_dataset` has no `prompt` column (its columns: input_ids)" in cegppo.message
-
-
 @pytest.mark.slow
 def test_fresh_train_into_checkpoints_of_another_run_is_refused(tmp_path):
     """GRPOTrainer starts afresh beside the old checkpoints; CEGPPOTrainer refuses, naming the ways out."""

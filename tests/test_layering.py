@@ -23,11 +23,11 @@ FLOORS = {
     # 2 inputs: datasets, paths; offline tasks, models and tokenizers built from floors 0-2
     "data": 2, "offline.tasks": 2, "offline.tiny": 2, "offline.plots": 2, "offline.smollm2": 2, "offline.warmup": 2,
     # 3 run safety: the run's inputs and files, never the command line
-    "preflight": 3, "checkpoints": 3, "safe_load": 3, "rollout_state": 3, "monitoring": 3, "modelcard": 3, "distributed": 3, "quiet": 3,
+    "checkpoints": 3, "safe_load": 3, "rollout_state": 3, "monitoring": 3, "modelcard": 3, "distributed": 3, "quiet": 3,
     # 4 wiring: TRL's hooks
     "trainer": 4,
     # 5 entry points: arguments, YAML, printing
-    "scripts": 5, "cli": 5, "probe": 5, "offline.runs": 5, "quickstart.run": 5, "quickstart.__main__": 5,
+    "scripts": 5, "preflight": 5, "cli": 5, "probe": 5, "offline.runs": 5, "quickstart.run": 5, "quickstart.__main__": 5,
 }  # fmt: skip
 # Package roots re-export (lazily) from any floor; they are not floors themselves.
 ROOTS = {"", "offline", "quickstart"}
@@ -127,3 +127,30 @@ def test_the_reader_sees_top_level_lazy_and_absolute_imports(tmp_path, monkeypat
     (package / "probe.py").write_text(source + "\n")
     monkeypatch.setattr(f"{__name__}.PACKAGE", package)
     assert imports()["probe"] == expected
+
+
+def test_the_trainer_reaches_the_preflight_by_no_chain_of_imports():
+    """The pre-flight is the command line's (floor 5): `CEGPPOTrainer` builds without it, so its constructor cannot
+    enter it (it entered it 7 times before `GRPOTrainer` saw the model)."""
+    graph, seen, todo = imports(), set(), ["trainer"]
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        todo += [t for t in graph.get(module, ()) if t not in seen]
+    assert "preflight" not in seen and "scripts" not in seen, sorted(seen)
+    assert FLOORS["preflight"] == 5
+
+
+def test_building_a_trainer_calls_nothing_in_the_preflight(make_trainer, monkeypatch):
+    """At run time too: with every function of `preflight` replaced by one that records its call, a trainer is built
+    and takes an optimizer step, and nothing was called."""
+    import inspect
+
+    from cegppo_trl import preflight
+
+    calls = []
+    for name, func in inspect.getmembers(preflight, inspect.isfunction):
+        if func.__module__ == preflight.__name__:
+            monkeypatch.setattr(preflight, name, lambda *a, _name=name, **k: calls.append(_name))
+    make_trainer(max_steps=1).train()
+    assert calls == []

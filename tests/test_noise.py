@@ -60,24 +60,22 @@ def test_cegppo_config_does_not_trigger_the_gradient_checkpointing_deprecation()
     assert any("`gradient_checkpointing` is deprecated" in str(w.message) for w in caught)
 
 
-def test_max_steps_0_is_refused_naming_the_two_meanings():
-    with pytest.raises(ValueError, match=r"`max_steps=0` would train one optimizer step at learning rate 0.*-1"):
-        CEGPPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", max_steps=0)
+def test_max_steps_0_is_taken_as_grpo_config_takes_it():
+    """TRL's field: `CEGPPOConfig` takes what `GRPOConfig` takes (tests/test_constructor_drop_in.py trains it)."""
+    assert CEGPPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", max_steps=0).max_steps == 0
     assert CEGPPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none").max_steps == -1
 
 
 def test_a_refused_setting_is_one_line_on_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("CEGPPO_TRACEBACK", raising=False)
-    argv = ["train", "--config", "cpu_smoke", "--output_dir", str(tmp_path), "--max_steps", "0"]
+    argv = ["train", "--config", "cpu_smoke", "--output_dir", str(tmp_path), "--gppo_beta1", "-1"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert (
-        err.startswith("cegppo train: error: `max_steps=0` would train one optimizer step") and "Traceback" not in err
-    )
+    assert err.startswith("cegppo train: error: `gppo_beta1` must be a finite number >= 0") and "Traceback" not in err
     assert err.count("\n") == 1
     # CEGPPO_TRACEBACK=1 shows the traceback (the error propagates as it did).
     monkeypatch.setenv("CEGPPO_TRACEBACK", "1")
-    with pytest.raises(ValueError, match="max_steps=0"):
+    with pytest.raises(ValueError, match="gppo_beta1"):
         cli.main(argv)
 
 
@@ -96,7 +94,7 @@ def test_a_bug_keeps_its_traceback():
     assert not _is_user_error(raise_from(_inner_training_loop))
     assert not _is_user_error(raise_from(lambda: [].pop()))  # IndexError is not a refusal
     assert not _is_user_error(raise_from(lambda: (_ for _ in ()).throw(RuntimeError("torch failed"))))
-    assert _is_user_error(raise_from(lambda: CEGPPOConfig(output_dir="x", use_cpu=True, bf16=False, max_steps=0)))
+    assert _is_user_error(raise_from(lambda: CEGPPOConfig(output_dir="x", use_cpu=True, bf16=False, gppo_beta1=-1)))
     from cegppo_trl.distributed import check_distributed_engine
 
     refusal = raise_from(lambda: check_distributed_engine(object(), {"ACCELERATE_USE_FSDP": "1"}, "MULTI_GPU", "cuda"))

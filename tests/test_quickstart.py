@@ -195,3 +195,24 @@ def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path)
     )  # fmt: skip
     assert summary["task"] == str(data) and 0.0 <= summary["accuracy_after"] <= 1.0
     assert all((tmp_path / "b" / name).exists() for name in PLOT_FILES)
+
+
+@pytest.mark.slow
+def test_the_total_wall_time_counts_the_quickstart_not_what_the_shell_ran_before_it(tmp_path):
+    """`bash -c "pip install ... && python -m cegppo_trl.quickstart"` execs python in the shell's process: its creation
+    time (what the summary counted from) is before the install. Counted from the quickstart's own start, a 3 s command
+    before it is not in the total."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    import time
+
+    probe = "import cegppo_trl.quickstart as q; print(repr(q.STARTED_AT))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    shell_started = time.time()
+    out = subprocess.run(["bash", "-c", f"sleep 3 && exec {sys.executable} -c '{probe}'"], capture_output=True,
+                         text=True, env=env, check=True, timeout=300).stdout  # fmt: skip
+    assert float(out.split()[-1]) >= shell_started + 3, out  # the process itself was created before the sleep

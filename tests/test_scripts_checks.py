@@ -13,13 +13,7 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.scripts import (
-    CEGPPOScriptArguments,
-    check_cpu_dtype,
-    load_any_dataset,
-    parse_args,
-    prepare_dataset,
-)
+from cegppo_trl.scripts import CEGPPOScriptArguments, load_any_dataset, parse_args, prepare_dataset
 from cegppo_trl.scripts import main as train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +114,7 @@ def test_trl_reward_on_plain_text_prompts_is_refused(model_dir, data_file, tmp_p
     # TRL's rewards read completion[0]["content"]: plain-text prompts give string completions, a TypeError there.
     args = smoke_args(model_dir, data_file, tmp_path, "--reward_funcs", "think_format_reward",
                       "--chat_prompts", "false")  # fmt: skip
-    with pytest.raises(ValueError, match=r"TRL's think_format_reward read\(s\) chat completions.*`format`"):
+    with pytest.raises(ValueError, match=r"TRL's think_format_reward reads chat completions.*`--chat_prompts true`"):
         train(*args)
 
 
@@ -147,29 +141,26 @@ def test_base_model_trains_on_raw_text_with_chat_prompts_false(base_model_dir, d
 # Item 17: half-precision weights on a CPU run
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only warning")
-def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_flag(
-    model_dir, tmp_path, caplog, monkeypatch
-):
+def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_flag(model_dir, tmp_path, monkeypatch):
+    """A finding of the report (`cegppo check` prints it, `cegppo train` logs it before the model loads)."""
     from transformers import AutoConfig
 
-    import cegppo_trl.scripts
+    from cegppo_trl import preflight
 
     def warnings_for(path, *extra):
         _, training_args, model_args = parse_args(
             ["--model_name_or_path", path, "--dataset_name", "x.jsonl", "--output_dir", str(tmp_path),
              "--use_cpu", "true", "--bf16", "false", *extra]
         )  # fmt: skip
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-            check_cpu_dtype(model_args, training_args)
-        return caplog.text
+        report = preflight.Report()
+        preflight.inspect_model(report, path, training_args, model_args.dtype)
+        return " ".join(f.text() for f in report.warnings)
 
-    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: False)  # e.g. AVX2-only CPUs
+    monkeypatch.setattr(preflight, "cpu_computes_natively", lambda dtype: False)  # e.g. AVX2-only CPUs
     for dtype in ("bfloat16", "float16"):
         text = warnings_for(model_dir, "--dtype", dtype)
-        assert f"load as {dtype} (`dtype: {dtype}`) on a CPU run, and this CPU has no {dtype} instructions" in text
-        assert "emulated: each step is slower than with float32" in text and "Pass `--dtype float32`" in text
-        assert "--use_cpu true --bf16 false --dtype float32" in text and "torchrun --nproc_per_node 2" in text
+        assert f"The weights load as {dtype} (`dtype: {dtype}`) on a CPU without {dtype} instructions" in text
+        assert "every matmul is emulated" in text and "Pass `--dtype float32`" in text
     assert warnings_for(model_dir, "--dtype", "float32") == ""
     assert warnings_for(model_dir) == ""  # TRL's default dtype is float32
     # `auto` takes the checkpoint's dtype: a model saved in bfloat16 loads in bfloat16
@@ -177,12 +168,13 @@ def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_
     config = AutoConfig.from_pretrained(model_dir)
     config.dtype = "bfloat16"
     config.save_pretrained(bf16_dir)
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (bf16_dir / name).write_bytes((Path(model_dir) / name).read_bytes())
     assert "load as bfloat16 (`dtype: auto`)" in warnings_for(str(bf16_dir), "--dtype", "auto")
     assert warnings_for(model_dir, "--dtype", "auto") == ""  # saved in float32
     # a CPU with bfloat16 instructions runs it natively, faster than float32 (full fine-tuning and LoRA measured)
-    monkeypatch.setattr(cegppo_trl.scripts, "cpu_computes_natively", lambda dtype: True)
+    monkeypatch.setattr(preflight, "cpu_computes_natively", lambda dtype: True)
     assert warnings_for(model_dir, "--dtype", "bfloat16") == ""
-    assert warnings_for(model_dir, "--dtype", "bfloat16", "--use_peft", "true") == ""
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from helpers.reference import reference_per_token_loss, trl_clip_loss
 from packaging.version import Version
 from trl import GRPOTrainer
 
-from cegppo_trl import CEGPPOTrainer
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.offline.tiny import build_tiny_llama
 from cegppo_trl.schedules import parse_schedule
 
@@ -315,8 +315,8 @@ def test_on_policy_warning_also_applies_with_vllm_importance_sampling_correction
     assert "importance-sampling correction does not change this" in messages[0]
 
 
-def test_rejects_plain_grpo_config(make_trainer):
+def test_a_plain_grpo_config_is_converted_with_cegppo_defaults(make_trainer):
     from trl import GRPOConfig
 
-    with pytest.raises(TypeError, match="CEGPPOConfig"):
-        make_trainer(config_cls=GRPOConfig)
+    trainer = make_trainer(config_cls=GRPOConfig)  # a drop-in user swaps the class, not the config
+    assert type(trainer.args) is CEGPPOConfig and (trainer.args.gppo_beta1, trainer.args.gppo_beta2) == (0.5, 1.0)

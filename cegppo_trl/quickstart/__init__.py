@@ -3,6 +3,13 @@
 The demo script is `run.py`; the models, tasks and run harness it uses are in `cegppo_trl.offline`.
 """
 
-from .run import main
+import time
 
-__all__ = ["main"]
+# When the quickstart started (before its imports): the summary's "total wall time" counts from here. Not the
+# process's creation time: `bash -c "pip install ... && python -m cegppo_trl.quickstart"` execs python in the shell's
+# own process, whose creation time is before the install.
+STARTED_AT = time.time()
+
+from .run import main  # noqa: E402
+
+__all__ = ["STARTED_AT", "main"]
