@@ -39,7 +39,7 @@ class Normaliser(NamedTuple):
         accumulation: divisor for gradient accumulation, applied last.
         rows_first: sum each sequence before summing the batch (TRL's ``luspo`` order), rather than all at once.
         accumulated: `total` already spans the accumulation window (``dapo``): the loss is not divided by
-            `accumulation`, and its logged value is multiplied by it instead.
+            `accumulation`.
     """
 
     per_sequence: torch.Tensor | None
@@ -151,18 +151,13 @@ def normaliser(
     raise ValueError(f"Unknown loss type: {loss_type}")
 
 
-def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, torch.Tensor]:
-    """One micro-batch's loss from the per-token loss, in TRL's operation order.
+def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """One micro-batch's loss from the per-token loss, scaled for gradient accumulation.
 
     Args:
         per_token_loss: ``(B, T)``, or ``(B, 1)`` for a sequence-level ratio (broadcast against `mask`).
         mask: ``(B, T)`` loss mask.
         norm: `normaliser` of the rule.
-
-    Returns:
-        The loss scaled for gradient accumulation,
-        and its unscaled detached value (the same quantity for every loss type: the aggregated per-token values of
-        this micro-batch with the rollout-batch normaliser).
     """
     if norm.per_sequence is not None:
         summed = ((per_token_loss * mask).sum(-1) / norm.per_sequence).sum()
@@ -171,9 +166,7 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, norm: Normaliser
     else:
         summed = (per_token_loss * mask).sum()
     loss = summed / norm.total
-    if norm.accumulated:
-        return loss, loss.detach() * norm.accumulation
-    return loss / norm.accumulation, loss.detach()
+    return loss if norm.accumulated else loss / norm.accumulation
 
 
 def sft_loss(
@@ -214,6 +207,6 @@ def sft_loss(
         num_sequences_in_batch=num_sft_sequences_in_batch,
         **layout,
     )
-    loss, _ = aggregate(-per_token_logps, sft_mask, norm)
+    loss = aggregate(-per_token_logps, sft_mask, norm)
     nll = -per_token_logps.detach().float()
     return loss, torch.stack([(nll * sft_mask).sum(), sft_mask.sum().float()])
