@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.ckpt_job import build, params
+from helpers.ckpt_job import build, params, torchrun
 
 from cegppo_trl.checkpoints import COMMIT_FILE
 
@@ -149,16 +149,6 @@ def test_sigterm_with_enable_jit_checkpoint_commits_the_step_and_ends_the_job_as
 @pytest.mark.slow
 @pytest.mark.campaign
 def test_ddp_a_checkpoint_only_rank_0s_callback_wrote_into_resumes_the_run_bit_for_bit(tmp_path):
-    from helpers.mp_launch import TORCHRUN, free_port
-
-    def torchrun(spec: dict) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "ACCELERATE_USE_CPU": "1"}  # fmt: skip
-        cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOB),
-               json.dumps(spec, default=str)]  # fmt: skip
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-4000:]
-
     spec = dict(trainer="cegppo", max_steps=8, callback="readme")
     torchrun({**spec, "output_dir": tmp_path / "run", "params": tmp_path / "reference.pt"})
     newest = tmp_path / "run" / "checkpoint-6"

@@ -9,16 +9,13 @@ The job is tests/helpers/ckpt_job.py's (off-policy, a checkpoint every rollout b
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.ckpt_job import build, params
+from helpers.ckpt_job import build, params, torchrun
 
 from cegppo_trl.checkpoints import COMMIT_FILE
 
@@ -97,17 +94,6 @@ def test_the_cli_continues_a_grpo_run_with_last(model_dir, data_file, tmp_path, 
 @pytest.mark.slow
 @pytest.mark.campaign
 def test_ddp_a_grpo_checkpoint_continues_with_cegppo_at_beta_0_bit_for_bit(tmp_path):
-    from helpers.mp_launch import TORCHRUN, free_port
-
-    def torchrun(spec: dict) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "ACCELERATE_USE_CPU": "1"}  # fmt: skip
-        cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port()), str(JOB),
-               json.dumps(spec, default=str)]  # fmt: skip
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-4000:]
-        return done
-
     torchrun(dict(trainer="grpo", output_dir=tmp_path / "grpo", max_steps=4))
     shutil.copytree(tmp_path / "grpo", tmp_path / "cegppo")
     torchrun(dict(trainer="grpo", output_dir=tmp_path / "grpo", max_steps=8, resume=True, params=tmp_path / "g.pt"))

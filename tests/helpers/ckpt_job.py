@@ -136,6 +136,23 @@ def params(trainer) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
 
+def torchrun(spec: dict, processes: int = 2, timeout: float = 600):
+    """This job as `processes` real CPU processes under torchrun (gloo); it must exit 0. Returns the finished process."""
+    import subprocess
+    from pathlib import Path
+
+    from helpers.mp_launch import TORCHRUN, free_port
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")]), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "ACCELERATE_USE_CPU": "1"}  # fmt: skip
+    cmd = [str(TORCHRUN), "--nproc_per_node", str(processes), "--master_port", str(free_port()), __file__,
+           json.dumps(spec, default=str)]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
 def main(spec: dict) -> None:
     torch.set_num_threads(1)
     trainer = build(spec)
