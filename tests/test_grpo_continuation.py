@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +18,6 @@ from helpers.ckpt_job import build, params, torchrun
 
 from cegppo_trl.checkpoints import COMMIT_FILE
 
-ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "tests" / "helpers" / "ckpt_job.py"
 NO_RECORD = "It carries no commit record (another trainer wrote it): only transformers' own checks apply."
 
 
