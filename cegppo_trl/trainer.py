@@ -590,6 +590,8 @@ class CEGPPOTrainer(GRPOTrainer):
         metrics, sums = cegppo_metrics(
             log_ratio, advantages, mask, coefficients, gather, weights, controller, **tensors
         )
+        if "cegppo/predictor/entropy_change" in metrics:  # DDP averages the processes' gradients: so does the push
+            metrics["cegppo/predictor/entropy_change"] /= self.accelerator.num_processes
         if mode == "train" and controller is not None:  # the step's entropy, logged once measured
             controller.observe(sums["entropy"], sums["entropy_tokens"], step_end=self.accelerator.sync_gradients)
             if controller.last_entropy is not None:

@@ -364,14 +364,15 @@ def test_xla_fsdp_is_transformers_own_and_not_refused(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.campaign
 def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path):
-    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU. One process
-    # each (refused before a second would matter), both at once.
+    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU, with the
+    # engine check `cegppo train` runs before the model loads (the Python API trains what accelerate starts, as
+    # GRPOTrainer does). One process each (refused before a second would matter), both at once.
     cases = {"deepspeed_zero2.yaml": "makes accelerate skip DeepSpeed", "fsdp2.yaml": "accelerate cannot shard on CPU"}
     procs = {}
     for shipped in cases:
         config = cpu_accelerate_config(shipped, tmp_path / shipped, num_processes=1)
         env = {"ACCELERATE_USE_CPU": "1"} if shipped.startswith("deepspeed") else {}
-        procs[shipped] = start(_accelerate_launch(config), tmp_path / shipped, DAPO, **env)
+        procs[shipped] = start(_accelerate_launch(config), tmp_path / shipped, {**DAPO, "launch_check": True}, **env)
     for shipped, proc in procs.items():
         proc.wait(timeout=300)
         output = proc.log_path.read_text()
