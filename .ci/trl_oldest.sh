@@ -23,9 +23,14 @@ python3 -m venv "$venv"
 . "$venv/bin/activate"
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet torch==2.13.0  # the CPU wheel first: a plain `torch` requirement pulls the CUDA build
-python -m pip install --quiet -e . "trl==$trl_min" "transformers==$transformers_min" torch==2.13.0 "pytest>=8"
+# jmespath: TRL's tool calling asks for it below transformers 5.13 (both trainers refuse tools without it)
+python -m pip install --quiet -e . "trl==$trl_min" "transformers==$transformers_min" torch==2.13.0 "pytest>=8" jmespath
 python -c "import torch, transformers, trl; print('torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 # -p no:cacheprovider: CI's clone may be read-only; the tests write only under pytest's tmp_path.
+# Left to the main suite, as GRPOTrainer fails them too on transformers 5.6: test_push_to_hub_offline patches
+# `transformers.trainer.hf_api` (not in 5.6); test_tools_and_environments's offline tokenizer has no `response_schema`
+# for 5.6's response parsing.
 python -m pytest -p no:cacheprovider tests/test_trl_seam.py tests/test_aggregation.py tests/test_trainer.py \
-  tests/test_trainer_betas.py tests/test_drop_in.py tests/test_resume.py
+  tests/test_trainer_betas.py tests/test_drop_in.py tests/test_resume.py \
+  --deselect tests/test_drop_in.py::test_push_to_hub_offline --deselect tests/test_drop_in.py::test_tools_and_environments
