@@ -82,9 +82,9 @@ DEFAULT_ARMS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 0.0), (1.0, 0
 REGIONS = ("pos_below", "pos_above", "neg_below", "neg_above")  # A>0 r<1-ε, A>0 r>1+ε (β2), A<0 r<1-ε (β1), A<0 r>1+ε
 
 
-def arm_name(arm: Sequence[float]) -> str:
-    """`(0.5, 1)`: the arm's (β1, β2) as printed and used as a key."""
-    return f"({arm[0]:g}, {arm[1]:g})"
+def arm_name(arm: Sequence) -> str:
+    """`(0.5, 1)`: the arm's (β1, β2) as printed and used as a key; `(0, 1) raise` for an arm with a variant label."""
+    return f"({arm[0]:g}, {arm[1]:g})" + (f" {arm[2]}" if len(arm) > 2 else "")
 
 
 def parse_arms(text: str) -> tuple[tuple[float, float], ...]:
@@ -115,7 +115,8 @@ class ProbeSettings:
     """What the probe does beyond the run's own settings.
 
     Attributes:
-        arms: (β1, β2) per arm; the first is the reference (its run is the base run's continuation).
+        arms: (β1, β2) per arm, or (β1, β2, label) for a variant of the loss that `run_probe`'s `arm_setup` applies;
+            the first is the reference (its run is the base run's continuation).
         branch_points: K, the number of branch points.
         branch_every: rollout batches from one branch point to the next (1: every rollout batch).
         probe_prompts: prompts in the probe set (one sampled completion each).
@@ -131,7 +132,7 @@ class ProbeSettings:
     max_seconds: float | None = None
 
     def __post_init__(self):
-        self.arms = tuple((float(a), float(b)) for a, b in self.arms)
+        self.arms = tuple((float(arm[0]), float(arm[1]), *map(str, arm[2:3])) for arm in self.arms)
         if len(self.arms) < 2 or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"ProbeSettings.arms: a reference and at least one other arm, no repeats: {self.arms}.")
         if self.branch_points < 1 or self.branch_every < 1 or self.probe_prompts < 1:
@@ -354,12 +355,14 @@ def _restore(trainer, snap: dict) -> None:
     trainer.model.zero_grad(set_to_none=True)
 
 
-def _set_betas(trainer, arm: tuple[float, float]) -> None:
+def _set_betas(trainer, arm: tuple, arm_setup: Callable[[Any, tuple], None] | None = None) -> None:
     from .schedules import parse_schedule
 
     trainer.beta1_schedule = parse_schedule(arm[0])
     trainer.beta2_schedule = parse_schedule(arm[1])
     trainer._schedules_checked_for = None
+    if arm_setup is not None:
+        arm_setup(trainer, arm)
 
 
 class _Recorder:
@@ -458,9 +461,10 @@ class _VllmRequestSeed:
         return False
 
 
-def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[list[float], float]:
-    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the losses, and
-    the entropy change the trainer's per-step predictor summed over them (`cegppo/predictor/entropy_change`)."""
+def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[list[float], float, dict]:
+    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the losses, the
+    entropy change the trainer's per-step predictor summed over them (`cegppo/predictor/entropy_change`) and the mean
+    of its shares (`right_raise_frac`, `left_raise_frac` over the micro-batches that had such tokens)."""
     model = trainer.model
     losses = []
     for start in range(0, len(batches), ga):
@@ -475,10 +479,13 @@ def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[lis
         trainer.lr_scheduler.step()
         model.zero_grad(set_to_none=True)
         trainer.state.global_step += 1
-    predicted = sum(trainer._metrics["train"].get("cegppo/predictor/entropy_change", []))
+    metrics = trainer._metrics["train"]
+    predicted = sum(metrics.get("cegppo/predictor/entropy_change", []))
+    shares = {side: sum(v) / len(v) for side in ("right_raise_frac", "left_raise_frac")
+              if (v := metrics.get(f"cegppo/predictor/{side}"))}  # fmt: skip
     for values in trainer._metrics.values():  # TRL's log() would clear them; nothing is logged here
         values.clear()
-    return losses, predicted
+    return losses, predicted, shares
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -508,7 +515,8 @@ def _check_trainer(trainer) -> tuple[int, int]:
 
 def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | None = None, *,
               log: Callable[[str], None] | None = print,
-              on_branch: Callable[[list[dict]], None] | None = None) -> dict:  # fmt: skip
+              on_branch: Callable[[list[dict]], None] | None = None,
+              arm_setup: Callable[[Any, tuple], None] | None = None) -> dict:  # fmt: skip
     """Run the β-response probe on a freshly built `CEGPPOTrainer` (see the module docstring for the protocol).
 
     Args:
@@ -517,6 +525,9 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
         settings: arms and branch points.
         log: where progress lines go (None: silent).
         on_branch: called with the branch records so far after each branch point (e.g. to save partial results).
+        arm_setup: called with the trainer and the arm after its β is set, before it trains (every arm, the reference
+            too): applies a labelled arm's variant of the loss (e.g. an attribute a `preserved_gradient_coefficient`
+            override reads).
 
     Returns:
         A JSON-ready dict: `settings`, `probe_set` (its digest and size), `branches` (per branch point: `step`,
@@ -524,6 +535,8 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
         (`summarize_probe`).
     """
     settings = settings or ProbeSettings()
+    if arm_setup is None and (labelled := [arm_name(a) for a in settings.arms if len(a) > 2]):
+        raise ValueError(f"arms {labelled} name a variant of the loss: pass the `arm_setup` that applies it.")
     say = log or (lambda _: None)
     per_batch, ga = _check_trainer(trainer)
     steps_per_batch = per_batch // ga
@@ -563,7 +576,7 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
     with recorder, _VllmRequestSeed(trainer) as vllm_seed:
         for k in range(settings.branch_points):
             for _ in range(settings.branch_every - 1):  # rollout batches between branch points: the reference arm
-                _set_betas(trainer, reference)
+                _set_betas(trainer, reference, arm_setup)
                 recorder.arm = reference
                 vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)  # one seed per rollout batch
                 _train_rollout_batch(trainer, next_batches(), ga)
@@ -575,16 +588,16 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
             for arm in (*others, reference):  # the reference last: its end state is the base run's next state
                 t0 = time.perf_counter()
                 _restore(trainer, snap)
-                _set_betas(trainer, arm)
+                _set_betas(trainer, arm, arm_setup)
                 recorder.reset()
                 recorder.arm = arm
-                losses, predicted = _train_rollout_batch(trainer, batches, ga)
+                losses, predicted, shares = _train_rollout_batch(trainer, batches, ga)
                 digest, adv = _batch_digest(trainer)
                 h = probe_entropy(trainer, probe_set)
                 record["arms"][arm_name(arm)] = {
-                    "beta1": arm[0], "beta2": arm[1], "h_after": h, "delta": h - h0, "clip": recorder.shares(),
+                    "beta1": arm[0], "beta2": arm[1], "variant": arm[2] if len(arm) > 2 else None, "h_after": h, "delta": h - h0, "clip": recorder.shares(),
                     "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,
-                    "loss_mean": sum(losses) / len(losses), "predicted": predicted,
+                    "loss_mean": sum(losses) / len(losses), "predicted": predicted, "predictor_shares": shares,
                     "seconds": time.perf_counter() - t0,
                 }  # fmt: skip
             hashes = {a["batch_hash"] for a in record["arms"].values()}

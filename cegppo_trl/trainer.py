@@ -559,7 +559,9 @@ class CEGPPOTrainer(GRPOTrainer):
         coefficients = self.cegppo_coefficients()
         bounds = {k: coefficients[k] for k in ("epsilon_low", "epsilon_high", "delta", "delta_low")}
         regions = cegppo_regions(log_ratio.detach(), advantages, **bounds)
-        coefficient = preserved_coefficient(log_ratio.detach(), advantages, **coefficients, regions=regions)
+        coefficient = self.preserved_gradient_coefficient(
+            log_ratio.detach(), advantages, coefficients, regions, logps.detach(), entropies
+        )
         term = logps.new_zeros(())
         if coefficients["beta1"] or coefficients["beta2"]:  # at beta = 0, TRL's loss and nothing else
             term = (preserved_gradient_term(log_ratio, advantages, coefficient) * weights).sum()
@@ -568,6 +570,26 @@ class CEGPPOTrainer(GRPOTrainer):
         tensors = dict(weights=weights, logps=logps, entropies=entropies, regions=regions, coefficient=coefficient)
         self._log_cegppo_metrics(mode, log_ratio.detach(), advantages, mask, coefficients, **tensors)
         return term
+
+    def preserved_gradient_coefficient(
+        self, log_ratio, advantages, coefficients, regions, logps, entropies
+    ) -> torch.Tensor:
+        """Per token, the weight of the gradient kept where PPO's clip drops it: `loss.preserved_coefficient`, the
+        paper's rule. The one place to change which clipped tokens keep how much (a study arm overrides it, e.g.
+        examples/entropy_study/mechanism.py); the loss term, the `cegppo/` metrics and the predictor all read it.
+
+        Args:
+            log_ratio: ``log r``, detached, ``(B, T)`` (``(B, 1)`` for sequence-level ratios).
+            advantages: ``(B,)`` or ``(B, T)``.
+            coefficients: `cegppo_coefficients()`: this step's clip range, (beta1, beta2) and guards.
+            regions: `loss.cegppo_regions` of the same inputs.
+            logps, entropies: TRL's ``(B, T)`` log-probabilities and entropies of the current policy.
+
+        Returns:
+            A tensor of `log_ratio`'s dtype and the broadcast shape of `log_ratio` and `advantages`, 0 where no
+            gradient is kept (at ``beta1 = beta2 = 0`` the trainer adds no term, whatever this returns).
+        """
+        return preserved_coefficient(log_ratio, advantages, **coefficients, regions=regions)
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
         """`aggregation.sft_loss`, and `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct

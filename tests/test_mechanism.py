@@ -1,0 +1,131 @@
+"""The trainer's `preserved_gradient_coefficient` hook and the mechanism study's token-class arms
+(examples/entropy_study/mechanism.py), on the tiny Llama.
+
+- The hook is the one the loss reads: a subclass returning zeros trains GRPO's parameters at β = (0.5, 1), bit for bit.
+- The study's classes split the right-clipped tokens by log p < -H: the two arms' preserved gradients add up to the
+  paper's rule's (the term is linear in the coefficient), each class is non-empty on the batch used, and a labelled
+  arm without its `arm_setup` is refused by the probe.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from helpers.batches import base_config_kwargs, count_ones_reward, loss_and_grads, make_offpolicy_batch
+
+from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.loss import cegppo_regions
+from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.probe import ProbeSettings, run_probe
+from cegppo_trl.schedules import parse_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `examples` is a folder beside the package, importable from the repository root
+    sys.path.insert(0, str(ROOT))
+
+from examples.entropy_study import mechanism  # noqa: E402
+
+PROMPTS = [f"{i % 4}+{i % 4}=" for i in range(32)]
+
+
+def _trainer(tmp_path, tokenizer, cls=CEGPPOTrainer, **kw):
+    settings = dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4, loss_type="dapo",
+                    lr_scheduler_type="constant", learning_rate=1e-2, max_steps=4, bf16=False)  # fmt: skip
+    settings.update(kw)
+    return cls(model=build_tiny_llama(tokenizer, seed=0), reward_funcs=count_ones_reward,
+               args=CEGPPOConfig(**base_config_kwargs(tmp_path, **settings)),
+               train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer)  # fmt: skip
+
+
+class NothingPreserved(CEGPPOTrainer):
+    def preserved_gradient_coefficient(self, log_ratio, advantages, coefficients, regions, logps, entropies):
+        return torch.zeros_like(super().preserved_gradient_coefficient(
+            log_ratio, advantages, coefficients, regions, logps, entropies))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_hook_that_preserves_nothing_trains_grpos_parameters_off_policy(tmp_path, tokenizer):
+    ends = {}
+    for name, cls, betas in (("grpo", CEGPPOTrainer, (0.0, 0.0)), ("hook", NothingPreserved, (0.5, 1.0)),
+                             ("cegppo", CEGPPOTrainer, (0.5, 1.0))):  # fmt: skip
+        trainer = _trainer(tmp_path / name, tokenizer, cls, gppo_beta1=betas[0], gppo_beta2=betas[1])
+        trainer.train()
+        ends[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        if name == "cegppo":  # the run was off-policy and clipped: β had something to act on
+            history = [h for h in trainer.state.log_history if "cegppo/preserved/right_frac" in h]
+            assert max(h["cegppo/preserved/right_frac"] + h["cegppo/preserved/left_frac"] for h in history) > 0
+    assert all(torch.equal(ends["grpo"][k], ends["hook"][k]) for k in ends["grpo"])
+    assert not all(torch.equal(ends["grpo"][k], ends["cegppo"][k]) for k in ends["grpo"])
+
+
+def _preserved_grads(trainer, inputs, right_tokens):
+    """Parameter gradient of one micro-batch minus GRPO's (β = 0): the preserved gradient alone."""
+    trainer.right_tokens = right_tokens
+    trainer.beta2_schedule = parse_schedule(1.0)
+    _, with_beta = loss_and_grads(trainer, inputs)
+    trainer.beta2_schedule = parse_schedule(0.0)
+    _, grpo = loss_and_grads(trainer, inputs)
+    return [a - b for a, b in zip(with_beta, grpo, strict=True)]
+
+
+def test_the_two_token_classes_split_the_right_clipped_gradient(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer, gppo_beta1=0.0, gppo_beta2=1.0)
+    inputs = make_offpolicy_batch(trainer, seed=3)
+    # Both classes are present among the right-clipped tokens of this batch (else the test says nothing).
+    with torch.no_grad():
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        logps, entropies = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, inputs["completion_ids"].shape[1], compute_entropy=True)[:2]  # fmt: skip
+    right = cegppo_regions(logps - inputs["old_per_token_logps"], inputs["advantages"], epsilon_low=0.2,
+                           epsilon_high=0.2).right & inputs["completion_mask"].bool()  # fmt: skip
+    raises = logps < -entropies
+    assert (right & raises).any() and (right & ~raises).any()
+
+    full, raise_, rest = (_preserved_grads(trainer, inputs, t) for t in ("all", "raise", "rest"))
+    assert any(g.abs().max() > 0 for g in raise_) and any(g.abs().max() > 0 for g in rest)
+    for f, a, b in zip(full, raise_, rest, strict=True):
+        torch.testing.assert_close(a + b, f, atol=1e-7, rtol=1e-5)
+    assert not all(torch.allclose(a, f) for a, f in zip(raise_, full, strict=True))
+    trainer.right_tokens = "some"
+    with pytest.raises(ValueError, match="right_tokens must be one of"):
+        loss_and_grads(trainer, inputs)
+
+
+def test_the_probe_refuses_a_labelled_arm_without_its_setup(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
+    settings = ProbeSettings(arms=mechanism.ARMS, branch_points=1, probe_prompts=2)
+    assert [a[2:] for a in settings.arms] == [(), (), ("raise",), ("rest",)]
+    with pytest.raises(ValueError, match=r"\(0, 1\) raise.*arm_setup"):
+        run_probe(trainer, PROMPTS[:2], settings, log=None)
+
+
+@pytest.mark.slow
+def test_the_study_arms_run_through_the_probe_and_the_summary_reads_them(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
+    settings = ProbeSettings(arms=mechanism.ARMS, branch_points=2, probe_prompts=4)
+    result = run_probe(trainer, PROMPTS[:4], settings, log=None, arm_setup=mechanism.set_right_tokens)
+    branches = result["branches"]
+    assert list(branches[0]["arms"]) == [mechanism.FULL, mechanism.RAISE, mechanism.REST, mechanism.REF]
+    assert {b["arms"][mechanism.RAISE]["variant"] for b in branches} == {"raise"}
+    # The classes change the update: not every arm ends where the paper's rule does.
+    deltas = {arm: [b["arms"][arm]["delta"] for b in branches] for arm in branches[0]["arms"]}
+    assert deltas[mechanism.RAISE] != deltas[mechanism.FULL] or deltas[mechanism.REST] != deltas[mechanism.FULL]
+    out = tmp_path / "out"
+    out.mkdir()
+    for seed in (0, 1):
+        (out / f"t1-seed{seed}.json").write_text(json.dumps(
+            {"meta": {"regime": "t1", "seed": seed}, "branches": branches}))  # fmt: skip
+    text, evaluation = mechanism.results_markdown(out)
+    row = evaluation["regimes"]["t1"]
+    assert row["k"] == 4
+    d_full = [b["arms"][mechanism.FULL]["delta"] - b["arms"][mechanism.REF]["delta"] for b in branches] * 2
+    assert row["arms"][mechanism.FULL]["d"] == d_full
+    assert {t["id"] for t in evaluation["tests"]} == {
+        "M1[t1]", "M1[t1] reversed", "M2[t1]", "M2[t1] reversed", "M3[t1]", "S[t1]"}  # fmt: skip
+    assert "M1[t1]" in evaluation["verdicts"] and "| S[t1] |" in text
