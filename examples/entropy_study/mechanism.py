@@ -14,7 +14,8 @@ batch) and four arms branched from the same states:
 
 The arms are a `CEGPPOTrainer` subclass that overrides the trainer's one hook for this,
 `preserved_gradient_coefficient`. Regimes: `t1` samples and trains at temperature 1 (Stage A's setting; seeds 0 and 1
-are Stage A's base runs, whose (0, 1) arm this run must reproduce bit for bit), `tlow` at `LOW_TEMPERATURE`, chosen
+are Stage A's base runs: the same rollout batches, and D(0, 1) within float noise of another CPU, `stage_a_check`),
+`tlow` at `LOW_TEMPERATURE`, chosen
 before the run as the temperature that halves the starting model's probe entropy (`measure-temperature`).
 
 Claims, fixed here before any run, D(arm) = the arm's probe-entropy change over one rollout batch minus GRPO's, each
@@ -60,6 +61,7 @@ TEMPERATURES = (1.0, 0.7, 0.6, 0.5, 0.4)  # measured by `measure-temperature`
 LOW_TEMPERATURE = 0.7  # `measure-temperature`: 1.066 nats against 2.276 at T = 1 (0.47×; 0.6 gives 0.37×)
 REGIMES = {"t1": 1.0, "tlow": LOW_TEMPERATURE}
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "entropy-study.md"
+STAGE_A = DOCS.parent / "entropy-study" / "probe-stage-a"
 BEGIN, END = "<!-- mechanism results: begin -->", "<!-- mechanism results: end -->"
 
 
@@ -243,10 +245,33 @@ def evaluate(runs: dict[str, dict[int, list[dict]]]) -> dict:
     return {"regimes": regimes, "tests": tests, "verdicts": verdicts}
 
 
+def stage_a_check(runs: dict[str, dict[int, list[dict]]], stage_a: Path = STAGE_A) -> dict:
+    """`t1` against Stage A's files (the same base runs): branch points compared, how many trained on the same rollout
+    batch (hash), and the largest difference of GRPO's ΔH and of D(0, 1)."""
+    compared = same_batch = 0
+    largest = {"h0": 0.0, "ref_delta": 0.0, "d_full": 0.0}
+    for seed, branches in runs.get("t1", {}).items():
+        path = stage_a / f"seed{seed}.json"
+        if not path.exists():
+            continue
+        earlier = {b["step"]: b for b in json.loads(path.read_text())["branches"]}
+        for b in branches:
+            if (e := earlier.get(b["step"])) is None:
+                continue
+            compared += 1
+            same_batch += b["batch_hash"] == e["batch_hash"]
+            d_now, d_then = (x["arms"][FULL]["delta"] - x["arms"][REF]["delta"] for x in (b, e))
+            for key, diff in (("h0", b["h0"] - e["h0"]), ("d_full", d_now - d_then),
+                              ("ref_delta", b["arms"][REF]["delta"] - e["arms"][REF]["delta"])):  # fmt: skip
+                largest[key] = max(largest[key], abs(diff))
+    return {"compared": compared, "same_batch": same_batch, "largest_difference": largest}
+
+
 def results_markdown(out: Path) -> tuple[str, dict]:
     """The tables of `summarize` as markdown, and the evaluation they come from."""
     runs = load_runs(out)
     result = evaluate(runs)
+    result["stage_a_reproduced"] = stage_a_check(runs)
     lines = []
     for regime, row in result["regimes"].items():
         lines += [f"**Regime `{regime}`** (temperature {REGIMES[regime]:g}; seeds {row['seeds']}; {row['k']} branch "
@@ -276,6 +301,13 @@ def results_markdown(out: Path) -> tuple[str, dict]:
     lines += [f"| {t['id']} | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in result["tests"]]
     lines += ["", "| claim | verdict |", "|---|---|"]
     lines += [f"| {c} | {v} |" for c, v in result["verdicts"].items()]
+    check = result["stage_a_reproduced"]
+    if check["compared"]:
+        big = check["largest_difference"]
+        lines += ["", f"Regime `t1` against Stage A (the same base runs, another machine): {check['same_batch']} of "
+                  f"{check['compared']} shared branch points trained on Stage A's rollout batch (hash); largest "
+                  f"difference of the starting probe entropy {big['h0']:.1e}, of GRPO's ΔH {big['ref_delta']:.1e}, "
+                  f"of D(0, 1) {big['d_full']:.1e} nats."]  # fmt: skip
     return "\n".join(lines), result
 
 
