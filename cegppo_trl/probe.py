@@ -132,7 +132,9 @@ class ProbeSettings:
     max_seconds: float | None = None
 
     def __post_init__(self):
-        self.arms = tuple((float(arm[0]), float(arm[1]), *map(str, arm[2:3])) for arm in self.arms)
+        if any(len(arm) not in (2, 3) for arm in self.arms):
+            raise ValueError(f"ProbeSettings.arms: each arm is (β1, β2) or (β1, β2, label), got {self.arms}.")
+        self.arms = tuple((float(arm[0]), float(arm[1]), *map(str, arm[2:])) for arm in self.arms)
         if len(self.arms) < 2 or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"ProbeSettings.arms: a reference and at least one other arm, no repeats: {self.arms}.")
         if self.branch_points < 1 or self.branch_every < 1 or self.probe_prompts < 1:

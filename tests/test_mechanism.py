@@ -101,6 +101,8 @@ def test_the_probe_refuses_a_labelled_arm_without_its_setup(tmp_path, tokenizer)
     trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
     settings = ProbeSettings(arms=mechanism.ARMS, branch_points=1, probe_prompts=2)
     assert [a[2:] for a in settings.arms] == [(), (), ("raise",), ("rest",)]
+    with pytest.raises(ValueError, match=r"\(β1, β2\) or \(β1, β2, label\)"):
+        ProbeSettings(arms=((0, 0), (0, 1, "raise", "more")))
     with pytest.raises(ValueError, match=r"\(0, 1\) raise.*arm_setup"):
         run_probe(trainer, PROMPTS[:2], settings, log=None)
 
