@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
 from .controller import parse_controller
-from .loss import check_left_guard
+from .loss import BETA_RULES, check_left_guard
 from .schedules import parse_schedule
 
 logger = logging.getLogger(__name__)
@@ -146,6 +146,11 @@ class CEGPPOConfig(GRPOConfig):
             cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.
+        gppo_beta_rule (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: β1 scales left-clipped tokens and β2 right-clipped ones (Eq. 8). `"entropy"`: each β by the
+            first-order effect of the token's push on its position's entropy: β2 where the push raises it
+            (right-clipped with `log p < -H`, left-clipped with `log p > -H`), β1 where it lowers it, each token
+            keeping its side's bound, so that β2 raises entropy and β1 lowers it on any model. Not the paper's rule.
         max_zero_signal_batches (`int`, *optional*, defaults to `100`):
             Stop after this many consecutive training rollout batches in which every group has zero reward spread
             (zero advantages, no policy gradient; the batches dynamic sampling would empty) or no completion token is
@@ -245,6 +250,16 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
+    gppo_beta_rule: str = field(
+        default="paper",
+        metadata={
+            "help": "Which preserved tokens each beta scales. 'paper' (Eq. 8): beta1 the left-clipped, beta2 the "
+            "right-clipped. 'entropy': by the push's first-order effect on the position's entropy, beta2 every "
+            "preserved token whose push raises it (right-clipped with log p < -H, left-clipped with log p > -H), "
+            "beta1 the others; each keeps its side's bound. Token-level ratios only. See docs/algorithm.md."
+        },
+    )
+
     max_zero_signal_batches: int = field(
         default=100,
         metadata={
@@ -256,6 +271,14 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
+        if self.gppo_beta_rule not in BETA_RULES:
+            raise ValueError(f"`gppo_beta_rule` must be one of {list(BETA_RULES)}, got {self.gppo_beta_rule!r}.")
+        if self.gppo_beta_rule == "entropy" and self.importance_sampling_level != "token":
+            raise ValueError(
+                "`gppo_beta_rule='entropy'` assigns beta per token (by log p against the entropy H at its position); "
+                f"`importance_sampling_level={self.importance_sampling_level!r}` has one ratio per sequence. Set "
+                "`importance_sampling_level='token'` or `gppo_beta_rule='paper'`."
+            )
         if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
             # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
             # transformers would, without its FutureWarning on every config the user did not cause.

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 LEFT_GUARD_MODES = ("cutoff", "decay")
+BETA_RULES = ("paper", "entropy")
 
 
 def cegppo_objective(
@@ -173,6 +174,9 @@ def preserved_coefficient(
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
     regions: CEGPPORegions | None = None,
+    beta_rule: str = "paper",
+    logps: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per token, the weight of the gradient CE-GPPO keeps where PPO's clip drops it (a constant, no gradient).
 
@@ -180,18 +184,33 @@ def preserved_coefficient(
     under ``"decay"``), ``beta2 * (1 + eps_h)`` on right-clipped ones, 0 elsewhere; shape
     ``broadcast(log_ratio, advantages)``, `log_ratio`'s dtype. `delta` is accepted for the signature's sake: the dual
     region is disjoint from the left one (``delta > 1``). `regions`: `cegppo_regions` of the same inputs, if at hand.
+
+    `beta_rule` ``"entropy"`` assigns each β by what the token's push does to its position's entropy to first order
+    instead of by its clip side (the bound stays the side's): a right-clipped token (pushed up) raises entropy iff
+    ``log p < -H``, a left-clipped one (pushed down) iff ``log p > -H``; those get ``beta2``, the others ``beta1``. So
+    ``beta2`` raises entropy and ``beta1`` lowers it whatever the model's clipped tokens are. Needs `logps` and
+    `entropies` (``(B, T)``, the current policy's, token-level ratios).
     """
+    if beta_rule not in BETA_RULES:
+        raise ValueError(f"`beta_rule` must be one of {list(BETA_RULES)}, got {beta_rule!r}.")
     if regions is None:
         regions = cegppo_regions(
             log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
         )
     left, right, _, guard = regions
     zero = log_ratio.new_zeros(())
-    left_weight = log_ratio.new_tensor(beta1 * (1 - epsilon_low))
-    if delta_low is not None:  # the left guard: how far beta1 may push a token out of the policy
+    low, high = 1 - epsilon_low, 1 + epsilon_high
+    left_weight, right_weight = log_ratio.new_tensor(beta1 * low), log_ratio.new_tensor(beta2 * high)
+    if beta_rule == "entropy":
+        if logps is None or entropies is None or logps.shape != left.shape:
+            raise ValueError("`beta_rule='entropy'` needs per-token `logps` and `entropies` of the ratio's shape.")
+        up_raises = logps < -entropies  # pushing the token up raises its position's entropy (first order)
+        left_weight = torch.where(up_raises, left_weight, log_ratio.new_tensor(beta2 * low))
+        right_weight = torch.where(up_raises, right_weight, log_ratio.new_tensor(beta1 * high))
+    if delta_low is not None:  # the left guard: how far a left-clipped token may be pushed out of the policy
         guarded = zero if delta_low_mode == "cutoff" else left_weight * torch.exp(log_ratio) / delta_low
         left_weight = torch.where(guard, guarded, left_weight)
-    coefficient = torch.where(right, log_ratio.new_tensor(beta2 * (1 + epsilon_high)), zero)
+    coefficient = torch.where(right, right_weight, zero)
     return torch.where(left, left_weight, coefficient)
 
 

