@@ -129,6 +129,26 @@ def test_the_probe_refuses_a_labelled_arm_without_its_setup(tmp_path, tokenizer)
 
 
 @pytest.mark.slow
+def test_the_rule_arms_run_through_the_probe_with_the_rule_each_names(tmp_path, tokenizer):
+    trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
+    rules = []
+    original = trainer.preserved_gradient_coefficient
+
+    def spy(*args):
+        rules.append(trainer.args.gppo_beta_rule)
+        return original(*args)
+
+    trainer.preserved_gradient_coefficient = spy
+    settings = ProbeSettings(arms=mechanism.RULE_ARMS, branch_points=1, probe_prompts=2)
+    result = run_probe(trainer, PROMPTS[:2], settings, log=None, arm_setup=mechanism.set_beta_rule)
+    arms = result["branches"][0]["arms"]
+    assert list(arms) == [mechanism.B1_PAPER, mechanism.B2_ENTROPY, mechanism.B1_ENTROPY, mechanism.REF]
+    # Each arm's 4 micro-batches under its own rule, in the probe's order (the reference last).
+    assert rules == ["paper"] * 4 + ["entropy"] * 8 + ["paper"] * 4
+    assert arms[mechanism.B1_ENTROPY]["delta"] != arms[mechanism.B1_PAPER]["delta"]
+
+
+@pytest.mark.slow
 def test_the_study_arms_run_through_the_probe_and_the_summary_reads_them(tmp_path, tokenizer):
     trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
     settings = ProbeSettings(arms=mechanism.ARMS, branch_points=2, probe_prompts=4)
