@@ -253,10 +253,8 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta_rule: str = field(
         default="paper",
         metadata={
-            "help": "Which preserved tokens each beta scales. 'paper' (Eq. 8): beta1 the left-clipped, beta2 the "
-            "right-clipped. 'entropy': by the push's first-order effect on the position's entropy, beta2 every "
-            "preserved token whose push raises it (right-clipped with log p < -H, left-clipped with log p > -H), "
-            "beta1 the others; each keeps its side's bound. Token-level ratios only. See docs/algorithm.md."
+            "help": "Which preserved tokens each beta scales: 'paper' (Eq. 8) by clip side; 'entropy' by the push's "
+            "first-order entropy effect: beta2 where it raises entropy (log p < -H pushed up, > -H pushed down), beta1 else."
         },
     )
 

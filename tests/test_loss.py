@@ -229,7 +229,9 @@ def test_the_entropy_rule_gives_beta2_to_the_pushes_that_raise_entropy_and_beta1
                                         entropies=entropies)  # fmt: skip
     assert_close(coefficient, torch.tensor([[0.6, 0.4, 0.0], [0.9, 0.6, 0.0]]))
     # The paper's rule on the same tokens: by side only.
-    assert_close(preserved_coefficient(log_ratio, adv, **LOSS_KWARGS), torch.tensor([[0.4, 0.4, 0.0], [0.9, 0.9, 0.0]]))
+    assert_close(
+        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS), torch.tensor([[0.4, 0.4, 0.0], [0.9, 0.9, 0.0]])
+    )
     # The left guard still bounds left-clipped tokens whichever beta they got (r = 1/e < delta_low = 0.5: cut off).
     guarded = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy", logps=logps,
                                     entropies=entropies, delta_low=0.5)  # fmt: skip
