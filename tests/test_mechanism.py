@@ -205,3 +205,10 @@ def test_the_rule_study_pairs_with_the_mechanism_runs_and_joins_the_holm_family(
     full = [-0.02 * (1 + s / 80) for s in range(0, 48, 8)] * 2
     assert rule["arms"][mechanism.B2_ENTROPY]["minus_paper"]["mean"] == pytest.approx(0.01 - sum(full) / 12)
     assert evaluation["verdicts"]["M2[t1]"] == "held" and "E1 reversed" in text
+
+
+def test_the_model_card_names_the_entropy_rule_and_not_the_papers(tmp_path, tokenizer):
+    assert (
+        _trainer(tmp_path / "e", tokenizer, gppo_beta_rule="entropy").cegppo_settings()["gppo_beta_rule"] == "entropy"
+    )
+    assert "gppo_beta_rule" not in _trainer(tmp_path / "p", tokenizer).cegppo_settings()  # the paper's: as before
