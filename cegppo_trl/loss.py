@@ -108,6 +108,13 @@ def check_left_guard(delta_low: float | None, delta_low_mode: str, epsilon_low: 
         )
 
 
+def push_up_raises_entropy(logps: torch.Tensor, entropies: torch.Tensor) -> torch.Tensor:
+    """Per token, whether raising its log-probability raises its position's entropy, to first order in one logit:
+    ``log p < -H`` (the entropy moves by about ``-g * p * (log p + H)`` for a push ``g``). Pushing it down does the
+    opposite. The predictor, `beta_rule="entropy"` and the token-class study all use this one definition."""
+    return logps < -entropies
+
+
 class CEGPPORegions(NamedTuple):
     """Boolean masks of the special regions, each of the broadcast shape of the ratio and the advantages.
 
@@ -204,7 +211,7 @@ def preserved_coefficient(
     if beta_rule == "entropy":
         if logps is None or entropies is None or logps.shape != left.shape:
             raise ValueError("`beta_rule='entropy'` needs per-token `logps` and `entropies` of the ratio's shape.")
-        up_raises = logps < -entropies  # pushing the token up raises its position's entropy (first order)
+        up_raises = push_up_raises_entropy(logps, entropies)
         left_weight = torch.where(up_raises, left_weight, log_ratio.new_tensor(beta2 * low))
         right_weight = torch.where(up_raises, right_weight, log_ratio.new_tensor(beta1 * high))
     if delta_low is not None:  # the left guard: how far a left-clipped token may be pushed out of the policy
@@ -343,7 +350,7 @@ def cegppo_diagnostics(
     sums.update(zip(("grad_weight", "preserved_grad_weight"), weighted.sum(dim=(1, 2)).unbind()))
     if entropies is not None and logps is not None:
         H, logp = entropies.detach().to(dtype), logps.detach().to(dtype)  # [B, T]
-        raises = (logp < -H).to(dtype)  # pushing such a token up raises the entropy; pushing it down lowers it
+        raises = push_up_raises_entropy(logp, H).to(dtype)  # up: raises the entropy; down: lowers it
         right_tokens, left_tokens = right * mask, left * mask
         per_token = {
             "entropy": H * mask,

@@ -597,8 +597,8 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
                 digest, adv = _batch_digest(trainer)
                 h = probe_entropy(trainer, probe_set)
                 record["arms"][arm_name(arm)] = {
-                    "beta1": arm[0], "beta2": arm[1], "variant": arm[2] if len(arm) > 2 else None, "h_after": h, "delta": h - h0, "clip": recorder.shares(),
-                    "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,
+                    "beta1": arm[0], "beta2": arm[1], "variant": arm[2] if len(arm) > 2 else None, "h_after": h,
+                    "delta": h - h0, "clip": recorder.shares(), "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,
                     "loss_mean": sum(losses) / len(losses), "predicted": predicted, "predictor_shares": shares,
                     "seconds": time.perf_counter() - t0,
                 }  # fmt: skip
