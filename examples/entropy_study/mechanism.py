@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from cegppo_trl import CEGPPOTrainer
+from cegppo_trl.loss import push_up_raises_entropy
 
 from .probe_study import PROBE_PROMPTS, STEPS, STEPS_PER_BATCH, study_config
 
@@ -65,6 +66,7 @@ REF, FULL, RAISE, REST = "(0, 0)", "(0, 1)", "(0, 1) raise", "(0, 1) rest"
 # mechanism run of the same seed (the same base run on the same machine: checked bit for bit in `rule_rows`).
 RULE_ARMS = ((0.0, 0.0), (0.5, 0.0), (0.0, 1.0, "entropy"), (0.5, 0.0, "entropy"))
 B1_PAPER, B2_ENTROPY, B1_ENTROPY = "(0.5, 0)", "(0, 1) entropy", "(0.5, 0) entropy"
+MECHANISM_CLAIMS = (("M1", RAISE, 1), ("M2", REST, -1))  # (claim, arm, the side of 0 its D is claimed on)
 TEMPERATURES = (1.0, 0.7, 0.6, 0.5, 0.4)  # measured by `measure-temperature`
 LOW_TEMPERATURE = 0.7  # `measure-temperature`: 1.066 nats against 2.276 at T = 1 (0.47×; 0.6 gives 0.37×)
 REGIMES = {"t1": 1.0, "tlow": LOW_TEMPERATURE}
@@ -91,7 +93,7 @@ class RightTokenTrainer(CEGPPOTrainer):
             raise ValueError(
                 "RightTokenTrainer selects tokens: it needs token-level ratios (importance_sampling_level)."
             )
-        raises = logps < -entropies
+        raises = push_up_raises_entropy(logps, entropies)
         keep = raises if self.right_tokens == "raise" else ~raises
         return torch.where(regions.right & ~keep, coefficient.new_zeros(()), coefficient)
 
@@ -208,17 +210,41 @@ def rule_rows(runs: dict, rule_runs: dict) -> dict | None:
     seeds = sorted({s for s, _, _ in pairs})
     row = {"k": len(pairs), "seeds": seeds, "unmatched": unmatched, "arms": {}}
     for arm, values in d.items():
-        mean, low, high = t_interval(values)
-        row["arms"][arm] = {"mean": mean, "ci95": [low, high], "positive": sum(x > 0 for x in values), "d": values,
-                            "p_two_sided": sign_flip_p(values, "two-sided"),
-                            "seed_means": {s: statistics.fmean(v for (t, _, _), v in zip(pairs, values) if t == s)
-                                           for s in seeds}}  # fmt: skip
+        row["arms"][arm] = _arm_stats(values, {s: statistics.fmean(v for (t, _, _), v in zip(pairs, values) if t == s)
+                                               for s in seeds})  # fmt: skip
     for rule_arm, paper_arm in ((B2_ENTROPY, FULL), (B1_ENTROPY, B1_PAPER)):
         diff = [a - b for a, b in zip(d[rule_arm], d[paper_arm], strict=True)]
         mean, low, high = t_interval(diff)
         row["arms"][rule_arm]["minus_paper"] = {"mean": mean, "ci95": [low, high],
                                                 "p_two_sided": sign_flip_p(diff, "two-sided")}  # fmt: skip
     return row
+
+
+def _arm_stats(values: list[float], seed_means: dict[int, float]) -> dict:
+    """One arm's D over the pooled branch points: mean, 95 % t-interval, how many positive, exact two-sided p."""
+    from cegppo_trl.stats import sign_flip_p, t_interval
+
+    mean, low, high = t_interval(values)
+    return {"mean": mean, "ci95": [low, high], "positive": sum(x > 0 for x in values), "d": values,
+            "p_two_sided": sign_flip_p(values, "two-sided"), "seed_means": seed_means}  # fmt: skip
+
+
+def _directional_tests(cid: str, values: list[float], side: int) -> list[dict]:
+    """The one-sided test of a claim that D is above 0 (`side` 1) or below it (-1), and its reverse."""
+    from cegppo_trl.stats import sign_flip_p
+
+    alternative, reverse = ("greater", "less") if side > 0 else ("less", "greater")
+    return [{"id": cid, "p": sign_flip_p(values, alternative)},
+            {"id": f"{cid} reversed", "p": sign_flip_p(values, reverse)}]  # fmt: skip
+
+
+def _directional_verdict(by_id: dict, cid: str, seed_means: dict, side: int) -> str:
+    """Held when the Holm p <= α and every seed's mean is on the claimed side; failed when the reverse's is."""
+    if by_id[cid]["p_holm"] <= ALPHA and all(m * side > 0 for m in seed_means.values()):
+        return "held"
+    if by_id[f"{cid} reversed"]["p_holm"] <= ALPHA:
+        return "failed (reversed)"
+    return "not resolved at this power"
 
 
 def d_values(branches: list[dict], arm: str) -> list[float]:
@@ -239,10 +265,10 @@ def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = No
 
     tests, regimes = [], {}
     rule = rule_rows(runs, rule_runs or {})
+    option_claims = (("E1", B2_ENTROPY, 1), ("E2", B1_ENTROPY, -1))
     if rule is not None:
-        for cid, arm, alt, rev in (("E1", B2_ENTROPY, "greater", "less"), ("E2", B1_ENTROPY, "less", "greater")):
-            tests.append({"id": cid, "p": sign_flip_p(rule["arms"][arm]["d"], alt)})
-            tests.append({"id": f"{cid} reversed", "p": sign_flip_p(rule["arms"][arm]["d"], rev)})
+        for cid, arm, side in option_claims:
+            tests += _directional_tests(cid, rule["arms"][arm]["d"], side)
     for regime, per_seed in runs.items():
         pooled = [b for seed in sorted(per_seed) for b in per_seed[seed]]
         if len(pooled) < 2:
@@ -250,14 +276,12 @@ def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = No
         d = {arm: d_values(pooled, arm) for arm in (FULL, RAISE, REST)}
         row = {"k": len(pooled), "seeds": sorted(per_seed), "arms": {}}
         for arm, values in d.items():
-            mean, low, high = t_interval(values)
             agree, called = predictor_agreement(pooled, arm)
             shares = [b["arms"][arm].get("predictor_shares", {}).get("right_raise_frac") for b in pooled]
             shares = [s for s in shares if s is not None]
+            seed_means = {s: statistics.fmean(d_values(per_seed[s], arm)) for s in sorted(per_seed)}
             row["arms"][arm] = {
-                "mean": mean, "ci95": [low, high], "positive": sum(x > 0 for x in values), "d": values,
-                "p_two_sided": sign_flip_p(values, "two-sided"), "predictor_agrees": agree, "predictor_k": called,
-                "seed_means": {s: statistics.fmean(d_values(per_seed[s], arm)) for s in sorted(per_seed)},
+                **_arm_stats(values, seed_means), "predictor_agrees": agree, "predictor_k": called,
                 "right_raise_frac": statistics.fmean(shares) if shares else None,
                 "clip_right": statistics.fmean(b["arms"][arm]["clip"]["pos_above"] for b in pooled),
             }  # fmt: skip
@@ -267,9 +291,8 @@ def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = No
         row["interaction"] = {"mean": mean, "ci95": [low, high], "margin": margin}
         row["h0"] = statistics.fmean(b["h0"] for b in pooled)
         regimes[regime] = row
-        for cid, arm, alt, rev in (("M1", RAISE, "greater", "less"), ("M2", REST, "less", "greater")):
-            tests.append({"id": f"{cid}[{regime}]", "p": sign_flip_p(d[arm], alt)})
-            tests.append({"id": f"{cid}[{regime}] reversed", "p": sign_flip_p(d[arm], rev)})
+        for cid, arm, side in MECHANISM_CLAIMS:
+            tests += _directional_tests(f"{cid}[{regime}]", d[arm], side)
         tests.append({"id": f"M3[{regime}]", "p": sign_flip_p(interaction, "two-sided")})
         tests.append({"id": f"S[{regime}]", "p": sign_flip_p(d[FULL], "two-sided")})
     for test, p in zip(tests, holm([t["p"] for t in tests])):
@@ -277,14 +300,9 @@ def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = No
     by_id = {t["id"]: t for t in tests}
     verdicts = {}
     for regime, row in regimes.items():
-        for cid, arm, side in (("M1", RAISE, 1), ("M2", REST, -1)):
-            seeds_ok = all(m * side > 0 for m in row["arms"][arm]["seed_means"].values())
-            if by_id[f"{cid}[{regime}]"]["p_holm"] <= ALPHA and seeds_ok:
-                verdicts[f"{cid}[{regime}]"] = "held"
-            elif by_id[f"{cid}[{regime}] reversed"]["p_holm"] <= ALPHA:
-                verdicts[f"{cid}[{regime}]"] = "failed (reversed)"
-            else:
-                verdicts[f"{cid}[{regime}]"] = "not resolved at this power"
+        for cid, arm, side in MECHANISM_CLAIMS:
+            name = f"{cid}[{regime}]"
+            verdicts[name] = _directional_verdict(by_id, name, row["arms"][arm]["seed_means"], side)
         inter = row["interaction"]
         if by_id[f"M3[{regime}]"]["p_holm"] <= ALPHA:
             verdicts[f"M3[{regime}]"] = "failed (interaction ≠ 0)"
@@ -296,14 +314,8 @@ def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = No
         significant = by_id[f"S[{regime}]"]["p_holm"] <= ALPHA
         verdicts[f"S[{regime}]"] = f"D(0, 1) {sign}, " + ("≠ 0" if significant else "not resolved at this power")
     if rule is not None:
-        for cid, arm, side in (("E1", B2_ENTROPY, 1), ("E2", B1_ENTROPY, -1)):
-            seeds_ok = all(m * side > 0 for m in rule["arms"][arm]["seed_means"].values())
-            if by_id[cid]["p_holm"] <= ALPHA and seeds_ok:
-                verdicts[cid] = "held"
-            elif by_id[f"{cid} reversed"]["p_holm"] <= ALPHA:
-                verdicts[cid] = "failed (reversed)"
-            else:
-                verdicts[cid] = "not resolved at this power"
+        for cid, arm, side in option_claims:
+            verdicts[cid] = _directional_verdict(by_id, cid, rule["arms"][arm]["seed_means"], side)
     if {"t1", "tlow"} <= set(regimes):
         both = all(by_id[f"S[{g}]"]["p_holm"] <= ALPHA for g in ("t1", "tlow"))
         same = (regimes["t1"]["arms"][FULL]["mean"] > 0) == (regimes["tlow"]["arms"][FULL]["mean"] > 0)
