@@ -573,7 +573,10 @@ def test_tool_chat_template_renders_and_parses_calls():
     plain, tools = build_char_tokenizer(), build_char_tokenizer(tool_calling=True)
     assert not supports_tool_calling(plain)
     assert supports_tool_calling(tools) and is_chat_template_prefix_preserving(tools)
-    prompt = tools.apply_chat_template([{"role": "user", "content": "hi"}], tools=[add], add_generation_prompt=True)
+    # Token ids, as GRPOTrainer passes the prefix (transformers 5.x returns a BatchEncoding by default).
+    prompt = tools.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tools=[add], add_generation_prompt=True, return_dict=False
+    )
     assert tools.decode(prompt) == "<tools>add;</tools>hi<a>"
     call = tools('x<call>{"name": "add", "arguments": {"n": 2}}</call>', add_special_tokens=False)["input_ids"]
     parsed = parse_response(tools, call + [tools.eos_token_id], prefix=prompt, tools=[add])
