@@ -25,7 +25,7 @@ FLOORS = {
     # 3 run safety: the run's inputs and files, never the command line
     "checkpoints": 3, "safe_load": 3, "rollout_state": 3, "monitoring": 3, "modelcard": 3, "distributed": 3, "quiet": 3,
     # 4 wiring: TRL's hooks
-    "trainer": 4,
+    "trainer": 4, "checkpoint_hooks": 4,
     # 5 entry points: arguments, YAML, printing
     "scripts": 5, "preflight": 5, "cli": 5, "probe": 5, "offline.runs": 5, "quickstart.run": 5, "quickstart.__main__": 5,
 }  # fmt: skip

@@ -159,7 +159,7 @@ def last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_ov
 def test_item4_the_repeat_sampler_draws_seed_plus_epoch_so_a_resumed_epoch_gets_the_uninterrupted_order():
     from trl.trainer.utils import RepeatSampler
 
-    from cegppo_trl.trainer import EpochSeededRepeatSampler
+    from cegppo_trl.checkpoint_hooks import EpochSeededRepeatSampler
 
     def sampler():
         s = RepeatSampler(list(range(16)), mini_repeat_count=1, batch_size=4, shuffle=True, seed=7)

@@ -113,7 +113,7 @@ def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_nami
     changed = tmp_path / "changed" / "checkpoint-1"
     shutil.copytree(tmp_path / "run" / "checkpoint-1", changed)
     resumed = _trainer(changed.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2, steps_per_generation=4)
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
         resumed.train(resume_from_checkpoint=str(changed))
     assert resumed.state.global_step == 2
     assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated there" in caplog.text
@@ -124,7 +124,7 @@ def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_nami
     (old / "rollout_batch_0.safetensors").unlink()
     commit(str(old), True, json.loads((old / COMMIT_FILE).read_text())["run"], lambda: None)
     resumed = _trainer(old.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2)
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
         resumed.train(resume_from_checkpoint=str(old))
     assert resumed.state.global_step == 2
     assert "checkpoint-1 falls 1 micro-batch(es) into a rollout batch but holds no rollout_batch_" in caplog.text

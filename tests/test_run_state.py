@@ -86,13 +86,15 @@ def _after(history: list[dict], step: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path):
-    logger = logging.getLogger("cegppo_trl.trainer")
+    loggers = [logging.getLogger(f"cegppo_trl.{name}") for name in ("trainer", "checkpoint_hooks")]
     log, resumed_log = _StepLog(), _StepLog()
-    logger.addHandler(log)
+    for logger in loggers:
+        logger.addHandler(log)
     try:
         full = _train(tmp_path / "full", log)
-        logger.removeHandler(log)
-        logger.addHandler(resumed_log)
+        for logger in loggers:
+            logger.removeHandler(log)
+            logger.addHandler(resumed_log)
         checkpoint = tmp_path / "full" / "checkpoint-4"
         saved = json.loads((checkpoint / CEGPPO_STATE_FILE).read_text())["run_state"]
         # Checkpoint-4 falls inside both runs: the alarm disarmed (episode since step 2), one unscorable batch so far.
@@ -100,8 +102,9 @@ def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path):
         assert saved["reward_monitor"]["unscorable_batches"] == 2 - 1
         resumed = _train(tmp_path / "resumed", resumed_log, resume=str(checkpoint))
     finally:
-        logger.removeHandler(log)
-        logger.removeHandler(resumed_log)
+        for logger in loggers:
+            logger.removeHandler(log)
+            logger.removeHandler(resumed_log)
 
     drift = [(step, m) for step, m in log.records if "left_drift_warning" in m]
     assert [step for step, _ in drift] == [1]  # given during step 2 only: steps 4-8 stay in the same episode ...
