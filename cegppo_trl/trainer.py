@@ -45,8 +45,8 @@ class CEGPPOTrainer(CheckpointHooks, GRPOTrainer):
 
     The class wires separately tested modules into TRL's hooks: `loss` (the term), `aggregation` (TRL's weights, the
     SFT term), `rollouts` (dynamic sampling, SFT masks), `schedules` and `controller` (beta1, beta2), `monitoring`
-    (metrics, stops, the left-drift warning), `checkpoints`, `safe_load` and `modelcard`. It never runs the
-    pre-flight (`cegppo check`): where `GRPOTrainer` trains, so does it.
+    (metrics, stops, the left-drift warning) and `modelcard`; its save and resume hooks are `CheckpointHooks`
+    (`checkpoint_hooks`). It never runs the pre-flight (`cegppo check`): where `GRPOTrainer` trains, so does it.
 
     Reference: Su et al., "CE-GPPO: Coordinating Entropy via Gradient-Preserving Clipping Policy Optimization in
     Reinforcement Learning", ACL 2026 (arXiv:2509.20712).
