@@ -34,7 +34,8 @@ def extra_cases(model_dir: str) -> dict[str, dict]:
         "peft_lora": dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=0.2),
         "peft_lora_kl_lr_1": dict(
             trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=1.0, beta=0.1, model=model_dir,
-            max_steps=5, steps_per_generation=5, train_dataset=t.prompts(16), seed=1,
+            max_steps=5, steps_per_generation=5, train_dataset=t.prompts(32), seed=1,
+            per_device_train_batch_size=16, max_completion_length=16,
         ),
     }  # fmt: skip
     for dtype in (torch.float32, torch.float64):
