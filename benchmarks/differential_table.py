@@ -41,7 +41,8 @@ def extra_cases(model_dir: str) -> dict[str, dict]:
     for dtype in (torch.float32, torch.float64):
         cases[f"four_steps_{str(dtype).removeprefix('torch.')}"] = dict(
             model=lambda tokenizer, dtype=dtype: build_tiny_llama(tokenizer, seed=0).to(dtype),
-            train_dataset=t.prompts(16), max_steps=4, learning_rate=0.2,
+            train_dataset=t.prompts(16), max_steps=4, learning_rate=0.2, per_device_train_batch_size=16,
+            max_completion_length=16,
         )  # fmt: skip
     return cases
 

@@ -418,12 +418,16 @@ def test_same_outcome(tmp_path, model_dir, case):
 def test_two_rollout_batches_bit_identical_in_float32_and_float64(tmp_path, dtype):
     """Four steps (two rollout batches, still in epoch 1), lr 0.2: errors have time to grow, and in float64 a
     difference could not hide in float32 rounding. Bit-identical at beta = 0 in both dtypes, clipped on both sides in
-    both off-policy steps."""
+    both off-policy steps. 16 completions of up to 16 tokens a step: at the defaults (8 of up to 6) one step clipped a
+    single token above the range (float32, TRL 1.16); at this size 2.7-16 % on each side, TRL 1.10 and 1.16
+    (2026-12-03)."""
     kwargs = dict(
         model=lambda tokenizer: build_tiny_llama(tokenizer, seed=0).to(dtype),
         train_dataset=prompts(16),
         max_steps=4,
         learning_rate=0.2,
+        per_device_train_batch_size=16,
+        max_completion_length=16,
     )
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
