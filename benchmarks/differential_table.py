@@ -27,23 +27,9 @@ from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # no
 
 
 def extra_cases(model_dir: str) -> dict[str, dict]:
-    from peft import LoraConfig
-
-    lora = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    cases = {
-        "peft_lora": dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=0.2),
-        "peft_lora_kl_lr_1": dict(
-            trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=1.0, beta=0.1, model=model_dir,
-            max_steps=5, steps_per_generation=5, train_dataset=t.prompts(32), seed=1,
-            per_device_train_batch_size=16, max_completion_length=16,
-        ),
-    }  # fmt: skip
+    cases = {"peft_lora": t.lora_case(learning_rate=0.2), "peft_lora_kl_lr_1": t.lora_kl_lr_1_case(model_dir)}
     for dtype in (torch.float32, torch.float64):
-        cases[f"four_steps_{str(dtype).removeprefix('torch.')}"] = dict(
-            model=lambda tokenizer, dtype=dtype: build_tiny_llama(tokenizer, seed=0).to(dtype),
-            train_dataset=t.prompts(16), max_steps=4, learning_rate=0.2, per_device_train_batch_size=16,
-            max_completion_length=16,
-        )  # fmt: skip
+        cases[f"four_steps_{str(dtype).removeprefix('torch.')}"] = t.four_steps_case(dtype)
     return cases
 
 

@@ -352,6 +352,28 @@ TOOL_SETTINGS = dict(max_completion_length=96, max_tool_calling_iterations=2)
 # The cases: each a config / script of a user's, run with both trainers
 # ----------------------------------------------------------------------------------------------------------------
 LARGER_STEPS = dict(per_device_train_batch_size=16, max_completion_length=16)
+LORA = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")  # every linear layer but the head
+
+
+def lora_case(**config: Any) -> dict:
+    """A script with a LoRA adapter (TRL builds it from `peft_config`) and `config`."""
+    from peft import LoraConfig
+
+    return dict(trainer_kwargs=dict(peft_config=LoraConfig(**LORA)), **config)
+
+
+def lora_kl_lr_1_case(model_dir: str) -> dict:
+    """`test_peft_lora_with_kl_at_lr_1`'s script (and `benchmarks/differential_table.py`'s)."""
+    return lora_case(learning_rate=1.0, beta=0.1, model=model_dir, max_steps=5, steps_per_generation=5,
+                     train_dataset=prompts(32), seed=1, **LARGER_STEPS)  # fmt: skip
+
+
+def four_steps_case(dtype: torch.dtype) -> dict:
+    """`test_two_rollout_batches_bit_identical_in_float32_and_float64`'s script (and the differential table's)."""
+    return dict(model=lambda tokenizer: build_tiny_llama(tokenizer, seed=0).to(dtype), train_dataset=prompts(16),
+                max_steps=4, learning_rate=0.2, **LARGER_STEPS)  # fmt: skip
+
+
 CONFIG_CASES = {
     "train": {},
     "conversational_prompts": dict(train_dataset=prompts(chat=True)),
@@ -428,14 +450,7 @@ def test_two_rollout_batches_bit_identical_in_float32_and_float64(tmp_path, dtyp
     both off-policy steps. 16 completions of up to 16 tokens a step: at the defaults (8 of up to 6) one step clipped a
     single token above the range (float32, TRL 1.16); at this size 2.7-16 % on each side, TRL 1.10 and 1.16
     (2026-12-03)."""
-    kwargs = dict(
-        model=lambda tokenizer: build_tiny_llama(tokenizer, seed=0).to(dtype),
-        train_dataset=prompts(16),
-        max_steps=4,
-        learning_rate=0.2,
-        per_device_train_batch_size=16,
-        max_completion_length=16,
-    )
+    kwargs = four_steps_case(dtype)
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
     assert all(p.dtype == dtype for p in grpo.params.values())
@@ -630,11 +645,8 @@ def test_reward_model(tmp_path, reward_model_dir, given):
 
 @pytest.mark.slow
 def test_peft_lora(tmp_path):
-    from peft import LoraConfig
-
     # every linear layer but the head, at lr 0.2: adapters that start at 0 need both to clip on both sides
-    lora = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    kwargs = dict(trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=0.2)
+    kwargs = lora_case(learning_rate=0.2)
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
     assert any("lora_" in n for n in grpo.params)
@@ -651,14 +663,7 @@ def test_peft_lora_with_kl_at_lr_1(tmp_path, model_dir):
     with 8 of 8 a step clipped one token or none on a side, and which side went empty changed with the TRL release
     (seed 1 lost its high side in one step on TRL 1.10); at this size seeds 0-5 clipped 1.5-14 % on each side of
     every off-policy step on TRL 1.10 and 1.16 alike (2026-12-03)."""
-    from peft import LoraConfig
-
-    lora = dict(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    kwargs = dict(
-        trainer_kwargs=dict(peft_config=LoraConfig(**lora)), learning_rate=1.0, beta=0.1, model=model_dir,
-        max_steps=5, steps_per_generation=5, train_dataset=prompts(32), seed=1,
-        per_device_train_batch_size=16, max_completion_length=16,
-    )  # fmt: skip
+    kwargs = lora_kl_lr_1_case(model_dir)
     grpo, cegppo = differential(tmp_path, **kwargs)
     assert grpo.error is None, grpo.message
     assert_same(grpo, cegppo, trains=False)
