@@ -17,7 +17,8 @@ from accelerate.logging import get_logger
 from trl import GRPOTrainer
 
 from .aggregation import sft_loss, trl_weights
-from .checkpoint_hooks import CheckpointHooks
+from .checkpoint_hooks import CheckpointHooks, CommitAfterCallbacks, EpochSeededRepeatSampler  # noqa: F401 (re-exported)
+from .checkpoints import CEGPPO_STATE_FILE  # noqa: F401 (re-exported)
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message, vanishing_term_messages
 from .controller import EntropyController, parse_controller
 from .distributed import _flag
