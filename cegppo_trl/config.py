@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 from ._spec import format_number as _format_number
 from .controller import parse_controller
-from .loss import BETA_RULES, check_left_guard
+from .loss import check_left_guard
 from .schedules import parse_schedule
 
 logger = logging.getLogger(__name__)
@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
+BETA_RULES = ("paper", "entropy")  # TODO(research move)
 # Config fields a resume may change without changing the run (where and how it reports, saves and loads); a resume
 # names every other field that differs from the checkpoint's (`changed_settings`).
 SAFE_TO_CHANGE = (

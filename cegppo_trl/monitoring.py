@@ -41,7 +41,7 @@ gathered rewards (every process sees the same tensors, so every process decides 
 warning. The counts are the monitor's state: `state_dict()` is JSON-able for checkpoints.
 
 Is the policy drifting? `LeftDriftAlarm` watches each optimizer step's mean log-ratio of the left-clipped tokens
-(`cegppo/preserved/left_log_ratio`, summed over the step's micro-batches by `combine_diagnostics`) and fires once per
+(`cegppo/preserved/left_log_ratio`, summed over the step's micro-batches and processes, `loss_statistics`) and fires once per
 episode below `left_drift_warning`; `left_drift_message` is its warning (docs/entropy-study.md: the early sign of the
 beta1 drift).
 """
@@ -50,15 +50,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
 from .config import CEGPPO_LOSS_TYPES
-from .controller import EntropyController
-from .loss import CEGPPODiagnostics, cegppo_diagnostics
+from .loss import CEGPPORegions
 from .rollouts import correct_completions, informative_groups
 
 logger = logging.getLogger(__name__)
@@ -380,98 +379,55 @@ class StopWhenNothingToLearn(TrainerCallback):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The per-micro-batch diagnostics over all processes
+# The `cegppo/` statistics of an optimizer step
 # ----------------------------------------------------------------------------------------------------------------
-def combine_diagnostics(
-    diagnostics: CEGPPODiagnostics, gather: Callable[[torch.Tensor], torch.Tensor]
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """`(sums, minima, maxima)` of `cegppo_diagnostics` over all processes, from one `gather` of the named local values
-    and one transfer to the host (a device-to-host synchronisation on a GPU).
+STATISTICS = ("tokens", "left", "left_log_ratio", "dual", "guard")  # summed; then the smallest r and -(the largest r)
+
+
+@torch.no_grad()
+def loss_statistics(log_ratio: torch.Tensor, mask: torch.Tensor, regions: CEGPPORegions) -> torch.Tensor:
+    """One micro-batch's local statistics as one tensor, without a host transfer: the `STATISTICS` sums over the loss's
+    entries (tokens, or sequences with a token for a sequence-level ratio), then ``min r`` and ``-max r`` (``inf``
+    without entries), so that windows and processes combine by adding the sums and taking the minimum of the rest.
 
     Args:
-        diagnostics: this process's `cegppo_diagnostics`.
-        gather: concatenates a 1-D tensor over the processes (`accelerator.gather`; the identity on one process).
+        log_ratio: ``log r``, detached, ``(B, T)`` or ``(B, 1)``.
+        mask: ``(B, T)`` loss mask.
+        regions: `loss.cegppo_regions` of the same ratio.
     """
-    sums, minima, maxima = diagnostics
-    local = torch.stack([*sums.values(), *minima.values(), *(-x for x in maxima.values())])  # [n]
-    gathered = gather(local).view(-1, local.numel())  # [processes, n]
-    n_sums = len(sums)
-    values = torch.cat([gathered[:, :n_sums].sum(0), gathered[:, n_sums:].amin(0)]).tolist()
-    combined = dict(zip([*sums, *(f"min/{k}" for k in minima), *(f"max/{k}" for k in maxima)], values))
-    return (
-        {k: combined[k] for k in sums},
-        {k: combined[f"min/{k}"] for k in minima},
-        {k: -combined[f"max/{k}"] for k in maxima},
-    )
+    log_ratio = log_ratio.float()
+    count = mask.float() if log_ratio.shape[-1] != 1 else (mask.sum(-1, keepdim=True) > 0).float()  # [B, T] | [B, 1]
+    left, right, dual, guard = (x.float().expand_as(log_ratio) for x in regions)
+    del right  # TRL logs the clip fractions (`clip_ratio/*`)
+    sums = torch.stack([(x * count).sum() for x in (torch.ones_like(log_ratio), left, left * log_ratio, dual, guard)])
+    valid = count.bool().expand_as(log_ratio)
+    smallest = torch.where(valid, log_ratio, torch.inf).amin().exp()  # inf without entries
+    largest = torch.where(valid, log_ratio, -torch.inf).amax().exp()  # 0 without entries
+    return torch.cat([sums, torch.stack([smallest, -largest])])
 
 
-def diagnostics_metrics(
-    sums: dict[str, float], minima: dict[str, float], maxima: dict[str, float], left_guard: bool
-) -> dict[str, float]:
-    """The `cegppo/` metric values of one micro-batch from its combined diagnostics (`combine_diagnostics`); none
-    when it holds no token (every group, on every process, was dropped). TRL logs its own `clip_ratio/*`.
+def statistics_metrics(
+    values: Sequence[float], dual: bool, left_guard: bool
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The `cegppo/` metrics of an optimizer step from its combined `loss_statistics` (all processes, all
+    micro-batches), and the named sums (`LeftDriftAlarm.warning` reads them). TRL logs the clip fractions itself.
 
     Args:
-        sums, minima, maxima: `combine_diagnostics`' values.
-        left_guard: whether the left guard is on (`delta_low` set): only then is its share logged.
+        values: the combined statistics: the `STATISTICS` sums, the smallest ``r``, ``-`` the largest ``r``.
+        dual, left_guard: whether the dual clip (`delta`) and the left guard (`delta_low`) are on.
     """
+    sums = dict(zip(STATISTICS, values))
     count = sums["tokens"]
-    if count == 0:  # nothing to measure
-        return {}
-    metrics = {
-        "cegppo/preserved/left_frac": sums["left"] / count,
-        "cegppo/preserved/right_frac": sums["right"] / count,
-    }
-    if sums["left"] > 0:  # mean log r of left-clipped tokens: with β1 > 0 and many steps per batch, a drift far below
-        # log(1 - ε) is the early sign of the instability docs/entropy-study.md measured
+    if count == 0:  # every group, on every process, was dropped: nothing to measure
+        return {}, sums
+    metrics = {"cegppo/ratio/min": values[-2], "cegppo/ratio/max": -values[-1]}
+    if sums["left"] > 0:  # mean log r of left-clipped tokens: a drift far below log(1 - eps) is the early sign of the
+        # beta1 instability (`LeftDriftAlarm`)
         metrics["cegppo/preserved/left_log_ratio"] = sums["left_log_ratio"] / sums["left"]
+    if dual:
+        metrics["cegppo/dual_clip_frac"] = sums["dual"] / count
     if left_guard:
         metrics["cegppo/preserved/left_guard_frac"] = sums["guard"] / count
-    # Share of the gradient weight |d loss / d logp| on preserved tokens: what PPO's clip would have dropped.
-    metrics["cegppo/preserved/grad_share"] = sums["preserved_grad_weight"] / max(sums["grad_weight"], 1e-12)
-    metrics["cegppo/dual_clip_frac"] = sums["dual"] / count
-    metrics["cegppo/ratio/min"] = minima["ratio"]
-    metrics["cegppo/ratio/mean"] = sums["ratio"] / count
-    metrics["cegppo/ratio/max"] = maxima["ratio"]
-    if "entropy_change" in sums:  # the entropy predictor (`cegppo_diagnostics`); a share only where it has tokens
-        for side in ("right", "left"):
-            if sums[f"{side}_tokens"] > 0:
-                metrics[f"cegppo/predictor/{side}_raise_frac"] = sums[f"{side}_raise"] / sums[f"{side}_tokens"]
-        metrics["cegppo/predictor/entropy_change"] = sums["entropy_change"]
-    return metrics
-
-
-def cegppo_metrics(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    coefficients: dict[str, Any],
-    gather: Callable[[torch.Tensor], torch.Tensor],
-    weights: torch.Tensor | None = None,
-    controller: EntropyController | None = None,
-    **tensors: torch.Tensor,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """One micro-batch's `cegppo/` metrics over all processes, in one `gather` and one host transfer.
-
-    Args:
-        log_ratio, advantages, mask, weights: `cegppo_diagnostics`' arguments; `tensors` its optional keywords
-            (`logps`, `entropies`, `regions`, `coefficient`).
-        coefficients: the step's clip range, betas and guards (`CEGPPOTrainer.cegppo_coefficients`).
-        gather: concatenates a 1-D tensor over the processes (`accelerator.gather`).
-        controller: the entropy controller, whose target and last entropy are logged, or None.
-
-    Returns:
-        Metric name -> value, and the combined diagnostic sums (`combine_diagnostics`; the entropy controller and
-        `LeftDriftAlarm.warning` read them).
-    """
-    metrics = {"cegppo/beta1": coefficients["beta1"], "cegppo/beta2": coefficients["beta2"]}
-    if controller is not None:
-        metrics["cegppo/controller/target_low"], metrics["cegppo/controller/target_high"] = controller.target
-        if controller.last_entropy is not None:
-            metrics["cegppo/controller/entropy"] = controller.last_entropy
-    diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **coefficients, weights=weights, **tensors)
-    sums, minima, maxima = combine_diagnostics(diagnostics, gather)
-    metrics.update(diagnostics_metrics(sums, minima, maxima, left_guard=coefficients["delta_low"] is not None))
     return metrics, sums
 
 
@@ -514,7 +470,7 @@ class LeftDriftAlarm:
         """Add one micro-batch's sums (over all processes): log r over its left-clipped tokens and their count.
 
         Args:
-            left_log_ratio: the sum of log r over the left-clipped tokens (`cegppo_diagnostics`' `left_log_ratio`).
+            left_log_ratio: the sum of log r over the left-clipped tokens (`loss_statistics`' `left_log_ratio`).
             left: how many tokens are left-clipped (its `left`).
             step_end: whether this micro-batch ends the optimizer step (`accelerator.sync_gradients`).
 
@@ -536,7 +492,7 @@ class LeftDriftAlarm:
         """`observe` one micro-batch's combined sums (`cegppo_metrics`); `left_drift_message` when it fires.
 
         Args:
-            sums: the micro-batch's `combine_diagnostics` sums.
+            sums: the step's combined sums (`statistics_metrics`).
             step_end: whether it ends the optimizer step (`accelerator.sync_gradients`).
             step: the optimizer step, counted from 1.
             args: the run's config.

@@ -106,13 +106,11 @@ def rollout_batch_masks(
         gather: concatenates a tensor over the processes (`accelerator.gather`; the identity on one process).
 
     Returns:
-        ``(outputs, metrics)``: the entries to add to TRL's output (`num_sequences_in_batch` always; with dynamic
-        sampling `keep_mask`, and `num_items_in_batch` over the kept groups; with the SFT term `sft_mask`,
-        `num_sft_sequences_in_batch`, `num_sft_items_in_batch`), and the metric values to log by name.
+        ``(outputs, metrics)``: the entries to add to TRL's output (with dynamic sampling `keep_mask`, and
+        `num_items_in_batch` over the kept groups; with the SFT term `sft_mask` and `num_sft_items_in_batch`, the
+        correct completions' tokens over the rollout batch), and the metric values to log by name.
     """
-    # Sequence count of the whole rollout batch (all processes): the normaliser of the sequence-mean loss types,
-    # rescaled to one micro-batch exactly as TRL rescales `num_items_in_batch` for `dapo`.
-    outputs = {"num_sequences_in_batch": rewards.new_tensor(float(rewards.size(0)))}
+    outputs: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}
     if not (sft_loss_coef > 0 or dynamic_sampling):
         return outputs, metrics
@@ -131,8 +129,7 @@ def rollout_batch_masks(
         metrics["cegppo/dynamic_sampling/dropped_groups"] = keep.numel() // num_generations - kept_groups
         outputs["keep_mask"] = keep[process_slice].float()
         loss_mask = loss_mask * outputs["keep_mask"].unsqueeze(1)
-        # The normalisers count only the kept groups' sequences and tokens.
-        outputs["num_sequences_in_batch"] = keep.sum().float()
+        # TRL's `dapo` normaliser counts only the kept groups' tokens (the other loss types normalise per micro-batch)
         outputs["num_items_in_batch"] = gather(loss_mask.sum()).sum()
 
     if sft_loss_coef > 0:
@@ -140,7 +137,6 @@ def rollout_batch_masks(
         if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
             correct = correct & keep
         metrics["cegppo/sft_frac"] = correct.float().mean().item()
-        outputs["num_sft_sequences_in_batch"] = correct.sum().float()
         correct = correct[process_slice].float()
         outputs["sft_mask"] = correct
         outputs["num_sft_items_in_batch"] = gather((loss_mask * correct.unsqueeze(1)).sum()).sum()

@@ -18,8 +18,8 @@ from helpers.reference import random_inputs, reference_per_token_loss, trl_clip_
 from torch.testing import assert_close
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.loss import cegppo_diagnostics, cegppo_objective, cegppo_regions
-from cegppo_trl.monitoring import LeftDriftAlarm, left_drift_message
+from cegppo_trl.loss import cegppo_objective, cegppo_regions
+from cegppo_trl.monitoring import LeftDriftAlarm, left_drift_message, loss_statistics, statistics_metrics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75)
 MODES = ["cutoff", "decay"]
@@ -170,35 +170,28 @@ def test_config_refuses_a_guard_on_a_passthrough_loss_type_and_a_warning_thresho
     assert CEGPPOConfig(**base_config_kwargs(tmp_path, left_drift_warning=None)).left_drift_warning is None
 
 
-def test_diagnostics_count_the_guarded_tokens():
+def test_statistics_count_the_guarded_tokens():
     # A = -1: log r -2 (guarded), -1 (left-clipped), 0 (inside); the padding token (log r -3) is masked out.
     log_ratio = torch.tensor([[-2.0, -1.0, 0.0, -3.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    diag = cegppo_diagnostics(log_ratio, torch.tensor([-1.0]), mask, **KWARGS, delta_low=0.25)
-    assert diag.sums["guard"].item() == 1.0 and diag.sums["left"].item() == 2.0 and diag.sums["tokens"].item() == 3.0
-    # Cut-off: the guarded token keeps no gradient weight; the left-clipped one 0.5 * 0.8 = 0.4; inside r|A| = 1.
-    assert_close(diag.sums["preserved_grad_weight"], torch.tensor(0.4))
-    assert_close(diag.sums["grad_weight"], torch.tensor(1.4))
+    regions = cegppo_regions(log_ratio, torch.tensor([-1.0]), epsilon_low=0.2, epsilon_high=0.2, delta_low=0.25)
+    metrics, sums = statistics_metrics(loss_statistics(log_ratio, mask, regions).tolist(), dual=False, left_guard=True)
+    assert (sums["guard"], sums["left"], sums["tokens"]) == (1.0, 2.0, 3.0)
+    assert metrics["cegppo/preserved/left_guard_frac"] == pytest.approx(1 / 3)
+    assert metrics["cegppo/preserved/left_log_ratio"] == pytest.approx(-1.5)  # (-2 - 1) / 2
+    assert metrics["cegppo/ratio/min"] == pytest.approx(math.exp(-2)) and metrics["cegppo/ratio/max"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Through the trainer: the step's beta, the gradient, the metric, the model card
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("beta1_source", ["schedule", "controller"])
-def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_trainer, mode, beta1_source):
-    # beta1 of the step: 0.8 from a schedule at step 0, or 0.6 = 0.5 + one controller step (entropy above the band
-    # moves beta1 up by 0.1 with raise_beta1). The guard at 0.7 acts on part of the batch's left-clipped tokens and
-    # scales that beta1.
+def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_trainer, mode):
+    # beta1 of the step: 0.8 from a schedule at step 0. The guard at 0.7 acts on part of the batch's left-clipped
+    # tokens and scales that beta1.
     guard = dict(gppo_beta2=1.0, delta=1.5, delta_low=0.7, delta_low_mode=mode)
-    if beta1_source == "schedule":
-        trainer, beta1 = make_trainer(gppo_beta1_schedule="linear:0.8->0.1", **guard), 0.8
-    else:
-        controller = "band=0.3-0.6,step=0.1,mode=beta1,beta1=0-1,every=1,raise_beta1=true"
-        trainer, beta1 = make_trainer(gppo_beta1=0.5, entropy_controller=controller, **guard), 0.6
-        trainer.entropy_controller.update(0.9)
-    coefficients = trainer.cegppo_coefficients()  # before the step: the controller may move beta1 after it
-    assert coefficients["beta1"] == pytest.approx(beta1) and coefficients["delta_low"] == 0.7
+    trainer = make_trainer(gppo_beta1_schedule="linear:0.8->0.1", **guard)
+    assert trainer.current_gppo_betas() == (pytest.approx(0.8), 1.0)
     inputs = make_offpolicy_batch(trainer)
     loss, grads = loss_and_grads(trainer, inputs)
     model = trainer.model
@@ -207,7 +200,7 @@ def test_trainer_gradient_is_the_guarded_formula_with_the_step_beta1(make_traine
     logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, att, 7)
     old, adv, mask = inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
     guard = dict(delta_low=0.7, delta_low_mode=mode)
-    per_token, left, _ = reference_per_token_loss(logp, old, adv, coefficients["beta1"], 1.0, delta=1.5, **guard)
+    per_token, left, _ = reference_per_token_loss(logp, old, adv, 0.8, 1.0, delta=1.5, **guard)
     guarded = left & (torch.exp(logp.detach() - old) < 0.7) & mask.bool()
     assert guarded.any() and (left & mask.bool() & ~guarded).any()
     expected = (per_token * mask).sum() / mask.sum()  # dapo, one process, no accumulation
@@ -306,14 +299,14 @@ def test_drift_warning_uses_the_optimizer_step_value_over_accumulated_micro_batc
     # the first micro-batch's sums, or only the last's, would warn in one of the two orders.
     trainer = make_trainer(gppo_beta1=0.5, gradient_accumulation_steps=2, steps_per_generation=4)
     mask = torch.ones(1, 4)
-    coefficients = trainer.cegppo_coefficients()
     deep = torch.tensor([[-3.0, 0.0, 0.0, 0.0]])  # one left-clipped token, log r = -3
     calm = torch.full((1, 4), -0.5)  # four left-clipped tokens, log r = -0.5
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         for sync, log_ratio in zip((False, True), (calm, deep) if deep_last else (deep, calm)):
             trainer.accelerator.gradient_state._set_sync_gradients(sync)
-            trainer._log_cegppo_metrics("train", log_ratio, torch.tensor([-1.0]), mask, coefficients)
+            regions = cegppo_regions(log_ratio, torch.tensor([-1.0]), epsilon_low=0.2, epsilon_high=0.2)
+            trainer._log_step("train", 0.5, 1.0, loss_statistics(log_ratio, mask, regions))
     # (-3 + 4 * -0.5) / 5 = -1.0 > -1.5
     assert not [r for r in caplog.records if "left_drift_warning" in r.getMessage()]
     assert trainer.left_drift_alarm.armed

@@ -1,4 +1,5 @@
-"""Tests for the CE-GPPO per-token objective (`cegppo_trl.loss`): the definition and the term the trainer adds.
+"""Tests for the CE-GPPO per-token objective (`cegppo_trl.loss`): the definition, and the advantages the trainer hands
+TRL's clipped surrogate (`preserved_weight`, `preserved_advantages`).
 
 In the torchtune style: log-probs are chosen so that the ratio is exactly ``e``, ``1/e``, ``e^0.1``..., the expected
 value of each region is derived in a comment, and the gradient w.r.t. the current log-probs is taken with
@@ -15,7 +16,7 @@ import torch
 from helpers.reference import random_inputs
 from torch.testing import assert_close
 
-from cegppo_trl.loss import cegppo_objective, cegppo_regions, preserved_coefficient, preserved_gradient_term
+from cegppo_trl.loss import cegppo_objective, cegppo_regions, preserved_advantages, preserved_weight, sft_loss
 
 EPS_LOW, EPS_HIGH, BETA1, BETA2 = 0.2, 0.2, 0.5, 0.75
 LOSS_KWARGS = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta1=BETA1, beta2=BETA2)
@@ -158,29 +159,33 @@ def test_regions_without_delta_has_empty_dual_mask():
 # ---------------------------------------------------------------------------------------------------------------------
 # Special cases: PPO (beta = 0) and GPPO (beta = 1)
 # ---------------------------------------------------------------------------------------------------------------------
-def term_and_grad(logp, old, adv, grad_out=None, **kwargs):
-    """The trainer's loss per token, TRL's clipped surrogate plus `preserved_gradient_term`, and its gradient."""
+def trl_loss_and_grad(logp, old, adv, grad_out=None, **kwargs):
+    """The trainer's loss per token: TRL's clipped surrogate on `preserved_advantages`, and its gradient."""
     kwargs = {**LOSS_KWARGS, **kwargs}
     leaf = logp.detach().clone().requires_grad_()
     log_ratio = leaf - old
-    coefficient = preserved_coefficient(log_ratio.detach(), adv, **kwargs)
-    ppo = ppo_clip_loss(leaf, old, adv, epsilon_low=kwargs["epsilon_low"], epsilon_high=kwargs["epsilon_high"],
+    weight = preserved_weight(log_ratio.detach(), adv, **{k: v for k, v in kwargs.items() if k != "delta"})
+    adv_hat = preserved_advantages(adv, log_ratio, weight)
+    loss = ppo_clip_loss(leaf, old, adv_hat, epsilon_low=kwargs["epsilon_low"], epsilon_high=kwargs["epsilon_high"],
+                         delta=kwargs.get("delta"))  # fmt: skip
+    rows = adv.unsqueeze(-1) if adv.dim() == 1 else adv
+    ppo = ppo_clip_loss(leaf.detach(), old, rows, epsilon_low=kwargs["epsilon_low"], epsilon_high=kwargs["epsilon_high"],
                         delta=kwargs.get("delta"))  # fmt: skip
-    loss = ppo + preserved_gradient_term(log_ratio, adv, coefficient)
     (grad,) = torch.autograd.grad(loss, leaf, torch.ones_like(loss) if grad_out is None else grad_out)
-    return loss.detach(), ppo.detach(), grad
+    return loss.detach(), ppo, grad, adv_hat.detach()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("delta", [None, 3.0])
 @pytest.mark.parametrize("guard", [{}, dict(delta_low=0.5), dict(delta_low=0.5, delta_low_mode="decay")])
-def test_trls_surrogate_plus_the_term_has_the_definitions_gradient_and_trls_value(delta, dtype, guard):
+def test_trls_surrogate_on_the_preserved_advantages_has_the_definitions_gradient_and_trls_value(delta, dtype, guard):
     # Every region populated (log-ratios in [-1.5, 1.5], advantages of both signs and 0), under an incoming gradient
-    # that is not 1 (the aggregation's weights): the term carries exactly what the clip dropped, scaled by beta.
+    # that is not 1 (TRL's masks and aggregation weights): A_hat is A in value, so TRL's loss is TRL's, and the
+    # clipped tokens get beta * bound * A of gradient.
     logp, old, adv = random_inputs(batch=32, length=48, dtype=dtype, spread=1.5)
     grad_out = torch.rand(logp.shape, generator=torch.Generator().manual_seed(2), dtype=dtype) / 7
-    loss, ppo, grad = term_and_grad(logp, old, adv, grad_out=grad_out, delta=delta, **guard)
-    assert_close(loss, ppo, rtol=0, atol=0)  # the term is 0 in value: the logged loss is TRL's
+    loss, ppo, grad, adv_hat = trl_loss_and_grad(logp, old, adv, grad_out=grad_out, delta=delta, **guard)
+    assert torch.equal(adv_hat, adv.expand_as(adv_hat)) and torch.equal(loss, ppo)  # bit for bit: A and TRL's loss
     leaf = logp.clone().requires_grad_()
     definition = cegppo_objective(leaf, old, adv, **LOSS_KWARGS, delta=delta, **guard)
     (grad_definition,) = torch.autograd.grad(definition, leaf, grad_out)
@@ -188,58 +193,47 @@ def test_trls_surrogate_plus_the_term_has_the_definitions_gradient_and_trls_valu
     assert left.any() and right.any()
     tolerance = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-14, atol=1e-16)
     assert_close(grad, grad_definition, **tolerance)
-    assert_close(grad[left | right], (-adv * preserved_coefficient(logp - old, adv, **LOSS_KWARGS, delta=delta,
-                 **guard)).expand_as(logp)[left | right] * grad_out[left | right], **tolerance)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_at_zero_betas_the_term_is_zero_in_value_and_gradient(dtype):
-    # beta1 = beta2 = 0: the coefficient is 0 everywhere, so TRL's loss and gradient are all there is.
+def test_at_zero_betas_the_advantages_are_trls_in_value_and_gradient(dtype):
+    # beta1 = beta2 = 0: the weight is 0 everywhere, so A_hat has no gradient and TRL's loss is all there is.
     logp, old, adv = random_inputs(dtype=dtype, spread=1.5)
-    coefficient = preserved_coefficient(logp - old, adv, **{**LOSS_KWARGS, "beta1": 0.0, "beta2": 0.0})
-    assert torch.equal(coefficient, torch.zeros_like(coefficient))
+    weight = preserved_weight(logp - old, adv, **{**LOSS_KWARGS, "beta1": 0.0, "beta2": 0.0})
+    assert torch.equal(weight, torch.zeros_like(weight))
     leaf = logp.clone().requires_grad_()
-    term = preserved_gradient_term(leaf - old, adv, coefficient)
-    (grad,) = torch.autograd.grad(term.sum(), leaf)
-    assert torch.equal(term.detach(), torch.zeros_like(term)) and torch.equal(grad.abs(), torch.zeros_like(grad))
+    adv_hat = preserved_advantages(adv, leaf - old, weight)
+    (grad,) = torch.autograd.grad(adv_hat.sum(), leaf)
+    assert torch.equal(adv_hat.detach(), adv.expand_as(adv_hat)) and torch.equal(grad.abs(), torch.zeros_like(grad))
 
 
-def test_the_coefficient_is_beta_times_the_bound_on_each_side_and_zero_elsewhere():
-    # log r = -1 (r = 1/e < 0.8) with A = -1: 0.5 * 0.8 = 0.4. log r = 1 (r = e > 1.2) with A = 1: 0.75 * 1.2 = 0.9.
-    # Inside, and the unclipped sides (A > 0 below the range, A < 0 above it): 0.
+def test_the_weight_is_beta_on_each_side_and_zero_elsewhere_and_trls_bound_multiplies_it():
+    # log r = -1 (r = 1/e < 0.8) with A = -1: beta1 = 0.5. log r = 1 (r = e > 1.2) with A = 1: beta2 = 0.75.
+    # Inside, and the unclipped sides (A > 0 below the range, A < 0 above it): 0. Through TRL's surrogate the
+    # gradient w.r.t. log p is -clip(r) * w * A: 0.8 * 0.5 = 0.4 on the left, -1.2 * 0.75 = -0.9 on the right;
+    # elsewhere TRL's -r * A: e^0.1 = 1.105171 and e = 2.718282 for A = -1, -1/e = -0.367879 and -e^0.1 for A = 1.
     log_ratio = torch.tensor([[-1.0, 0.1, 1.0], [-1.0, 0.1, 1.0]])
     adv = torch.tensor([-1.0, 1.0])
-    coefficient = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS)
-    assert_close(coefficient, torch.tensor([[0.4, 0.0, 0.0], [0.0, 0.0, 0.9]]))
-    leaf = log_ratio.clone().requires_grad_()
-    (grad,) = torch.autograd.grad(preserved_gradient_term(leaf, adv, coefficient).sum(), leaf)
-    assert_close(grad, torch.tensor([[0.4, 0.0, 0.0], [0.0, 0.0, -0.9]]))  # -A * coefficient
+    weight = preserved_weight(log_ratio, adv, **LOSS_KWARGS)
+    assert_close(weight, torch.tensor([[0.5, 0.0, 0.0], [0.0, 0.0, 0.75]]))
+    old = torch.zeros(2, 3)
+    loss, _, grad, _ = trl_loss_and_grad(log_ratio, old, adv)
+    assert_close(grad, torch.tensor([[0.4, 1.105171, 2.718282], [-0.367879, -1.105171, -0.9]]))
+    # The guard: r = 1/e < delta_low = 0.5 cuts the left token off ("cutoff") or scales it by r / delta_low ("decay")
+    assert_close(preserved_weight(log_ratio, adv, **LOSS_KWARGS, delta_low=0.5)[0, 0], torch.tensor(0.0))
+    decay = preserved_weight(log_ratio, adv, **LOSS_KWARGS, delta_low=0.5, delta_low_mode="decay")[0, 0]
+    assert_close(decay, torch.tensor(0.5 * math.exp(-1) / 0.5))
 
 
-def test_the_entropy_rule_gives_beta2_to_the_pushes_that_raise_entropy_and_beta1_to_the_others():
-    # H = 1 at every position, so a push up raises entropy iff log p < -1. Row 0 (A = -1, left-clipped at log r = -1,
-    # pushed down): log p = -0.5 > -1, the push raises entropy: beta2 * 0.8 = 0.6; log p = -2: lowers it: beta1 * 0.8
-    # = 0.4. Row 1 (A = 1, right-clipped at log r = 1, pushed up): log p = -2 < -1 raises: beta2 * 1.2 = 0.9;
-    # log p = -0.5 lowers: beta1 * 1.2 = 0.6. Inside the range (log r = 0.1): 0 whatever log p.
-    log_ratio = torch.tensor([[-1.0, -1.0, 0.1], [1.0, 1.0, 0.1]])
-    adv = torch.tensor([-1.0, 1.0])
-    logps = torch.tensor([[-0.5, -2.0, -2.0], [-2.0, -0.5, -2.0]])
-    entropies = torch.ones_like(logps)
-    coefficient = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy", logps=logps,
-                                        entropies=entropies)  # fmt: skip
-    assert_close(coefficient, torch.tensor([[0.6, 0.4, 0.0], [0.9, 0.6, 0.0]]))
-    # The paper's rule on the same tokens: by side only.
-    assert_close(
-        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS), torch.tensor([[0.4, 0.4, 0.0], [0.9, 0.9, 0.0]])
-    )
-    # The left guard still bounds left-clipped tokens whichever beta they got (r = 1/e < delta_low = 0.5: cut off).
-    guarded = preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy", logps=logps,
-                                    entropies=entropies, delta_low=0.5)  # fmt: skip
-    assert_close(guarded, torch.tensor([[0.0, 0.0, 0.0], [0.9, 0.6, 0.0]]))
-    with pytest.raises(ValueError, match="needs per-token `logps` and `entropies`"):
-        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="entropy")
-    with pytest.raises(ValueError, match="`beta_rule` must be one of"):
-        preserved_coefficient(log_ratio, adv, **LOSS_KWARGS, beta_rule="side")
+def test_sft_loss_is_the_masked_nll_over_the_normaliser_and_clamps_an_empty_one():
+    # NLL of the masked tokens: -(-1 - 2 - 0.5) = 3.5; over 7 tokens: 0.5, gradient -1/7 on each masked token.
+    logps = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -3.0, -3.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    loss = sft_loss(logps, mask, torch.tensor(7.0))
+    assert_close(loss, torch.tensor(0.5))
+    (grad,) = torch.autograd.grad(loss, logps)
+    assert_close(grad, -mask / 7)
+    assert_close(sft_loss(logps.detach(), torch.zeros(2, 3), 0.0), torch.tensor(0.0))  # no correct token: 0, not NaN
 
 
 @pytest.mark.parametrize("delta", [None, 3.0])
@@ -257,17 +251,17 @@ def test_unit_betas_are_gppo_whose_value_equals_ppo(delta):
 # ---------------------------------------------------------------------------------------------------------------------
 # Numerics: overflow, exactness, dtypes
 # ---------------------------------------------------------------------------------------------------------------------
-def test_the_term_stays_finite_at_extreme_log_ratios_where_the_authors_form_gives_nan():
-    # Log-ratios of +-200 (exp overflows fp32 to inf, underflows to 0) and A = 0 with r = inf (inf * 0 would be NaN):
-    # the term never evaluates r * A. A = -1, -200: left clip, gradient 0.5 * 0.8 = 0.4; A = +1, +200: right clip,
-    # gradient -0.75 * 1.2 = -0.9; A = -1, +200 and A = +1, -200: no preserved gradient; value 0 everywhere.
+def test_the_advantages_stay_finite_at_extreme_log_ratios_where_the_authors_form_gives_nan():
+    # Log-ratios of +-200 (exp overflows fp32 to inf, underflows to 0) and A = 0: A_hat never evaluates r * A and
+    # never divides by r. A = -1, -200: left clip, d A_hat / d log r = A * beta1 = -0.5; A = +1, +200: right clip,
+    # A * beta2 = 0.75; A = -1, +200 and A = +1, -200: no preserved gradient; A_hat = A everywhere.
     log_ratio = torch.tensor([[200.0, -200.0], [200.0, -200.0], [200.0, -200.0]], requires_grad=True)
     adv = torch.tensor([-1.0, 1.0, 0.0])
-    coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=10.0)
-    term = preserved_gradient_term(log_ratio, adv, coefficient)
-    (grad,) = torch.autograd.grad(term.sum(), log_ratio)
-    assert torch.equal(term.detach().abs(), torch.zeros(3, 2))
-    assert_close(grad, torch.tensor([[0.0, 0.4], [-0.9, 0.0], [0.0, 0.0]]))
+    weight = preserved_weight(log_ratio.detach(), adv, **LOSS_KWARGS)
+    adv_hat = preserved_advantages(adv, log_ratio, weight)
+    (grad,) = torch.autograd.grad(adv_hat.sum(), log_ratio)
+    assert torch.equal(adv_hat.detach(), adv[:, None].expand(3, 2))
+    assert_close(grad, torch.tensor([[0.0, -0.5], [0.75, 0.0], [0.0, 0.0]]))
 
     # The paper's `beta * bound * A / sg(r) * r` on the same clipped tokens: inf / inf and 0 / 0 are NaN.
     logp_authors = torch.tensor([200.0, -200.0], requires_grad=True)
@@ -364,14 +358,14 @@ def _compile_or_skip(fn):
 @pytest.mark.parametrize("delta", [None, 2.5])
 @pytest.mark.slow
 def test_compiles_in_one_graph_and_matches_eager(delta):
-    # fullgraph=True: TRL's surrogate plus the term trace into one graph (no graph break); AOT autograd runs
+    # fullgraph=True: TRL's surrogate on the preserved advantages traces into one graph (no graph break); AOT autograd runs
     # the backward of the compiled graph. (Host synchronisation is checked separately below: torch 2.13 captures
     # `.item()` and boolean indexing without a graph break.)
     def masked_mean_loss(logp, old, adv, mask):
         log_ratio = logp - old
-        coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=delta)
-        loss = ppo_clip_loss(logp, old, adv, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
-        loss = loss + preserved_gradient_term(log_ratio, adv, coefficient)
+        weight = preserved_weight(log_ratio.detach(), adv, **LOSS_KWARGS)
+        adv_hat = preserved_advantages(adv, log_ratio, weight)
+        loss = ppo_clip_loss(logp, old, adv_hat, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, delta=delta)
         return (loss * mask).sum() / mask.sum()
 
     compiled = _compile_or_skip(masked_mean_loss)
@@ -413,9 +407,9 @@ def test_forward_and_backward_need_no_host_sync():
     logp.requires_grad_()
 
     def cegppo(logp, old, adv):
-        log_ratio = logp - old  # the trainer's term, beside TRL's surrogate
-        coefficient = preserved_coefficient(log_ratio.detach(), adv, **LOSS_KWARGS, delta=2.5, delta_low=0.5)
-        return preserved_gradient_term(log_ratio, adv, coefficient)
+        log_ratio = logp - old  # the trainer's advantages, handed to TRL's surrogate
+        weight = preserved_weight(log_ratio.detach(), adv, **LOSS_KWARGS, delta_low=0.5)
+        return preserved_advantages(adv, log_ratio, weight)
 
     def authors(logp, old, adv):
         ratio = torch.exp(logp - old)

@@ -69,10 +69,10 @@ def test_rollout_batch_masks_drop_the_flat_group_and_count_only_the_kept_groups(
     )
     # keep = [0, 0, 1, 1]: process 1 keeps both of its completions, 2 sequences and 0 + 5 tokens in the batch.
     assert outputs["keep_mask"].tolist() == [1.0, 1.0]
-    assert outputs["num_sequences_in_batch"].item() == 2.0 and outputs["num_items_in_batch"].item() == 5.0
+    assert outputs["num_items_in_batch"].item() == 5.0
     # Correct: the best positive reward of its group: [1, 1, 1, 0], of the kept groups only: [0, 0, 1, 0].
     assert outputs["sft_mask"].tolist() == [1.0, 0.0]
-    assert outputs["num_sft_sequences_in_batch"].item() == 1.0 and outputs["num_sft_items_in_batch"].item() == 3.0
+    assert outputs["num_sft_items_in_batch"].item() == 3.0
     assert metrics == {
         "cegppo/dynamic_sampling/kept_groups": 1, "cegppo/dynamic_sampling/dropped_groups": 1, "cegppo/sft_frac": 0.25
     }  # fmt: skip
@@ -82,15 +82,14 @@ def test_rollout_batch_masks_without_dynamic_sampling_keep_every_group():
     outputs, metrics = _masks_of_process_1(
         dynamic_sampling=False, sft_loss_coef=0.1, sft_reward_threshold=None, others=[torch.tensor(3.0)]
     )
-    # No keep mask: 4 sequences; correct [1, 1, 1, 0]: process 1's first completion, 3 + 3 tokens.
+    # No keep mask; correct [1, 1, 1, 0]: process 1's first completion, 3 + 3 tokens.
     assert "keep_mask" not in outputs and "num_items_in_batch" not in outputs
-    assert outputs["num_sequences_in_batch"].item() == 4.0 and outputs["sft_mask"].tolist() == [1.0, 0.0]
-    assert outputs["num_sft_sequences_in_batch"].item() == 3.0 and outputs["num_sft_items_in_batch"].item() == 6.0
+    assert outputs["sft_mask"].tolist() == [1.0, 0.0] and outputs["num_sft_items_in_batch"].item() == 6.0
     assert metrics == {"cegppo/sft_frac": 0.75}
     outputs, metrics = _masks_of_process_1(
         dynamic_sampling=False, sft_loss_coef=0.0, sft_reward_threshold=None, others=[]
     )
-    assert list(outputs) == ["num_sequences_in_batch"] and outputs["num_sequences_in_batch"].item() == 4.0
+    assert outputs == {}
     assert metrics == {}
 
 
@@ -100,26 +99,22 @@ def test_group_size_mismatch_raises():
 
 
 def rollout_batch_expected(loss_type, per_token, nll, cmask, sft, max_len):
-    """Policy loss and SFT NLL of a whole rollout batch, written from each rule's definition (TRL's docs for the
-    policy term; the SFT term uses the same rule over the correct completions, and a batch token-mean for bnpo)."""
-    tokens = cmask.sum(-1)
+    """Policy loss and SFT NLL of a whole rollout batch split into two micro-batches (rows 0-2, 3-5), written from
+    each rule's definition (TRL's docs for the policy term; the SFT term is the correct completions' token-mean NLL
+    over the rollout batch for every loss type, as in the authors' recipe)."""
     sft_tokens = cmask * sft[:, None]
-    if loss_type == "grpo":  # mean over sequences of each sequence's token-mean
-        policy = ((per_token * cmask).sum(-1) / tokens).mean()
-        sft_nll = ((nll * sft_tokens).sum(-1) / tokens)[sft.bool()].mean()
+    halves = (slice(0, 3), slice(3, 6))
+    if loss_type == "grpo":  # mean over each micro-batch's sequences of each sequence's token-mean
+        policy = sum(((per_token[h] * cmask[h]).sum(-1) / cmask[h].sum(-1)).mean() for h in halves) / 2
     elif loss_type == "dr_grpo":  # token sum / (sequences x max_completion_length)
         policy = (per_token * cmask).sum() / (cmask.size(0) * max_len)
-        sft_nll = (nll * sft_tokens).sum() / (sft.sum() * max_len)
     elif loss_type == "luspo":  # mean over sequences of each sequence's token sum
         policy = (per_token * cmask).sum(-1).mean()
-        sft_nll = (nll * sft_tokens).sum(-1)[sft.bool()].mean()
     elif loss_type == "dapo":  # token-mean over the batch
         policy = (per_token * cmask).sum() / cmask.sum()
-        sft_nll = (nll * sft_tokens).sum() / sft_tokens.sum()
-    else:  # bnpo, TRL's rule: token-mean of each micro-batch (rows 0-2, 3-5), averaged over the two
-        policy = sum((per_token[i : i + 3] * cmask[i : i + 3]).sum() / cmask[i : i + 3].sum() for i in (0, 3)) / 2
-        sft_nll = (nll * sft_tokens).sum() / sft_tokens.sum()
-    return policy, sft_nll
+    else:  # bnpo, TRL's rule: token-mean of each micro-batch, averaged over the two
+        policy = sum((per_token[h] * cmask[h]).sum() / cmask[h].sum() for h in halves) / 2
+    return policy, (nll * sft_tokens).sum() / sft_tokens.sum()
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "luspo", "dapo", "bnpo"])
@@ -137,9 +132,7 @@ def test_sft_term_over_several_micro_batches_is_the_rollout_batch_nll(make_train
     sft = torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
     counts = {  # what `_generate_and_score_completions` attaches: counts over the whole rollout batch
         "num_items_in_batch": cmask.sum(),
-        "num_sequences_in_batch": torch.tensor(6.0),
         "num_sft_items_in_batch": (cmask * sft[:, None]).sum(),
-        "num_sft_sequences_in_batch": sft.sum(),
     }
     model = trainer.model
     model.train()
@@ -182,9 +175,7 @@ def test_sft_loss_metric_is_each_optimizer_steps_nll_and_absent_without_correct_
     sft = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     counts = {
         "num_items_in_batch": cmask.sum(),
-        "num_sequences_in_batch": torch.tensor(6.0),
         "num_sft_items_in_batch": (cmask * sft[:, None]).sum(),
-        "num_sft_sequences_in_batch": sft.sum(),
     }
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
@@ -262,20 +253,17 @@ def test_dynamic_sampling_decides_from_trl_advantages_not_the_raw_reward_sum(mak
     assert out["advantages"][:4].abs().min() > 0.5  # TRL's advantages: the first group is informative
     assert out["advantages"][4:].abs().max() < 1e-6
     assert out["keep_mask"].tolist() == [1.0] * 4 + [0.0] * 4
-    assert out["num_sequences_in_batch"].item() == 4
 
 
-def test_dropped_groups_leave_the_metrics_controller_and_entropy_bonus(make_trainer):
-    # Rows 0 and 3 (advantages 1.0 and -0.7, both with clipped tokens) are dropped: every metric, the
-    # controller's input and the entropy bonus must be those of the kept rows, computed here from the batch.
-    trainer = make_trainer(
-        dynamic_sampling=True, delta=1.3, entropy_coef=0.01, entropy_controller="band=0-10,damping=0"
-    )
+def test_dropped_groups_leave_the_metrics_and_entropy_bonus(make_trainer):
+    # Rows 0 and 3 (advantages 1.0 and -0.7, both with clipped tokens) are dropped: every metric and the entropy
+    # bonus must be those of the kept rows, computed here from the batch.
+    trainer = make_trainer(dynamic_sampling=True, delta=1.3, entropy_coef=0.01)
     batch = make_offpolicy_batch(trainer, seed=1)
     keep = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
     cmask = batch["completion_mask"]
     kept = cmask * keep[:, None]
-    batch.update(keep_mask=keep, num_items_in_batch=kept.sum(), num_sequences_in_batch=keep.sum())
+    batch.update(keep_mask=keep, num_items_in_batch=kept.sum())
     loss, _ = loss_and_grads(trainer, batch)
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
@@ -289,7 +277,6 @@ def test_dropped_groups_leave_the_metrics_controller_and_entropy_bonus(make_trai
     assert abs(entropy - entropy_all) > 2e-5, "the dropped rows must matter for this check (rel. tolerance 1e-6)"
     metrics = trainer._metrics["train"]
     assert metrics["entropy"][-1] == pytest.approx(entropy, rel=1e-6)
-    assert trainer.entropy_controller.last_entropy == pytest.approx(entropy, rel=1e-6)
     ratio = torch.exp(logp - batch["old_per_token_logps"])
     left = (batch["advantages"][:, None] < 0) & (ratio < 0.8)
     assert (left * cmask * (1 - keep[:, None])).sum() > 0, "a dropped row has left-clipped tokens"

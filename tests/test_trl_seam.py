@@ -1,5 +1,6 @@
-"""The private TRL names the CE-GPPO seam touches (docs/maintaining.md, "The TRL seam"): each test fails, naming what
-changed, when a TRL release changes one. The loss itself is TRL's plus a term: no copy of TRL's code to keep in step.
+"""The private TRL names and the one order of statements the CE-GPPO seam relies on (docs/maintaining.md, "The TRL
+seam"): each test fails, naming what changed, when a TRL release changes one. The loss is TRL's `_compute_loss` on a
+micro-batch whose advantages carry the preserved gradient: no copy of TRL's code or rules to keep in step.
 """
 
 from __future__ import annotations
@@ -19,14 +20,6 @@ from cegppo_trl import trl_compat
 SEAM = {
     "_compute_loss": ["self", "model", "inputs"],
     "_get_per_token_logps_and_entropies": ["self", "model"],  # passed through; its first two outputs are taken
-    "get_high_entropy_mask": ["self", "entropies", "mask", "threshold"],
-    "get_off_policy_mask": [
-        "advantages",
-        "per_token_logps",
-        "sampling_per_token_logps",
-        "mask",
-        "off_policy_threshold",
-    ],
     "_generate_and_score_completions": ["self", "inputs"],
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
 }
@@ -40,27 +33,38 @@ def test_the_private_trl_names_the_seam_touches_keep_their_parameters(name):
     assert parameters == SEAM[name], f"trl {trl.__version__} changed `GRPOTrainer.{name}`'s parameters: {parameters}"
 
 
-def test_trls_loss_runs_one_policy_forward_pass_whose_tensors_the_term_is_built_from(make_trainer, monkeypatch):
-    # Inside `_compute_loss` TRL computes the policy's log-probs and entropies once, and the entropy mask once (with
-    # `top_entropy_quantile` < 1): the term is built from exactly those tensors (captured, not recomputed).
+def test_trls_loss_reads_the_advantages_after_its_one_policy_forward_pass(make_trainer, monkeypatch):
+    # The contract: inside `_compute_loss` TRL runs the policy's forward pass once, and only then reads
+    # `inputs["advantages"]` (TRL 1.10-1.16). The advantages handed over at that pass are the ones TRL's loss uses:
+    # the backward reaches them at every training micro-batch.
     trainer = make_trainer(num_iterations=2, max_steps=2, top_entropy_quantile=0.5, gppo_beta1=0.5)
-    calls = []
-    for name in ("_get_per_token_logps_and_entropies", "get_high_entropy_mask"):
-        original = getattr(GRPOTrainer, name)
+    calls, consumed = [], []
+    original = GRPOTrainer._get_per_token_logps_and_entropies
 
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            if self._loss_tensors is not None:  # inside `_compute_loss`
-                calls.append(_name)
-            return _original(self, *args, **kwargs)
+    def counted(self, *args, **kwargs):
+        if self._micro_batch is not None:  # inside `_compute_loss`, before the advantages are replaced
+            calls.append("policy pass")
+        return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(GRPOTrainer, name, counted)
-    terms = []
-    original_terms = type(trainer)._cegppo_terms
-    monkeypatch.setattr(type(trainer), "_cegppo_terms", lambda self, inputs, **t: terms.append(sorted(t)) or
-                        original_terms(self, inputs, **t))  # fmt: skip
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    consume = type(trainer)._consumed
+    monkeypatch.setattr(
+        type(trainer), "_consumed", lambda self, grad: consumed.append(grad.shape) or consume(self, grad)
+    )
     trainer.train()
-    assert calls == ["_get_per_token_logps_and_entropies", "get_high_entropy_mask"] * 2
-    assert terms == [["entropies", "entropy_mask", "logps"]] * 2
+    assert calls == ["policy pass"] * 2
+    assert len(consumed) == 2  # old log-probs exist for both passes (num_iterations = 2): both are replaced
+
+
+def test_a_trl_that_reads_the_advantages_before_the_forward_pass_fails_at_the_first_step(make_trainer, monkeypatch):
+    # Simulated: TRL's loss works on its own copy of the micro-batch, taken before the forward pass, so the advantages
+    # that carry the preserved gradient never reach it. The run must not train GRPO under CE-GPPO's name.
+    trainer = make_trainer(num_iterations=2, max_steps=4, gppo_beta1=0.5)
+    original = GRPOTrainer._compute_loss
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, model, inputs: original(self, model, dict(inputs)))
+    with pytest.raises(RuntimeError, match=r"did not use the advantages .* read `inputs\['advantages'\]` after"):
+        trainer.train()
+    assert trainer.state.global_step <= 2
 
 
 def test_the_micro_batch_carries_the_inputs_the_term_reads(make_trainer, monkeypatch):
@@ -91,7 +95,7 @@ def test_training_goes_through_the_overridden_loss(make_trainer, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------------
 def test_one_reward_call_per_rollout_batch_split_into_steps_per_generation_micro_batches(make_trainer, monkeypatch):
     # 4 optimizer steps, 2 per rollout batch: 2 rollout batches of 8 completions, each split into 2 micro-batches of
-    # 4 that hold exactly its rows and the rollout batch's 0-d counts (`num_sequences_in_batch` / `share`).
+    # 4 that hold exactly its rows and the rollout batch's 0-d counts (the SFT term's normaliser reads them).
     from trl import GRPOTrainer
 
     trainer = make_trainer(
@@ -115,7 +119,7 @@ def test_one_reward_call_per_rollout_batch_split_into_steps_per_generation_micro
     def rows(batch):
         return sorted(zip(batch["completion_ids"].tolist(), batch["advantages"].tolist(), batch["sft_mask"].tolist()))
 
-    counts = ("num_items_in_batch", "num_sequences_in_batch", "num_sft_items_in_batch", "num_sft_sequences_in_batch")
+    counts = ("num_items_in_batch", "num_sft_items_in_batch")
     for rollout, pair in zip(rollouts, (micro_batches[:2], micro_batches[2:])):
         assert [len(micro["advantages"]) for micro in pair] == [4, 4]
         assert sorted(rows(pair[0]) + rows(pair[1])) == rows(rollout)
@@ -164,7 +168,7 @@ def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_
     torch.testing.assert_close(output["advantages"], expected_advantages)  # rows 8..15 (rows 0..7: reversed)
     assert output["keep_mask"].tolist() == [1.0] * 4 + [0.0] * 4  # rows 0..7 would give the reverse
     assert output["sft_mask"].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # the best of the kept group
-    assert output["num_sequences_in_batch"].item() == 8  # kept sequences of both processes: 2 groups of 4
+    assert output["num_items_in_batch"].item() == 2 * output["completion_mask"][:4].sum().item()  # kept groups only
 
 
 @pytest.mark.parametrize(
