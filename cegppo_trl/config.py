@@ -9,8 +9,6 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ._spec import format_number as _format_number
-from .controller import parse_controller
 from .loss import check_left_guard
 from .schedules import parse_schedule
 
@@ -20,7 +18,6 @@ logger = logging.getLogger(__name__)
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
-BETA_RULES = ("paper", "entropy")  # TODO(research move)
 # Config fields a resume may change without changing the run (where and how it reports, saves and loads); a resume
 # names every other field that differs from the checkpoint's (`changed_settings`).
 SAFE_TO_CHANGE = (
@@ -147,11 +144,6 @@ class CEGPPOConfig(GRPOConfig):
             cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.
-        gppo_beta_rule (`str`, *optional*, defaults to `"paper"`):
-            `"paper"`: β1 scales left-clipped tokens and β2 right-clipped ones (Eq. 8). `"entropy"`: each β by the
-            first-order effect of the token's push on its position's entropy: β2 where the push raises it
-            (right-clipped with `log p < -H`, left-clipped with `log p > -H`), β1 where it lowers it, each token
-            keeping its side's bound, so that β2 raises entropy and β1 lowers it on any model. Not the paper's rule.
         max_zero_signal_batches (`int`, *optional*, defaults to `100`):
             Stop after this many consecutive training rollout batches in which every group has zero reward spread
             (zero advantages, no policy gradient; the batches dynamic sampling would empty) or no completion token is
@@ -191,13 +183,6 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta2_schedule: str | None = field(
         default=None,
         metadata={"help": "Schedule of beta2, same syntax as `gppo_beta1_schedule`; overrides `gppo_beta2` when set."},
-    )
-    entropy_controller: str | None = field(
-        default=None,
-        metadata={
-            "help": "Keep the mean token entropy in a band by moving beta1/beta2 around their scheduled values, e.g. "
-            "'band=0.3-0.6,every=10'. None disables it. See `python -m pydoc cegppo_trl.controller`."
-        },
     )
     sft_loss_coef: float = field(
         default=0.0,
@@ -251,13 +236,6 @@ class CEGPPOConfig(GRPOConfig):
         },
     )
 
-    gppo_beta_rule: str = field(
-        default="paper",
-        metadata={
-            "help": "Which preserved tokens each beta scales: 'paper' (Eq. 8) by clip side; 'entropy' by the push's "
-            "first-order entropy effect: beta2 where it raises entropy (log p < -H pushed up, > -H pushed down), beta1 else."
-        },
-    )
 
     max_zero_signal_batches: int = field(
         default=100,
@@ -270,14 +248,6 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
-        if self.gppo_beta_rule not in BETA_RULES:
-            raise ValueError(f"`gppo_beta_rule` must be one of {list(BETA_RULES)}, got {self.gppo_beta_rule!r}.")
-        if self.gppo_beta_rule == "entropy" and self.importance_sampling_level != "token":
-            raise ValueError(
-                "`gppo_beta_rule='entropy'` assigns beta per token (by log p against the entropy H at its position); "
-                f"`importance_sampling_level={self.importance_sampling_level!r}` has one ratio per sequence. Set "
-                "`importance_sampling_level='token'` or `gppo_beta_rule='paper'`."
-            )
         if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
             # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
             # transformers would, without its FutureWarning on every config the user did not cause.
@@ -374,16 +344,12 @@ class CEGPPOConfig(GRPOConfig):
     def _validate_cegppo(self) -> None:
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
         _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
-        for name, parse in (
-            ("gppo_beta1_schedule", parse_schedule),
-            ("gppo_beta2_schedule", parse_schedule),
-            ("entropy_controller", parse_controller),
-        ):
+        for name in ("gppo_beta1_schedule", "gppo_beta2_schedule"):
             if getattr(self, name) is None:
                 continue
             try:
-                parsed = parse(getattr(self, name))
-                if name != "entropy_controller" and self.max_steps > 0:
+                parsed = parse_schedule(getattr(self, name))
+                if self.max_steps > 0:
                     parsed.check(self.max_steps)  # a window mixing steps and percentages may be empty for this run
             except ValueError as error:
                 raise ValueError(f"`{name}`: {error}") from None
@@ -402,35 +368,3 @@ class CEGPPOConfig(GRPOConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
-        self._validate_controller_bounds()
-
-    def _validate_controller_bounds(self) -> None:
-        """The controller's bounds must contain every nominal beta it moves: otherwise the clamp would replace the
-        configured beta from the first step, before the controller has measured anything."""
-        controller = parse_controller(self.entropy_controller)
-        if controller is None:
-            return
-        for beta in ("beta1", "beta2"):
-            if controller.mode not in (beta, "both"):
-                continue  # a coefficient the controller does not move is the nominal itself, bounds do not apply
-            schedule_field, constant_field = f"gppo_{beta}_schedule", f"gppo_{beta}"
-            spec = getattr(self, schedule_field)
-            low, high = parse_schedule(spec if spec is not None else getattr(self, constant_field)).value_range
-            bound_low, bound_high = getattr(controller, f"{beta}_min"), getattr(controller, f"{beta}_max")
-            if bound_low <= low and high <= bound_high:
-                continue
-            f = _format_number
-            if spec is not None:
-                nominal = f"`{schedule_field}={spec!r}` takes values {f(low)}-{f(high)}"
-                fix_nominal = f"keep `{schedule_field}` within {f(bound_low)}-{f(bound_high)}"
-            else:
-                nominal = f"`{constant_field}={f(low)}`"
-                fix_nominal = f"set `{constant_field}` within {f(bound_low)}-{f(bound_high)}"
-            other = "beta2" if beta == "beta1" else "beta1"
-            raise ValueError(
-                f"{nominal}, outside the `entropy_controller` bounds {beta}={f(bound_low)}-{f(bound_high)}: the "
-                f"controller would replace the configured {beta} by the nearest bound, before measuring any entropy. "
-                f"Set `{beta}={f(min(low, bound_low))}-{f(max(high, bound_high))}` in `entropy_controller` (bounds "
-                f"that contain the nominal values), {fix_nominal}, or use `mode={other}` in `entropy_controller` so "
-                f"the controller leaves {beta} alone."
-            )

@@ -57,12 +57,11 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
     """The settings that define a CE-GPPO run, as shown on the model card.
 
     Args:
-        trainer: a `CEGPPOTrainer` (its `args`, `loss_type`, clip range, β schedules and entropy controller).
+        trainer: a `CEGPPOTrainer` (its `args`, `loss_type`, clip range and β schedules).
     """
     args = trainer.args
     settings: dict[str, object] = {"loss_type": args.loss_type}
     if trainer.loss_type in CEGPPO_LOSS_TYPES:
-        controller = trainer.entropy_controller
         settings.update(
             beta1=str(trainer.beta1_schedule),
             beta2=str(trainer.beta2_schedule),
@@ -71,9 +70,7 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
             delta=args.delta,
             delta_low=args.delta_low,  # None: the paper's objective, no left guard
             **({} if args.delta_low is None else {"delta_low_mode": args.delta_low_mode}),
-            **({} if args.gppo_beta_rule == "paper" else {"gppo_beta_rule": args.gppo_beta_rule}),
             importance_sampling_level=args.importance_sampling_level,
-            entropy_controller=None if controller is None else controller.config.to_spec(),
             sft_loss_coef=args.sft_loss_coef,
             dynamic_sampling=args.dynamic_sampling,
         )

@@ -3,6 +3,7 @@ thread. Helpers that tests import live in tests/helpers/ (the reference loss, ha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -70,6 +71,14 @@ def make_trainer(tmp_path, tokenizer, prompt_dataset):
         )
 
     return _make
+
+
+@pytest.fixture
+def make_research_trainer(make_trainer):
+    """`make_trainer` for `cegppo_trl.research`'s trainer and config (the entropy studies' options)."""
+    from cegppo_trl.research.trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
+
+    return functools.partial(make_trainer, trainer_cls=ResearchCEGPPOTrainer, config_cls=ResearchCEGPPOConfig)
 
 
 @pytest.fixture

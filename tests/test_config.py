@@ -81,65 +81,6 @@ def test_num_generations_below_2_is_refused_by_grpo_config(tmp_path):
         CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=1, per_device_train_batch_size=1)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The entropy controller's bounds must contain the configured betas, or it would replace them before measuring
-# ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "fields, expected",
-    [
-        (  # the reported case: the default beta2 bounds 0.5-1.5 would apply beta2 = 0.5 from step 1
-            dict(gppo_beta1=0, gppo_beta2=0, entropy_controller="band=0.3-0.6,every=100"),
-            [
-                "`gppo_beta2=0`, outside the `entropy_controller` bounds beta2=0.5-1.5",
-                "Set `beta2=0-1.5` in `entropy_controller`",
-                "set `gppo_beta2` within 0.5-1.5",
-                "`mode=beta1`",
-            ],
-        ),
-        (  # explicit bounds, beta1 above them
-            dict(gppo_beta1=0.8, entropy_controller="band=0.3-0.6,beta1=0-0.5"),
-            ["`gppo_beta1=0.8`, outside the `entropy_controller` bounds beta1=0-0.5", "Set `beta1=0-0.8`"],
-        ),
-        (  # a schedule: every value it takes counts, not only the first
-            dict(gppo_beta1_schedule="piecewise:0@0,1.5@50%", entropy_controller="band=0.3-0.6"),
-            [
-                "`gppo_beta1_schedule='piecewise:0@0,1.5@50%'` takes values 0-1.5, outside the `entropy_controller` "
-                "bounds beta1=0-1",
-                "Set `beta1=0-1.5`",
-                "keep `gppo_beta1_schedule` within 0-1",
-            ],
-        ),
-        (
-            dict(gppo_beta2_schedule="cosine:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
-            ["`gppo_beta2_schedule='cosine:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
-        ),
-    ],
-)
-def test_controller_bounds_that_exclude_the_configured_beta_are_refused(tmp_path, fields, expected):
-    with pytest.raises(ValueError) as error:
-        make(tmp_path, **fields)
-    for text in expected:
-        assert text in str(error.value)
-
-
-@pytest.mark.parametrize(
-    "fields",
-    [
-        dict(gppo_beta1=0, gppo_beta2=0, entropy_controller="band=0.3-0.6,every=100,beta2=0-1.5"),
-        dict(gppo_beta2=0, entropy_controller="band=0.3-0.6,mode=beta1"),  # beta2 not moved: its bounds do not apply
-        dict(gppo_beta1=3, entropy_controller="band=0.3-0.6,mode=beta2"),
-        dict(
-            gppo_beta1_schedule="linear:0->1@10%-60%",
-            gppo_beta2_schedule="warmup:0.5->1.5@50",
-            entropy_controller="band=0.3-0.6",
-        ),
-        dict(gppo_beta2=0, gppo_beta2_schedule="constant:1"),  # the schedule overrides the constant
-    ],
-)
-def test_controller_bounds_that_contain_the_configured_betas_are_accepted(tmp_path, fields):
-    make(tmp_path, **fields)
-
-
 def test_every_cegppo_field_has_a_help_string_of_at_most_two_lines():
     # `--help` prints these; detail belongs in the docs they link to.
     import dataclasses

@@ -74,10 +74,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from numbers import Integral
 
-from ._spec import NUMBER as _NUMBER
-from ._spec import SpecError as _SpecError
-from ._spec import format_number as _format_number
-from ._spec import is_finite_number as _finite
+from .._spec import NUMBER as _NUMBER
+from .._spec import SpecError as _SpecError
+from .._spec import format_number as _format_number
+from .._spec import is_finite_number as _finite
 
 __all__ = ["CONTROLLER_SYNTAX", "CONTROLLER_MODES", "EntropyController", "EntropyControllerConfig", "parse_controller"]
 

@@ -7,7 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from cegppo_trl.controller import CONTROLLER_SYNTAX, EntropyController, EntropyControllerConfig, parse_controller
+from cegppo_trl.research.controller import (
+    CONTROLLER_SYNTAX,
+    EntropyController,
+    EntropyControllerConfig,
+    parse_controller,
+)
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig
 from cegppo_trl.schedules import parse_schedule
 
 TOL = 1e-12
@@ -412,11 +418,202 @@ def test_mode_beta2_leaves_beta1_at_its_nominal(nominal_beta1):
 # ---------------------------------------------------------------------------------------------------------------------
 # Through the trainer: the controller never changes the configured betas before it has measured anything
 # ---------------------------------------------------------------------------------------------------------------------
-def test_trainer_logs_the_configured_betas_until_the_first_controller_update(make_trainer):
-    trainer = make_trainer(
+def test_trainer_logs_the_configured_betas_until_the_first_controller_update(make_research_trainer):
+    trainer = make_research_trainer(
         num_iterations=2, max_steps=2, gppo_beta1=0.0, gppo_beta2=0.0,
         entropy_controller="band=0.3-0.6,every=100,beta2=0-1.5",  # bounds that contain the nominal betas
     )  # fmt: skip
     trainer.train()
     logs = [h for h in trainer.state.log_history if "cegppo/beta2" in h]
     assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [(0.0, 0.0), (0.0, 0.0)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Through `ResearchCEGPPOTrainer`: the betas it logs, its state across a resume, the config's checks
+# ---------------------------------------------------------------------------------------------------------------------
+def _step_logs(trainer):
+    return [h for h in trainer.state.log_history if "cegppo/beta1" in h and "loss" in h]
+
+
+def documented_controller_rule(
+    entropies, *, low, high, step, damping, ema, beta1, beta2, bounds1, bounds2, raise_beta1=False
+):
+    """The update rule of the `cegppo_trl.controller` docstring (mode both, bang-bang push), written out from the
+    docs without the library: the applied (beta1, beta2) before each update, for constant nominal betas."""
+    if not raise_beta1:  # 7. beta1 never above its nominal
+        bounds1 = (bounds1[0], min(bounds1[1], beta1))
+    clamp = lambda x, lo, hi: min(max(x, lo), hi)  # noqa: E731
+    applied, offset1, offset2, h = [], 0.0, 0.0, None
+    for entropy in entropies:
+        applied.append((clamp(beta1 + offset1, *bounds1), clamp(beta2 + offset2, *bounds2)))
+        previous = entropy if h is None else h
+        h = entropy if h is None else ema * h + (1 - ema) * entropy  # 1. smoothing
+        distance = low - h if h < low else high - h if h > high else 0.0  # 2. signed distance to the band
+        push = (step if distance > 0 else -step) if distance else 0.0  # 3. bang-bang push
+        u = clamp(push - damping * (h - previous), -step, step)  # 4.-5. damping, bounded step
+        if u:  # 6. anti-windup clamp before and after the step
+            offset1 = clamp(offset1, bounds1[0] - beta1, bounds1[1] - beta1) - u
+            offset2 = clamp(offset2, bounds2[0] - beta2, bounds2[1] - beta2) + u
+            offset1 = clamp(offset1, bounds1[0] - beta1, bounds1[1] - beta1)
+            offset2 = clamp(offset2, bounds2[0] - beta2, bounds2[1] - beta2)
+    return applied
+
+
+@pytest.mark.parametrize(
+    "raise_beta1, beta1s", [("false", [0.5, 0.5, 0.5, 0.5, 0.5]), ("true", [0.5, 0.75, 1.0, 1.0, 1.0])]
+)
+def test_controller_moves_beta_by_bounded_steps_toward_the_band(make_research_trainer, raise_beta1, beta1s):
+    # A random tiny model has entropy ~4.6 nats, far above this band: "exploding", so the controller lowers beta2
+    # (and with raise_beta1 raises beta1) by `step` per update until the bounds stop it. By default beta1 stays at
+    # its nominal 0.5: raising it is the hazard of docs/entropy-study.md.
+    spec = f"band=1-2,step=0.25,mode=both,beta1=0-1,beta2=0.5-1.5,damping=0,raise_beta1={raise_beta1}"
+    trainer = make_research_trainer(num_iterations=2, max_steps=5, entropy_controller=spec)
+    trainer.train()
+    logs = _step_logs(trainer)
+    assert [h["cegppo/beta1"] for h in logs] == pytest.approx(beta1s)
+    assert [h["cegppo/beta2"] for h in logs] == pytest.approx([1.0, 0.75, 0.5, 0.5, 0.5])
+    assert all(h["cegppo/controller/target_low"] == 1 and h["cegppo/controller/target_high"] == 2 for h in logs)
+    # The controller measured each step's global entropy (window = 1 step) at the end of that step.
+    for h in logs:
+        assert h["cegppo/controller/entropy"] == pytest.approx(h["entropy"], rel=1e-6)
+        assert h["cegppo/controller/entropy"] > 2
+
+
+def test_logged_betas_replay_the_controller_rule_on_the_logged_entropy(make_research_trainer):
+    # Default settings (damping on): feeding the logged global entropies to a fresh controller reproduces every
+    # logged beta, i.e. the trainer applies exactly the documented rule, one update per optimizer step.
+    spec = "band=1-2,step=0.1"
+    trainer = make_research_trainer(num_iterations=2, max_steps=5, entropy_controller=spec)
+    trainer.train()
+    logs = _step_logs(trainer)
+    replay = EntropyController(parse_controller(spec), 0.5, 1.0)
+    for h in logs:
+        assert (h["cegppo/beta1"], h["cegppo/beta2"]) == pytest.approx(replay.apply(0.5, 1.0))
+        replay.update(h["entropy"])
+
+
+def test_logged_betas_follow_the_documented_rule_written_out_independently(make_research_trainer):
+    # The entropy of the tiny random model (~4.6) is above this band and changes between steps, so both the push
+    # and the damping term act; ema=0.5 smooths; beta1 reaches its upper bound on the way (raise_beta1: the
+    # symmetric rule; the default's cap is the same rule with bounds1 ending at the nominal).
+    trainer = make_research_trainer(
+        num_iterations=2, max_steps=5,
+        entropy_controller="band=1-2,step=0.2,damping=2,ema=0.5,beta1=0-0.9,raise_beta1=true",
+    )  # fmt: skip
+    trainer.train()
+    logs = _step_logs(trainer)
+    expected = documented_controller_rule(
+        [h["entropy"] for h in logs], low=1.0, high=2.0, step=0.2, damping=2.0, ema=0.5, beta1=0.5, beta2=1.0,
+        bounds1=(0.0, 0.9), bounds2=(0.5, 1.5), raise_beta1=True,
+    )  # fmt: skip
+    assert [(h["cegppo/beta1"], h["cegppo/beta2"]) for h in logs] == [pytest.approx(b, abs=1e-6) for b in expected]
+    assert expected[-1][0] == 0.9  # the bound was reached
+
+
+@pytest.mark.slow
+def test_step_and_percent_window_resolves_against_the_real_run_length(make_research_trainer):
+    # 'linear:0->1@5-50%' is empty for a 1-step run (step 5 .. 0.5) but valid for 14 steps (steps 5 .. 7). Before
+    # training the run length is unknown: construction with a controller and a read of the betas give the step-0
+    # value instead of resolving the window against a made-up length.
+    trainer = make_research_trainer(
+        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-50%",
+        entropy_controller="band=0-10,damping=0",
+    )  # fmt: skip
+    assert trainer.current_gppo_betas() == (0.0, 1.0)
+    trainer.train()
+    assert [h["cegppo/beta1"] for h in _step_logs(trainer)] == pytest.approx([0.0] * 6 + [0.5] + [1.0] * 7)
+
+
+def test_controller_composes_with_a_schedule_as_an_offset(make_research_trainer):
+    # beta1's nominal switches 0 -> 0.5 at step 2; the controller's offset (+0.1 per update, entropy above band)
+    # rides on top of it (raise_beta1: the offset is positive).
+    trainer = make_research_trainer(
+        num_iterations=2, max_steps=4, gppo_beta1_schedule="piecewise:0@0,0.5@2",
+        entropy_controller="band=1-2,step=0.1,mode=beta1,beta1=0-1,damping=0,raise_beta1=true",
+    )  # fmt: skip
+    trainer.train()
+    assert [h["cegppo/beta1"] for h in _step_logs(trainer)] == pytest.approx([0.0, 0.1, 0.7, 0.8])
+
+
+@pytest.mark.slow
+def test_resume_reproduces_betas_and_losses(make_research_trainer, tmp_path):
+    kwargs = dict(
+        num_iterations=2, max_steps=8, gppo_beta1_schedule="linear:0->0.5", save_strategy="steps", save_steps=4,
+        entropy_controller="band=1-2,step=0.05,mode=both,every=3",
+    )  # fmt: skip
+    full = make_research_trainer(**kwargs)
+    full.train()
+    state = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
+    assert "EntropyControllerState" in state["stateful_callbacks"]  # transformers keeps the controller's state
+    # Into a folder of its own: beside the full run's later checkpoint-8, a resume of checkpoint-4 is refused.
+    resumed = make_research_trainer(**kwargs, output_dir=str(tmp_path / "resumed"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+
+    keys = ["loss", "entropy", "cegppo/beta1", "cegppo/beta2", "cegppo/ratio/max"]
+    after_full = [{k: h[k] for k in keys} for h in _step_logs(full) if h["step"] > 4]
+    after_resumed = [{k: h[k] for k in keys} for h in _step_logs(resumed) if h["step"] > 4]
+    assert len(after_full) == len(after_resumed) == 4
+    assert after_resumed == after_full
+    assert resumed.entropy_controller.state_dict() == full.entropy_controller.state_dict()
+
+
+def test_invalid_controller_spec_names_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"(?s)`entropy_controller`: .*Accepted entropy-controller forms"):
+        ResearchCEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, entropy_controller="band=0.6-0.3")
+    assert parse_controller(None) is None
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        (  # the reported case: the default beta2 bounds 0.5-1.5 would apply beta2 = 0.5 from step 1
+            dict(gppo_beta1=0, gppo_beta2=0, entropy_controller="band=0.3-0.6,every=100"),
+            [
+                "`gppo_beta2=0`, outside the `entropy_controller` bounds beta2=0.5-1.5",
+                "Set `beta2=0-1.5` in `entropy_controller`",
+                "set `gppo_beta2` within 0.5-1.5",
+                "`mode=beta1`",
+            ],
+        ),
+        (  # explicit bounds, beta1 above them
+            dict(gppo_beta1=0.8, entropy_controller="band=0.3-0.6,beta1=0-0.5"),
+            ["`gppo_beta1=0.8`, outside the `entropy_controller` bounds beta1=0-0.5", "Set `beta1=0-0.8`"],
+        ),
+        (  # a schedule: every value it takes counts, not only the first
+            dict(gppo_beta1_schedule="piecewise:0@0,1.5@50%", entropy_controller="band=0.3-0.6"),
+            [
+                "`gppo_beta1_schedule='piecewise:0@0,1.5@50%'` takes values 0-1.5, outside the `entropy_controller` "
+                "bounds beta1=0-1",
+                "Set `beta1=0-1.5`",
+                "keep `gppo_beta1_schedule` within 0-1",
+            ],
+        ),
+        (
+            dict(gppo_beta2_schedule="cosine:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
+            ["`gppo_beta2_schedule='cosine:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
+        ),
+    ],
+)
+def test_controller_bounds_that_exclude_the_configured_beta_are_refused(tmp_path, fields, expected):
+    with pytest.raises(ValueError) as error:
+        ResearchCEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **fields)
+    for text in expected:
+        assert text in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(gppo_beta1=0, gppo_beta2=0, entropy_controller="band=0.3-0.6,every=100,beta2=0-1.5"),
+        dict(gppo_beta2=0, entropy_controller="band=0.3-0.6,mode=beta1"),  # beta2 not moved: its bounds do not apply
+        dict(gppo_beta1=3, entropy_controller="band=0.3-0.6,mode=beta2"),
+        dict(
+            gppo_beta1_schedule="linear:0->1@10%-60%",
+            gppo_beta2_schedule="warmup:0.5->1.5@50",
+            entropy_controller="band=0.3-0.6",
+        ),
+        dict(gppo_beta2=0, gppo_beta2_schedule="constant:1"),  # the schedule overrides the constant
+    ],
+)
+def test_controller_bounds_that_contain_the_configured_betas_are_accepted(tmp_path, fields):
+    ResearchCEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **fields)
