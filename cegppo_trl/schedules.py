@@ -100,10 +100,11 @@ class Schedule(_Checked):
         self._check_step(step, total_steps)
         steps = [value * total_steps / 100 if percent else value for value, percent in self.points]
         if any(b <= a for a, b in pairwise(steps)):  # only when steps and percentages are mixed
+            what = "window resolves" if self.kind == "linear" else "boundaries resolve"
             raise ValueError(
-                f"schedule {self.spec!r}: its {'window' if self.kind == 'linear' else 'boundaries'} resolve to steps "
-                f"{', '.join(f'{float(s):g}' for s in steps)}, empty for total_steps={total_steps}. Write them both "
-                "in steps or both in percentages, or move them apart for this run length."
+                f"schedule {self.spec!r}: its {what} to steps {', '.join(f'{float(s):g}' for s in steps)}, empty for "
+                f"total_steps={total_steps}. Write them both in steps or both in percentages, or move them apart for "
+                "this run length."
             )
         if self.kind != "linear":
             return self.values[bisect.bisect_right(steps, step) - 1]  # steps[0] == 0 <= step

@@ -39,6 +39,16 @@ def test_invalid_cegppo_values_raise_naming_the_field(tmp_path, field, value, ma
         make(tmp_path, **{field: value})
 
 
+def test_a_callable_schedule_in_the_config_is_refused_with_the_trainer_route(tmp_path):
+    # The config is pickled into training_args.bin at every save, which a lambda cannot be: refused at construction
+    with pytest.raises(ValueError) as error:
+        make(tmp_path, gppo_beta2_schedule=lambda step, total: 1.0)
+    assert str(error.value) == (
+        "`gppo_beta2_schedule` takes a string or a number: it is saved with the run's settings. Give a callable to "
+        "the trainer instead: `trainer.beta2_schedule = parse_schedule(fn)` (`cegppo_trl.schedules`)."
+    )
+
+
 # TRL's fields are TRL's: every value `GRPOConfig` takes, `CEGPPOConfig` takes (what TRL refuses later, the trainer
 # refuses in TRL's words; tests/test_constructor_drop_in.py runs them through both trainers).
 @pytest.mark.parametrize(
@@ -110,8 +120,8 @@ def test_num_generations_below_2_is_refused_by_grpo_config(tmp_path):
             ],
         ),
         (
-            dict(gppo_beta2_schedule="cosine:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
-            ["`gppo_beta2_schedule='cosine:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
+            dict(gppo_beta2_schedule="linear:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
+            ["`gppo_beta2_schedule='linear:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
         ),
     ],
 )
@@ -130,7 +140,7 @@ def test_controller_bounds_that_exclude_the_configured_beta_are_refused(tmp_path
         dict(gppo_beta1=3, entropy_controller="band=0.3-0.6,mode=beta2"),
         dict(
             gppo_beta1_schedule="linear:0->1@10%-60%",
-            gppo_beta2_schedule="warmup:0.5->1.5@50",
+            gppo_beta2_schedule="linear:0.5->1.5@0-50",
             entropy_controller="band=0.3-0.6",
         ),
         dict(gppo_beta2=0, gppo_beta2_schedule="constant:1"),  # the schedule overrides the constant
