@@ -232,3 +232,15 @@ def test_malformed_spec_names_the_problem_and_lists_the_accepted_forms(spec, pro
 def test_the_warmup_replacement_gives_warmups_values():
     # warmup:0->0.5@50 was 0.5 * step / 50 over the first 50 steps, then 0.5
     assert values("linear:0->0.5@0-50", [0, 25, 49, 50, 999]) == pytest.approx([0, 0.25, 0.49, 0.5, 0.5])
+
+
+def test_the_documented_callables_for_cosine_and_exp_give_the_removed_kinds_values():
+    # docs/schedules.md's replacements, with the values 0.4's cosine:1->0.5 and exp:1->0.1 gave:
+    # 0.5 + 0.25 * (1 + cos(pi t)) at t = 0, 1/4, 1/2, 3/4, 1; 0.1 ** t at t = 0, 1/2, 1, and held after the end
+    a, b = 1, 0.5
+    cosine = parse_schedule(lambda step, total: b + (a - b) * (1 + math.cos(math.pi * min(step / total, 1))) / 2)
+    expected = [1, 0.5 + 0.25 * (1 + math.sqrt(0.5)), 0.75, 0.5 + 0.25 * (1 - math.sqrt(0.5)), 0.5, 0.5]
+    assert values(cosine, [0, 250, 500, 750, 1000, 1200]) == pytest.approx(expected)
+    a, b = 1, 0.1
+    exp = parse_schedule(lambda step, total: a * (b / a) ** min(step / total, 1))
+    assert values(exp, [0, 500, 1000, 1200]) == pytest.approx([1, 10**-0.5, 0.1, 0.1])
