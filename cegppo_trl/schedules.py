@@ -34,11 +34,7 @@ finite and >= 0):
 Any other shape: a Python callable fn(step, total_steps) -> float (`python -m pydoc cegppo_trl.schedules`).
 On a shell command line, quote the spec ('linear:0->0.5'): an unquoted '>' redirects output."""
 
-_REMOVED = {
-    "warmup": "warmup:A->B@N is linear:A->B@0-N",
-    "cosine": "use a Python callable",
-    "exp": "use a Python callable",
-}
+_REMOVED = {"warmup": "warmup:A->B@N is linear:A->B@0-N", "cosine": "use a callable", "exp": "use a callable"}
 _ZERO = (Fraction(0), False)
 Point = tuple[Fraction, bool]  # a step, or (when True) a percentage of total_steps
 
@@ -72,6 +68,8 @@ def _points(texts: list[str], what: str) -> tuple[Point, ...]:
 
 
 class _Checked:
+    """What the trainer calls on either kind of schedule besides the value: `check`."""
+
     def check(self, total_steps: int, field: str | None = None) -> None:
         """Raises ValueError, naming ``field`` (e.g. ``gppo_beta1_schedule``), if the schedule fails for a run of
         ``total_steps`` steps: a trainer calls it before the first step, so that the run does not fail mid-way."""
