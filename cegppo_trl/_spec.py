@@ -1,4 +1,4 @@
-"""What the two one-line grammars (β schedules in `schedules`, the entropy controller in `controller`) share."""
+"""Number parsing and printing for the entropy controller's one-line grammar (`controller`) and the config's messages."""
 
 from __future__ import annotations
 

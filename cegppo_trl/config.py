@@ -176,8 +176,9 @@ class CEGPPOConfig(GRPOConfig):
     gppo_beta1_schedule: str | None = field(
         default=None,
         metadata={
-            "help": "Schedule of beta1 over optimizer steps (one string, e.g. 'linear:0->0.5@10%-60%'); overrides "
-            "`gppo_beta1`. Syntax: `python -m pydoc cegppo_trl.schedules`."
+            "help": "Schedule of beta1 over optimizer steps, overriding `gppo_beta1`: a number, 'linear:0->0.5@10%-60%' "
+            "(a ramp over 10-60% of the run) or 'piecewise:0,0.5@58.5%' (the paper's switch). Syntax: `python -m pydoc "
+            "cegppo_trl.schedules`."
         },
     )
     gppo_beta2_schedule: str | None = field(
@@ -345,6 +346,11 @@ class CEGPPOConfig(GRPOConfig):
         _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
         _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
         for name in ("gppo_beta1_schedule", "gppo_beta2_schedule"):
+            if callable(getattr(self, name)):  # a lambda cannot be pickled into training_args.bin at the first save
+                raise ValueError(
+                    f"`{name}` takes a string or a number: it is saved with the run's settings. Give a callable to "
+                    f"the trainer instead: `trainer.{name[5:]} = parse_schedule(fn)` (`cegppo_trl.schedules`)."
+                )
             if getattr(self, name) is None:
                 continue
             try:

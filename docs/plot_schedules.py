@@ -1,6 +1,7 @@
-"""Draws the beta schedules and the entropy controller into ``docs/images/schedules/`` (used by ``schedules.md``).
+"""Draws the beta schedules and the entropy controller into ``docs/images/schedules/`` (used by ``schedules.md`` and
+``entropy-controller.md``).
 
-Run from anywhere: ``python docs/plot_schedules.py``. One PNG per schedule kind over 1000 optimizer steps, plus
+Run from anywhere: ``python docs/plot_schedules.py``. One PNG per ramp kind (linear, piecewise) over 1000 steps, plus
 ``controller.png``: the controller on a synthetic entropy model (not a training run; see ``_entropy_drift``), with
 and without its damping term; ``main`` also prints the share of steps each keeps inside the band.
 """
@@ -24,15 +25,11 @@ OUT = Path(__file__).resolve().parent / "images" / "schedules"
 
 # kind -> (title, specs drawn on the same axes)
 EXAMPLES = {
-    "constant": ("constant", ["0.5", "constant:1"]),
     "linear": ("linear ramps", ["linear:0->0.5", "linear:0->0.5@100-600", "linear:1->0.25@60%-90%"]),
-    "cosine": ("half-cosine ramps", ["cosine:1->0.5", "cosine:0->0.75@200-400"]),
-    "exp": ("geometric ramps", ["exp:1->0.1", "exp:0.05->1@25%-75%"]),
     "piecewise": (
         "piecewise: the CE-GPPO paper's beta1 switch",
         ["piecewise:0@0,0.5@585", "piecewise:1@0,0.75@30%,0.5@70%"],
     ),
-    "warmup": ("warm-up, then hold", ["warmup:0->0.5@50", "warmup:0.25->1@20%"]),
 }
 
 

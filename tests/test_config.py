@@ -39,6 +39,16 @@ def test_invalid_cegppo_values_raise_naming_the_field(tmp_path, field, value, ma
         make(tmp_path, **{field: value})
 
 
+def test_a_callable_schedule_in_the_config_is_refused_with_the_trainer_route(tmp_path):
+    # The config is pickled into training_args.bin at every save, which a lambda cannot be: refused at construction
+    with pytest.raises(ValueError) as error:
+        make(tmp_path, gppo_beta2_schedule=lambda step, total: 1.0)
+    assert str(error.value) == (
+        "`gppo_beta2_schedule` takes a string or a number: it is saved with the run's settings. Give a callable to "
+        "the trainer instead: `trainer.beta2_schedule = parse_schedule(fn)` (`cegppo_trl.schedules`)."
+    )
+
+
 # TRL's fields are TRL's: every value `GRPOConfig` takes, `CEGPPOConfig` takes (what TRL refuses later, the trainer
 # refuses in TRL's words; tests/test_constructor_drop_in.py runs them through both trainers).
 @pytest.mark.parametrize(

@@ -589,8 +589,8 @@ def test_invalid_controller_spec_names_the_field(tmp_path):
             ],
         ),
         (
-            dict(gppo_beta2_schedule="cosine:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
-            ["`gppo_beta2_schedule='cosine:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
+            dict(gppo_beta2_schedule="linear:2->1", entropy_controller={"band": [0.3, 0.6], "mode": "beta2"}),
+            ["`gppo_beta2_schedule='linear:2->1'` takes values 1-2", "bounds beta2=0.5-1.5", "Set `beta2=0.5-2`"],
         ),
     ],
 )
@@ -609,7 +609,7 @@ def test_controller_bounds_that_exclude_the_configured_beta_are_refused(tmp_path
         dict(gppo_beta1=3, entropy_controller="band=0.3-0.6,mode=beta2"),
         dict(
             gppo_beta1_schedule="linear:0->1@10%-60%",
-            gppo_beta2_schedule="warmup:0.5->1.5@50",
+            gppo_beta2_schedule="linear:0.5->1.5@0-50",
             entropy_controller="band=0.3-0.6",
         ),
         dict(gppo_beta2=0, gppo_beta2_schedule="constant:1"),  # the schedule overrides the constant

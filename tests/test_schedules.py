@@ -1,4 +1,4 @@
-"""Beta schedules (`cegppo_trl.schedules`): values hand-computed per kind, windows, round trips, malformed specs."""
+"""β schedules (`cegppo_trl.schedules`): each accepted form and each refusal, with values worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,169 +7,77 @@ import pickle
 
 import pytest
 
-from cegppo_trl.schedules import (
-    SCHEDULE_SYNTAX,
-    ConstantSchedule,
-    CosineSchedule,
-    ExpSchedule,
-    LinearSchedule,
-    PiecewiseSchedule,
-    Schedule,
-    WarmupSchedule,
-    parse_schedule,
-)
-
-TOTAL = 1000
+from cegppo_trl.schedules import SCHEDULE_SYNTAX, FunctionSchedule, Schedule, parse_schedule
 
 
-def values(spec: str, steps, total: int = TOTAL) -> list[float]:
+def values(spec, steps, total: int = 1000) -> list[float]:
     schedule = parse_schedule(spec)
     return [schedule(s, total) for s in steps]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The paper's schedule
+# The paper's switch, in steps and in percent
 # ---------------------------------------------------------------------------------------------------------------
 def test_paper_switch_is_zero_before_step_585_and_half_from_it_on():
-    # CE-GPPO paper, Sec. 5: (beta1, beta2) = (0, 1) until step 585 of 1000, then (0.5, 1).
-    beta1 = parse_schedule("piecewise:0@0,0.5@585")
-    assert beta1(584, 1000) == 0
-    assert beta1(585, 1000) == 0.5
-    assert beta1(0, 1000) == 0 and beta1(999, 1000) == 0.5 and beta1(5000, 1000) == 0.5
+    # CE-GPPO paper, Sec. 5: beta1 = 0 until step 585 of 1000, then 0.5; later steps hold the last value
+    assert values("piecewise:0@0,0.5@585", [0, 584, 585, 999, 5000]) == [0, 0, 0.5, 0.5, 0.5]
 
 
-def test_paper_switch_in_percent_lands_exactly_on_step_585():
-    # 58.5% of 1000 is kept as an exact fraction: no 584.999... that would switch one step early.
-    beta1 = parse_schedule("piecewise:0,0.5@58.5%")
-    assert (beta1(584, 1000), beta1(585, 1000)) == (0.0, 0.5)
-    # with 2000 steps the same spec switches at 1170
-    assert (beta1(1169, 2000), beta1(1170, 2000)) == (0.0, 0.5)
+def test_percent_boundaries_are_exact_fractions():
+    # 58.5% of 1000 = 585 and of 2000 = 1170 (the switch recipe's spec scales with max_steps)
+    assert values("piecewise:0,0.5@58.5%", [584, 585]) == [0, 0.5]
+    assert values("piecewise:0,0.5@58.5%", [1169, 1170], total=2000) == [0, 0.5]
+    # 1.1% of 3000 is 33, but 1.1 * 3000 / 100 in floats is 33.00000000000001, which would switch a step late
+    assert 1.1 * 3000 / 100 > 33 and values("piecewise:0,1@1.1%", [32, 33], total=3000) == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Values of each kind
+# constant
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", ["0.5", "constant:0.5", " constant : 0.5 ", "CONSTANT:0.5", "5e-1", 0.5])
-def test_constant_is_the_same_at_every_step(spec):
-    assert values(spec, [0, 1, 500, 999, 1000, 10**6]) == [0.5] * 6
+def test_constant_is_the_same_at_every_step_and_prints_as_constant(spec):
+    assert values(spec, [0, 1, 999, 1000, 10**6]) == [0.5] * 5
+    assert str(parse_schedule(spec)) == "constant:0.5"
 
 
-def test_integer_spec_is_a_constant():
-    assert parse_schedule(1) == ConstantSchedule(1.0) and parse_schedule(0)(3, 10) == 0.0
+def test_integer_and_float_constants_print_readably():
+    assert str(parse_schedule(1)) == "constant:1" and parse_schedule(0)(3, 10) == 0.0
+    assert str(parse_schedule(0.1)) == "constant:0.1" and str(parse_schedule("1e-7")) == "constant:1e-07"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# linear
+# ---------------------------------------------------------------------------------------------------------------
 def test_linear_without_window_spans_step_0_to_total_steps():
-    # value = 0.5 * step / 1000: 0 at step 0, 0.25 at 500, 0.4995 at the last step 999, 0.5 at 1000 and beyond
-    assert values("linear:0->0.5", [0, 1, 500, 999, 1000, 1500]) == pytest.approx(
-        [0.0, 0.0005, 0.25, 0.4995, 0.5, 0.5], abs=1e-15
-    )
+    # 0.5 * step / 1000: 0.0005 at step 1, 0.25 at 500, 0.4995 at the last step 999, 0.5 from 1000 on
+    got = values("linear:0->0.5", [0, 1, 500, 999, 1000, 1500])
+    assert got == pytest.approx([0, 0.0005, 0.25, 0.4995, 0.5, 0.5], abs=1e-15)
 
 
 def test_linear_decreasing():
-    assert values("linear:1->0.5", [0, 250, 1000]) == pytest.approx([1.0, 0.875, 0.5])
+    assert values("linear:1->0.5", [0, 250, 1000]) == pytest.approx([1, 0.875, 0.5])  # 1 - 0.5 * 250 / 1000
 
 
 def test_linear_step_window_holds_start_before_and_end_after():
-    # window 100-600: 0 up to step 100, then 0.5 * (step - 100) / 500, then 0.5 from step 600 on
-    got = values("linear:0->0.5@100-600", [0, 99, 100, 101, 350, 599, 600, 999, 2000])
-    assert got == pytest.approx([0, 0, 0, 0.001, 0.25, 0.499, 0.5, 0.5, 0.5], abs=1e-15)
+    # 0 up to step 100, then 0.5 * (step - 100) / 500, then 0.5 from step 600 on
+    got = values("linear:0->0.5@100-600", [0, 99, 100, 101, 350, 599, 600, 2000])
+    assert got == pytest.approx([0, 0, 0, 0.001, 0.25, 0.499, 0.5, 0.5], abs=1e-15)
+
+
+def test_linear_ends_are_exact():
+    # start + (end - start) * 1.0 would give 0.09999999999999998 for 0.7 -> 0.1
+    assert values("linear:0.7->0.1", [0, 1000]) == [0.7, 0.1]
 
 
 def test_linear_percent_window_resolves_against_total_steps():
-    # 10%-60% of 1000 = 100-600 (same values as the step window); of 200 steps = 20-120
+    # 10%-60% of 1000 = steps 100-600; of 200 = 20-120; of 15 = 1.5-9 (step 5 is (5 - 1.5) / 7.5 of the way)
     assert values("linear:0->0.5@10%-60%", [0, 100, 350, 600, 999]) == pytest.approx([0, 0, 0.25, 0.5, 0.5])
     assert values("linear:0->0.5@10%-60%", [20, 70, 120], total=200) == pytest.approx([0, 0.25, 0.5])
-
-
-def test_percent_window_with_fractional_resolution():
-    # 10%-60% of 15 steps = 1.5-9: step 1 is before the window, step 5 at (5 - 1.5) / 7.5 of it
     assert values("linear:0->1@10%-60%", [1, 5, 9], total=15) == pytest.approx([0, 3.5 / 7.5, 1])
 
 
-def test_window_may_mix_steps_and_percent():
-    # from step 100 to the end of training
-    assert values("linear:0->1@100-100%", [100, 550, 1000]) == pytest.approx([0, 0.5, 1])
-
-
-def test_mixed_window_that_is_empty_for_this_run_raises_at_check():
-    schedule = parse_schedule("linear:0->1@600-50%")  # fine for 2000 steps (600-1000), empty for 1000 (600-500)
-    schedule.check(2000)
-    assert schedule(800, 2000) == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="empty for total_steps=1000"):
-        schedule.check(1000)
-
-
-def test_piecewise_mixing_steps_and_percent_is_checked_against_total_steps():
-    schedule = parse_schedule("piecewise:0,1@600,2@50%")  # 600 < 50% only for runs longer than 1200 steps
-    assert [schedule(s, 2000) for s in (599, 600, 999, 1000)] == [0, 1, 1, 2]
-    with pytest.raises(ValueError, match="not increasing for total_steps=1000"):
-        schedule.check(1000)
-
-
-def test_cosine_is_half_cosine_between_the_endpoints():
-    # end + (start - end) * (1 + cos(pi t)) / 2 with start 1, end 0.5: t=0.25 -> 0.5 + 0.25 * (1 + sqrt(2)/2)
-    got = values("cosine:1->0.5", [0, 250, 500, 750, 1000])
-    assert got == pytest.approx([1.0, 0.5 + 0.25 * (1 + math.sqrt(0.5)), 0.75, 0.5 + 0.25 * (1 - math.sqrt(0.5)), 0.5])
-
-
-def test_cosine_window():
-    assert values("cosine:0->1@200-400", [0, 200, 300, 400, 999]) == pytest.approx([0, 0, 0.5, 1, 1])
-
-
-def test_exp_is_geometric_interpolation():
-    # 1 * (0.1 / 1) ** t: equal ratios in equal steps -> 10**-0.5 at the midpoint
-    got = values("exp:1->0.1", [0, 500, 1000, 1200])
-    assert got == pytest.approx([1.0, 10**-0.5, 0.1, 0.1])
-    assert got[2] == 0.1  # the end value is exact, not 0.1 * (1 + 1e-16)
-
-
-def test_exp_percent_window():
-    assert values("exp:0.01->1@50%-100%", [0, 500, 750, 1000]) == pytest.approx([0.01, 0.01, 0.1, 1])
-
-
-def test_piecewise_several_pieces():
-    got = values("piecewise:1@0,0.5@100,0.25@200", [0, 99, 100, 199, 200, 999, 1000, 3000])
-    assert got == [1, 1, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
-
-
-def test_piecewise_single_piece_is_constant():
-    assert values("piecewise:0.3", [0, 10, 999]) == [0.3] * 3
-
-
-def test_warmup_ramps_then_holds():
-    assert values("warmup:0->0.5@50", [0, 25, 49, 50, 999]) == pytest.approx([0, 0.25, 0.49, 0.5, 0.5])
-    # start defaults to 0; 5% of 1000 = 50 steps
-    assert parse_schedule("warmup:0.5@5%") == parse_schedule("warmup:0->0.5@5%")
-    assert values("warmup:0.5@5%", [25, 50]) == pytest.approx([0.25, 0.5])
-
-
-def test_warmup_equals_linear_over_the_same_window():
-    steps = range(0, 1001, 7)
-    assert values("warmup:0.2->0.8@300", steps) == values("linear:0.2->0.8@0-300", steps)
-
-
-def test_parse_returns_the_expected_classes():
-    assert isinstance(parse_schedule("linear:0->1"), LinearSchedule)
-    assert isinstance(parse_schedule("cosine:0->1"), CosineSchedule)
-    assert isinstance(parse_schedule("exp:1->2"), ExpSchedule)
-    assert isinstance(parse_schedule("piecewise:0,1@5"), PiecewiseSchedule)
-    assert isinstance(parse_schedule("warmup:1@5"), WarmupSchedule)
-    schedule = parse_schedule("0.5")
-    assert parse_schedule(schedule) is schedule
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Step / total validation
-# ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("step, total", [(-1, 10), (0, 0), (5, -3)])
-def test_negative_step_or_total_below_one_raises(step, total):
-    with pytest.raises(ValueError):
-        parse_schedule("linear:0->1")(step, total)
-
-
-def test_non_integer_step_raises_type_error():
-    with pytest.raises(TypeError):
-        parse_schedule("0.5")(1.5, 10)
+def test_linear_window_may_mix_steps_and_percent():
+    assert values("linear:0->1@100-100%", [100, 550, 1000]) == pytest.approx([0, 0.5, 1])  # step 100 to the end
 
 
 def test_total_steps_of_one_ramps_over_a_single_step():
@@ -177,154 +85,162 @@ def test_total_steps_of_one_ramps_over_a_single_step():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Canonical spec, round trips, pickling
+# piecewise
 # ---------------------------------------------------------------------------------------------------------------
-ROUND_TRIP = [
-    ("0.5", "constant:0.5"),
-    ("constant:2", "constant:2"),
-    ("linear:0->0.5", "linear:0->0.5"),
-    ("linear: 0.0 -> 0.50 @ 100 - 600", "linear:0->0.5@100-600"),
-    ("linear:0->0.5@10%-60%", "linear:0->0.5@10%-60%"),
-    ("linear:0->0.5@0%-100%", "linear:0->0.5"),  # the default window prints as no window
-    ("cosine:1.0->0.5@0%-12.125%", "cosine:1->0.5@0-12.125%"),
-    ("exp:1e-3->0.1", "exp:0.001->0.1"),
-    ("exp:1e-7->1", "exp:1e-07->1"),
-    ("piecewise:0@0,0.5@585", "piecewise:0@0,0.5@585"),
-    ("piecewise:0,0.5@58.5%", "piecewise:0@0,0.5@58.5%"),
-    ("piecewise:0@0%,1@50%", "piecewise:0@0,1@50%"),
-    ("warmup:0->0.5@50", "warmup:0->0.5@50"),
-    ("warmup:0.5@5%", "warmup:0->0.5@5%"),
-    ("linear:0.1->0.30000000000000004", "linear:0.1->0.30000000000000004"),
-]
+def test_piecewise_several_pieces():
+    got = values("piecewise:1@0,0.5@100,0.25@20%", [0, 99, 100, 199, 200, 999, 3000])
+    assert got == [1, 1, 0.5, 0.5, 0.25, 0.25, 0.25]  # 20% of 1000 = 200
 
 
-@pytest.mark.parametrize("spec, canonical", ROUND_TRIP)
-def test_str_is_canonical_and_round_trips(spec, canonical):
-    schedule = parse_schedule(spec)
-    assert str(schedule) == canonical
-    again = parse_schedule(str(schedule))
-    assert again == schedule and str(again) == canonical
-    assert [again(s, 997) for s in range(0, 1200, 13)] == [schedule(s, 997) for s in range(0, 1200, 13)]
-    assert repr(schedule) == f"parse_schedule({canonical!r})"
-
-
-@pytest.mark.parametrize("spec", [canonical for _, canonical in ROUND_TRIP])
-def test_schedules_pickle(spec):
-    schedule = parse_schedule(spec)
-    clone = pickle.loads(pickle.dumps(schedule))
-    assert clone == schedule and clone(123, 1000) == schedule(123, 1000)
-
-
-def test_different_kinds_with_same_fields_are_not_equal():
-    assert parse_schedule("linear:0->1") != parse_schedule("cosine:0->1")
+def test_piecewise_single_piece_is_constant():
+    assert values("piecewise:0.3", [0, 10, 999]) == [0.3] * 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Malformed specs
+# What the trainer reads: initial, check, str; value_range for the controller's bounds
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "spec, initial, value_range",
+    [
+        ("0.5", 0.5, (0.5, 0.5)),
+        ("linear:1->0.5", 1.0, (0.5, 1.0)),
+        ("linear:0.2->1@5-50%", 0.2, (0.2, 1.0)),  # empty for runs of 1-10 steps: initial must not resolve it
+        ("piecewise:0.5@0,0@100,0.75@50%", 0.5, (0.0, 0.75)),
+    ],
+)
+def test_initial_is_the_step_0_value_of_every_run_length(spec, initial, value_range):
+    schedule = parse_schedule(spec)
+    assert schedule.initial == initial and schedule.value_range == value_range
+    for total in (400, 1000, 12345):
+        assert schedule(0, total) == initial
+
+
+def test_mixed_window_empty_for_the_run_length_fails_at_check_naming_the_field():
+    schedule = parse_schedule("linear:0->1@600-50%")  # 600-1000 for 2000 steps, 600-500 for 1000
+    schedule.check(2000)
+    assert schedule(800, 2000) == 0.5
+    with pytest.raises(ValueError) as error:
+        schedule.check(1000, field="gppo_beta2_schedule")
+    assert str(error.value) == (
+        "`gppo_beta2_schedule`: schedule 'linear:0->1@600-50%': its window resolves to steps 600, 500, empty for "
+        "total_steps=1000. Write them both in steps or both in percentages, or move them apart for this run length."
+    )
+
+
+def test_mixed_piecewise_boundaries_are_checked_against_the_run_length():
+    schedule = parse_schedule("piecewise:0,1@600,2@50%")  # 600 < 50% only for runs longer than 1200 steps
+    assert values(schedule, [599, 600, 999, 1000], total=2000) == [0, 1, 1, 2]
+    with pytest.raises(ValueError, match=r"^schedule .* boundaries resolve to steps 0, 600, 500, empty for total"):
+        schedule.check(1000)
+
+
+def test_str_is_the_spec_without_whitespace_and_reads_back():
+    schedule = parse_schedule(" Linear: 0.0 -> 0.50 @ 100 - 60% ")
+    assert str(schedule) == "linear:0.0->0.50@100-60%"
+    assert parse_schedule(str(schedule)) == schedule and parse_schedule(schedule) is schedule
+    assert isinstance(schedule, Schedule) and pickle.loads(pickle.dumps(schedule)) == schedule
+
+
+@pytest.mark.parametrize("step, total", [(-1, 10), (0, 0), (1.5, 10), (True, 10)])
+def test_step_must_be_an_integer_from_0_and_total_from_1(step, total):
+    with pytest.raises(ValueError, match="must be an integer >= "):
+        parse_schedule("linear:0->1")(step, total)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A Python callable
+# ---------------------------------------------------------------------------------------------------------------
+def half_cosine(step: int, total: int) -> float:
+    return 0.5 * (1 + math.cos(math.pi * step / total))
+
+
+def test_callable_gives_its_values_and_names_itself():
+    schedule = parse_schedule(half_cosine)
+    assert isinstance(schedule, FunctionSchedule) and parse_schedule(schedule) is schedule
+    assert values(schedule, [0, 500, 1000]) == pytest.approx([1, 0.5, 0])  # (1 + cos(pi t)) / 2 at t = 0, 1/2, 1
+    assert schedule.initial == 1.0 and str(schedule) == f"python:{__name__}.half_cosine"
+    schedule.check(1000, field="gppo_beta1_schedule")
+    assert values(lambda step, total: 1 if step else 0, [0, 7]) == [0.0, 1.0]  # an int is a number
+
+
+@pytest.mark.parametrize("returned", [-0.5, math.nan, math.inf, "0.5", None, True])
+def test_callable_returning_a_bad_beta_is_refused_at_that_step(returned):
+    schedule = parse_schedule(lambda step, total: returned if step == 3 else 0.5)
+    assert schedule(2, 10) == 0.5
+    with pytest.raises(ValueError, match=r"^`gppo_beta1_schedule`: beta schedule python:.*<lambda> returned .* at "
+                       r"step 3 of 10, not >= 0$"):  # fmt: skip
+        schedule.check(10, field="gppo_beta1_schedule")
+
+
+def test_callable_whose_step_0_value_depends_on_the_run_length_is_refused_at_check():
+    schedule = parse_schedule(lambda step, total: 1 / total)  # 1 at step 0 of 1 step, 0.1 of 10 steps
+    with pytest.raises(ValueError, match=r"gives 0\.1 at step 0 of 10 steps but 1 at step 0 of 1 step"):
+        schedule.check(10, field="gppo_beta1_schedule")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Malformed specs: the problem, the spec and the accepted forms
 # ---------------------------------------------------------------------------------------------------------------
 MALFORMED = {
-    "": "empty",
-    "   ": "empty",
-    "abc": "neither a number",
-    "-0.5": "negative",
-    "nan": "neither a number",
-    "inf": "neither a number",
-    "1e999": "not finite",
-    "constant:": "missing",
-    "constant:-1": "negative",
-    "linear:0": "START->END",
-    "linear:0-": "shell",  # what bash leaves of an unquoted linear:0->0.5
-    "linear:0->": "missing",
-    "linear:0->0.5->1": "START->END",
-    "linear:0->x": "not a number",
-    "linear:0->-0.5": "negative",
-    "linear:0->0.5@100": "FROM-TO",
-    "linear:0->0.5@600-100": "empty",
-    "linear:0->0.5@100-100": "empty",
-    "linear:0->0.5@10.5-20": "not an integer",
-    "linear:0->0.5@10%-120%": "above 100%",
-    "linear:0->0.5@-10-20": "FROM-TO",
-    "cosine:1->0.5@a-b": "FROM-TO",
-    "exp:0->1": "> 0",
-    "exp:1->0": "> 0",
-    "piecewise:": "missing",
-    "piecewise:0@10,1@20": "first piecewise boundary must be 0",
-    "piecewise:0@0,1": "needs a boundary",
-    "piecewise:0@0,1@20,2@10": "must increase",
-    "piecewise:0@0,1@20,2@20": "must increase",
-    "piecewise:0,1@0%": "must increase",
-    "piecewise:0@0,1@2x": "neither a step",
-    "warmup:0->1": "needs a length",
-    "warmup:1@0": "> 0",
-    "warmup:1@0%": "> 0",
-    "foo:1": "unknown schedule kind",
-    "step:0@0,1@5": "unknown schedule kind",
+    "": "the spec is empty",
+    "   ": "the spec is empty",
+    "abc": "constant value 'abc' is not a number",
+    "-0.5": "constant value '-0.5' must be finite and >= 0",
+    "nan": "constant value 'nan' must be finite and >= 0",
+    "1e999": "constant value '1e999' must be finite and >= 0",
+    "constant:": "constant value is missing",
+    "linear:0": "linear needs START->END, got '0'",
+    "linear:0-": "got '0-' (an unquoted '->' on a shell command line loses its '>')",
+    "linear:0->": "linear end value is missing",
+    "linear:0->0.5->1": "linear needs START->END",
+    "linear:0->-0.5": "linear end value '-0.5' must be finite and >= 0",
+    "linear:0->0.5@100": "linear window '100' must be FROM-TO",
+    "linear:0->0.5@-10-20": "must be FROM-TO",
+    "linear:0->0.5@600-100": "linear window must increase, got 600 then 100",
+    "linear:0->0.5@100-100": "linear window must increase, got 100 then 100",
+    "linear:0->0.5@10.5-20": "linear window '10.5' must be a step (an integer, e.g. 585) or a percentage <= 100",
+    "linear:0->0.5@10%-120%": "linear window '120%' must be a step",
+    "piecewise:": "piecewise value #1 is missing",
+    "piecewise:0@10,1@20": "the first piecewise boundary must be 0 (the value at step 0), got 10",
+    "piecewise:0@0,1": "every piece but the first needs its boundary, VALUE@STEP",
+    "piecewise:0@0,1@20,2@10": "piecewise boundaries must increase, got 20 then 10",
+    "piecewise:0,1@0%": "piecewise boundaries must increase, got 0 then 0%",
+    "piecewise:0@0,1@2x": "piecewise boundaries '2x' must be a step",
+    "foo:1": "unknown schedule kind 'foo' (known: constant, linear, piecewise).",
+    "warmup:0->0.5@50": "warmup was removed in cegppo-trl 0.5.0: warmup:A->B@N is linear:A->B@0-N",
+    "cosine:1->0.5": "cosine was removed in cegppo-trl 0.5.0: use a callable",
+    "exp:1->0.1": "exp was removed in cegppo-trl 0.5.0: use a callable",
+    None: "expected a string, a number or a callable, got NoneType",
+    True: "got bool",
+    (0.5,): "got tuple",
+    -1: "constant value '-1' must be finite and >= 0",
+    math.inf: "constant value 'inf' must be finite and >= 0",
 }
 
 
 @pytest.mark.parametrize("spec, problem", MALFORMED.items())
-def test_malformed_spec_names_the_problem_and_lists_accepted_forms(spec, problem):
-    with pytest.raises(ValueError) as info:
+def test_malformed_spec_names_the_problem_and_lists_the_accepted_forms(spec, problem):
+    with pytest.raises(ValueError) as error:
         parse_schedule(spec)
-    message = str(info.value)
-    assert problem in message
-    assert repr(spec) in message
-    assert SCHEDULE_SYNTAX in message
-    for example in (
-        "constant:0.5",
-        "linear:0->0.5@100-600",
-        "linear:0->0.5@10%-60%",
-        "cosine:",
-        "exp:",
-        "piecewise:0@0,0.5@585",
-        "warmup:0->0.5@50",
-    ):
-        assert example in message
+    message = str(error.value)
+    assert message.startswith(f"Invalid beta schedule {spec!r}: ") and problem in message
+    assert message.endswith(SCHEDULE_SYNTAX)
+    for form in ("constant:0.5", "linear:0->0.5@100-600", "linear:0->0.5@10%-60%", "piecewise:0@0,0.5@585"):
+        assert form in SCHEDULE_SYNTAX
 
 
-@pytest.mark.parametrize("spec", [-1, float("nan"), float("inf"), True, None, [0.5]])
-def test_malformed_non_string_spec_raises_value_error(spec):
-    with pytest.raises(ValueError, match="Accepted schedule forms"):
-        parse_schedule(spec)
+def test_the_warmup_replacement_gives_warmups_values():
+    # warmup:0->0.5@50 was 0.5 * step / 50 over the first 50 steps, then 0.5
+    assert values("linear:0->0.5@0-50", [0, 25, 49, 50, 999]) == pytest.approx([0, 0.25, 0.49, 0.5, 0.5])
 
 
-def test_base_class_is_abstract():
-    with pytest.raises(NotImplementedError):
-        Schedule()(0, 1)
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "0.5",
-        "linear:0.2->1@5-50%",
-        "cosine:1->0.5@10%-60%",
-        "exp:1->0.1",
-        "warmup:0.1->0.5@50",
-        "piecewise:0@0,0.5@585",
-    ],
-)
-def test_initial_is_the_step_0_value_for_every_run_length(spec):
-    # Before training the run length is unknown; the step-0 value must not depend on it, and reading it must not
-    # resolve a window against a made-up length ('5-50%' is empty for a run of 1 to 10 steps).
-    schedule = parse_schedule(spec)
-    for total in (20, 1000, 12345):
-        assert schedule.initial == schedule(0, total)
-
-
-@pytest.mark.parametrize(
-    "spec, expected",
-    [
-        ("0.5", (0.5, 0.5)),
-        ("linear:1->0.5", (0.5, 1.0)),
-        ("cosine:0->0.5@10%-90%", (0.0, 0.5)),
-        ("exp:1.5->1.0", (1.0, 1.5)),
-        ("warmup:0.2->0.5@50", (0.2, 0.5)),
-        ("piecewise:0.5@0,0@100,0.75@50%", (0.0, 0.75)),
-    ],
-)
-def test_value_range_bounds_every_value_the_schedule_takes(spec, expected):
-    schedule = parse_schedule(spec)
-    assert schedule.value_range == expected
-    values = [schedule(step, 1000) for step in range(0, 1000, 7)]
-    assert expected[0] <= min(values) and max(values) <= expected[1]
+def test_the_documented_callables_for_cosine_and_exp_give_the_removed_kinds_values():
+    # docs/schedules.md's replacements, with the values 0.4's cosine:1->0.5 and exp:1->0.1 gave:
+    # 0.5 + 0.25 * (1 + cos(pi t)) at t = 0, 1/4, 1/2, 3/4, 1; 0.1 ** t at t = 0, 1/2, 1, and held after the end
+    a, b = 1, 0.5
+    cosine = parse_schedule(lambda step, total: b + (a - b) * (1 + math.cos(math.pi * min(step / total, 1))) / 2)
+    expected = [1, 0.5 + 0.25 * (1 + math.sqrt(0.5)), 0.75, 0.5 + 0.25 * (1 - math.sqrt(0.5)), 0.5, 0.5]
+    assert values(cosine, [0, 250, 500, 750, 1000, 1200]) == pytest.approx(expected)
+    a, b = 1, 0.1
+    exp = parse_schedule(lambda step, total: a * (b / a) ** min(step / total, 1))
+    assert values(exp, [0, 500, 1000, 1200]) == pytest.approx([1, 10**-0.5, 0.1, 0.1])

@@ -19,6 +19,14 @@ def test_piecewise_schedule_switches_beta1_at_the_boundary(make_trainer):
     assert all(h["cegppo/beta2"] == 1.0 for h in _step_logs(trainer))
 
 
+def test_a_python_callable_on_the_trainer_drives_the_betas(make_trainer):
+    # The Python API: any fn(step, total_steps); here beta2 = 1 + step / total over a 4-step run
+    trainer = make_trainer(num_iterations=2, max_steps=4)
+    trainer.beta2_schedule = parse_schedule(lambda step, total: 1 + step / total)
+    trainer.train()
+    assert [h["cegppo/beta2"] for h in _step_logs(trainer)] == [1.0, 1.25, 1.5, 1.75]
+
+
 @pytest.mark.slow
 def test_schedule_resolves_against_the_epoch_computed_total(make_trainer):
     # 32 prompts x 4 generations / 8 per step = 16 steps in one epoch; no max_steps given.
