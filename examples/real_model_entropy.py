@@ -6,11 +6,11 @@ exact-match reward), `--batch` prompts x 8 samples per rollout batch, 8 optimize
 β1 = β2 = 0 (PPO-clip's gradient). Each arm writes `<output>/<arm>.json` after every step (so a run stopped by
 `--minutes` or by hand keeps its curve); `--plot` draws both arms' curves.
 
-    python examples/real_model_entropy.py --arm grpo --minutes 60 --output-dir docs/images/real_model_entropy &
-    python examples/real_model_entropy.py --arm cegppo --minutes 60 --output-dir docs/images/real_model_entropy &
-    python examples/real_model_entropy.py --plot --output-dir docs/images/real_model_entropy
+    python examples/real_model_entropy.py --arm grpo --minutes 60 --output-dir examples/entropy_study/results/real_model &
+    python examples/real_model_entropy.py --arm cegppo --minutes 60 --output-dir examples/entropy_study/results/real_model &
+    python examples/real_model_entropy.py --plot --output-dir examples/entropy_study/results/real_model
 
-Results: docs/entropy-study.md, section "A first look on a real model".
+Results: examples/entropy_study/RESULTS.md, section "A first look on a real model".
 """
 
 from __future__ import annotations

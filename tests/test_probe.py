@@ -464,7 +464,7 @@ def test_study_claims_held_failed_and_unresolved_follow_the_preregistered_rules(
 
 
 def test_stage_a_in_one_holm_family_leaves_a2s_reversal_unresolved_and_the_split_reading_is_labelled_beside_it():
-    # Stage A's own branch records (docs/entropy-study/probe-stage-a). A2's reverse test (D(0,1) < 0) has the
+    # Stage A's own branch records (examples/entropy_study/results/probe-stage-a). A2's reverse test (D(0,1) < 0) has the
     # smallest of the seven p-values, 52/4096 (11 of 12 branch points below zero): Holm multiplies it by 7, 0.089 >
     # 0.05. Only the split reading (3 reverse tests on their own: × 3 = 0.038) called it a failure.
     import sys
@@ -475,7 +475,7 @@ def test_stage_a_in_one_holm_family_leaves_a2s_reversal_unresolved_and_the_split
         sys.path.insert(0, str(root))
     from examples.entropy_study.probe_study import evaluate_claims, family_tests, load_branches
 
-    pooled, per_seed, _ = load_branches(root / "docs" / "entropy-study" / "probe-stage-a")
+    pooled, per_seed, _ = load_branches(root / "examples" / "entropy_study" / "results" / "probe-stage-a")
     rows = {r["id"]: r for r in evaluate_claims(pooled, per_seed)}
     a2 = rows["A2"]
     assert a2["p_reverse"] == 52 / 4096
@@ -498,7 +498,7 @@ def test_stage_b_reports_that_5_of_5_can_no_longer_happen_not_a_reversal_and_thr
         sys.path.insert(0, str(root))
     from examples.entropy_study.probe_study import summarize_b
 
-    text, data = summarize_b(root / "docs" / "entropy-study" / "probe-stage-b")
+    text, data = summarize_b(root / "examples" / "entropy_study" / "results" / "probe-stage-b")
     assert data["b1"]["p_one_sided_lower"] == 0.25 and data["b1"]["verdict"].startswith("cannot hold: 5/5")
     assert "failed" not in text and "Not a reversal" in text
     greedy = data["greedy_accuracy"]

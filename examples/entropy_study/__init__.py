@@ -12,9 +12,9 @@ Run from the repository root (each module is a command line; `--help` lists its 
 - `python -m examples.entropy_study.random_reward`: the clipping rule alone against entropy, on SmolLM2-135M-Instruct
   with a reward independent of the text (five (β1, β2) arms, three seeds).
 - `python -m examples.entropy_study.probe_study`: the β-response probe (`cegppo probe`) on SmolLM2-135M-Instruct,
-  six (β1, β2) arms branched from the same states at 12 branch points (docs/entropy-study.md).
+  six (β1, β2) arms branched from the same states at 12 branch points (examples/entropy_study/RESULTS.md).
 - `python -m examples.entropy_study.mechanism`: why β2 lowered entropy there, β2 on one class of right-clipped tokens
   at a time (`log p < -H` or not) at two temperatures, and `gppo_beta_rule="entropy"` against the paper's rule.
 
-Results and their discussion: docs/entropy-study.md.
+Results and their discussion: examples/entropy_study/RESULTS.md.
 """

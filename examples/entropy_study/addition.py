@@ -4,7 +4,7 @@ Runs GRPO, DAPO clip-higher, CE-GPPO at several (β1, β2) and the paper's (0, 1
 warmed-up tiny Llama on 2-digit addition, several seeds each, and writes the entropy, held-out accuracy and
 preserved-token plots, a markdown table with the paper's claims checked seed by seed, and the raw curves as JSON.
 Command line (from the repository root): `python -m examples.entropy_study.addition`; `--help` lists the options.
-Results: docs/entropy-study.md.
+Results: examples/entropy_study/RESULTS.md.
 
 Fairness: every arm starts from the same cached model and uses the same training settings; only the method fields
 differ. Seed `s` fixes TRL's sampling and data order (`seed = data_seed = s`) in every arm, so arms are compared
@@ -62,7 +62,7 @@ ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1
 
 # Shared by every arm, over `cegppo_trl.offline.runs.TINY_MODEL_TRAINING` (lr 1.5e-4 with a 20-step warm-up, 128 completions
 # per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
-# batch (128 prompts x 8 samples), as in the authors' runs (docs/entropy-study.md, Setup): most updates off-policy.
+# batch (128 prompts x 8 samples), as in the authors' runs (examples/entropy_study/RESULTS.md, Setup): most updates off-policy.
 STUDY_TRAINING: dict = {"steps_per_generation": 8}
 
 # Default sweep and --quick, sized for 2 shared CPU cores: a 600-step run takes ~52 s with two running side by

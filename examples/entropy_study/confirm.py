@@ -1,6 +1,6 @@
 """Third entropy study: confirm the left-side guard against the β1 collapse on settings it was not developed on.
 
-The second study (docs/entropy-study.md, "(h) Stability") found that with several optimizer steps per rollout batch
+The second study (examples/entropy_study/RESULTS.md, "(h) Stability") found that with several optimizer steps per rollout batch
 and a high learning rate, CE-GPPO with β1 > 0 pushes left-clipped negative-advantage tokens out of the policy and
 loses validity where GRPO trains; a left cut-off (no gradient for A < 0 tokens once r < 0.25) rescued most of
 (0.5, 1) at the one point it was tried (lr 3e-4, 8 steps per batch, seeds 1-5). This study tests the guard the
@@ -18,7 +18,7 @@ every finished run, so a cut-off leaves usable data):
     python -m examples.entropy_study.confirm --stage strengths --output-dir DIR4
     python -m examples.entropy_study.confirm --merge DIR1 DIR2 DIR4 --output-dir OUT      # results + figures
 
-Results and their discussion: docs/entropy-study.md ("Third study: confirming the guard").
+Results and their discussion: examples/entropy_study/RESULTS.md ("Third study: confirming the guard").
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Three modes, all from the repository root:
     python -m examples.entropy_study.digits --quick      # a ~1 minute smoke run of the sweep (the test suite's)
 
 The claims, their metrics and the paired test are fixed in `CLAIMS` / `stats.py` before any sweep runs; the
-results and their discussion are in docs/entropy-study.md ("Second study").
+results and their discussion are in examples/entropy_study/RESULTS.md ("Second study").
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ CONFIRM_GUARDS = {guard_name(b1, mode, d): (b1, mode, d) for mode, d in GUARD_CA
 
 ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch",
         "controller")  # fmt: skip
-# Not claim arms (not in the default sweep): the proposed guard of docs/entropy-study.md, a left analogue of the dual
+# Not claim arms (not in the default sweep): the proposed guard of examples/entropy_study/RESULTS.md, a left analogue of the dual
 # clip that drops the gradient of A < 0 tokens once r < LEFT_CUTOFF (`runner.delta_low_logps`). The cut-off is the
 # value the docs proposed before the guard was tried; run with --arms after the sweep, so they are exploratory.
 LEFT_CUTOFF = 0.25
@@ -396,7 +396,7 @@ def _grid_cells(runs: list[dict]) -> tuple[list[str], list[float], list[int], di
     return arms, lrs, sorted({c["steps_per_generation"] for c in runs}), cells
 
 
-# The proposed warning (docs/entropy-study.md, "(h) Stability"): some optimizer step's mean log r of left-clipped
+# The proposed warning (examples/entropy_study/RESULTS.md, "(h) Stability"): some optimizer step's mean log r of left-clipped
 # tokens below this. Read off the sweep at lr 3e-4 / 8 steps per batch, then fixed before the grid ran, which tests it.
 GUARD_THRESHOLD = -1.5
 

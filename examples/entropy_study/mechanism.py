@@ -1,7 +1,7 @@
-"""Why β2 lowered entropy on SmolLM2: the token-class (mechanism) test and the regime test (docs/entropy-study.md).
+"""Why β2 lowered entropy on SmolLM2: the token-class (mechanism) test and the regime test (examples/entropy_study/RESULTS.md).
 
-    python -m examples.entropy_study.mechanism run --regime t1 --seed 0 --out docs/entropy-study/mechanism
-    python -m examples.entropy_study.mechanism summarize --out docs/entropy-study/mechanism [--write-docs]
+    python -m examples.entropy_study.mechanism run --regime t1 --seed 0 --out examples/entropy_study/results/mechanism
+    python -m examples.entropy_study.mechanism summarize --out examples/entropy_study/results/mechanism [--write-docs]
 
 The β-response probe (`cegppo_trl.probe`) with the Stage A settings of `probe_study` (one-digit chat addition, 4
 prompts × 8 samples, 8 optimizer steps per rollout batch, 48 GRPO steps per seed, a branch point at every rollout
@@ -70,8 +70,8 @@ MECHANISM_CLAIMS = (("M1", RAISE, 1), ("M2", REST, -1))  # (claim, arm, the side
 TEMPERATURES = (1.0, 0.7, 0.6, 0.5, 0.4)  # measured by `measure-temperature`
 LOW_TEMPERATURE = 0.7  # `measure-temperature`: 1.066 nats against 2.276 at T = 1 (0.47×; 0.6 gives 0.37×)
 REGIMES = {"t1": 1.0, "tlow": LOW_TEMPERATURE}
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "entropy-study.md"
-STAGE_A = DOCS.parent / "entropy-study" / "probe-stage-a"
+DOCS = Path(__file__).resolve().parent / "RESULTS.md"
+STAGE_A = DOCS.parent / "results" / "probe-stage-a"
 BEGIN, END = "<!-- mechanism results: begin -->", "<!-- mechanism results: end -->"
 
 
@@ -422,7 +422,7 @@ def main(argv=None) -> int:
     run = commands.add_parser("run", help="one regime and seed: the four arms at every rollout batch")
     run.add_argument("--regime", choices=sorted(REGIMES), required=True)
     run.add_argument("--seed", type=int, required=True)
-    run.add_argument("--out", type=Path, default=Path("docs/entropy-study/mechanism"))
+    run.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/mechanism"))
     run.add_argument("--steps", type=int, default=STEPS)
     run.add_argument("--cache-dir", default=None, help="where the SmolLM2 checkpoint is cached")
     run.add_argument("--study", choices=("mechanism", "rule"), default="mechanism",
@@ -430,8 +430,8 @@ def main(argv=None) -> int:
     measure = commands.add_parser("measure-temperature", help="the starting model's probe entropy per temperature")
     measure.add_argument("--cache-dir", default=None)
     summary = commands.add_parser("summarize", help="the claims over every finished branch point")
-    summary.add_argument("--out", type=Path, default=Path("docs/entropy-study/mechanism"))
-    summary.add_argument("--write-docs", action="store_true", help="put the tables into docs/entropy-study.md")
+    summary.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/mechanism"))
+    summary.add_argument("--write-docs", action="store_true", help="put the tables into RESULTS.md")
     args = parser.parse_args(argv)
     if args.command == "run":
         run_seed(args.regime, args.seed, args.out, steps=args.steps, cache_dir=args.cache_dir, study=args.study)

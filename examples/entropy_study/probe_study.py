@@ -1,13 +1,13 @@
-"""The first powered β study: the β-response probe (`cegppo_trl.probe`) on SmolLM2-135M-Instruct (docs/entropy-study.md).
+"""The first powered β study: the β-response probe (`cegppo_trl.probe`) on SmolLM2-135M-Instruct (examples/entropy_study/RESULTS.md).
 
-    python -m examples.entropy_study.probe_study run --seed 0 --out docs/entropy-study/probe-stage-a   # one seed
-    python -m examples.entropy_study.probe_study summarize --out docs/entropy-study/probe-stage-a [--write-docs]
+    python -m examples.entropy_study.probe_study run --seed 0 --out examples/entropy_study/results/probe-stage-a   # one seed
+    python -m examples.entropy_study.probe_study summarize --out examples/entropy_study/results/probe-stage-a [--write-docs]
 
 `run` trains one GRPO warm-up seed for 48 optimizer steps (6 rollout batches of 4 prompts × 8 samples, 8 optimizer
 steps each) and branches all six arms at every rollout batch, saving `seed{S}.json` after each branch point (a
 killed run keeps what it finished). `summarize` pools the seeds' branch points, answers the pre-registered claims
-(docs/entropy-study.md, "A β-response probe on SmolLM2") and writes `results.md`, `summary.json` and `probe.png`;
-with `--write-docs` it also puts the results table between the markers in docs/entropy-study.md.
+(examples/entropy_study/RESULTS.md, "A β-response probe on SmolLM2") and writes `results.md`, `summary.json` and `probe.png`;
+with `--write-docs` it also puts the results table between the markers in examples/entropy_study/RESULTS.md.
 
 The claims and their tests are fixed here and in the docs before the run:
 
@@ -45,12 +45,12 @@ STEPS_PER_BATCH = 8
 ALPHA = 0.05
 PROBE_PROMPTS = 32
 REF = "(0, 0)"
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "entropy-study.md"
+DOCS = Path(__file__).resolve().parent / "RESULTS.md"
 BEGIN, END = "<!-- probe-stage-a results: begin -->", "<!-- probe-stage-a results: end -->"
 
 
 def study_config(seed: int, output_dir: str):
-    """The run's settings (docs/entropy-study.md): ε 0.2, dapo, no KL, constant lr 1e-5, 4 prompts × 8 samples, 8 steps/batch."""
+    """The run's settings (examples/entropy_study/RESULTS.md): ε 0.2, dapo, no KL, constant lr 1e-5, 4 prompts × 8 samples, 8 steps/batch."""
     from cegppo_trl import CEGPPOConfig
 
     return CEGPPOConfig(
@@ -405,7 +405,7 @@ def run_b(seed: int, arm: str, out: Path, *, cache_dir: str | None = None, log=p
 
 
 def summarize_b(out: Path) -> tuple[str, dict]:
-    """B1 and B2 from the finished Stage B runs (the rules in docs/entropy-study.md, Stage B)."""
+    """B1 and B2 from the finished Stage B runs (the rules in examples/entropy_study/RESULTS.md, Stage B)."""
     import random
 
     from cegppo_trl.stats import sign_flip_p, t_quantile
@@ -473,18 +473,18 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one warm-up seed: the probe at every rollout batch")
     run.add_argument("--seed", type=int, required=True)
-    run.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-a"))
+    run.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/probe-stage-a"))
     run.add_argument("--steps", type=int, default=STEPS)
     run.add_argument("--cache-dir", default=None, help="where the SmolLM2 checkpoint is cached")
     summary = commands.add_parser("summarize", help="pool the seeds, answer the claims, write results.md")
-    summary.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-a"))
-    summary.add_argument("--write-docs", action="store_true", help="put the table into docs/entropy-study.md")
+    summary.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/probe-stage-a"))
+    summary.add_argument("--write-docs", action="store_true", help="put the table into RESULTS.md")
     run_b_parser = commands.add_parser("run-b", help="Stage B runs: GRPO and (0.5, 1), 64 steps each")
     run_b_parser.add_argument("--part", default="0/1", help="i/n: every n-th run of the 10 from the i-th")
-    run_b_parser.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-b"))
+    run_b_parser.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/probe-stage-b"))
     run_b_parser.add_argument("--cache-dir", default=None)
     summary_b = commands.add_parser("summarize-b", help="B1 and B2 from the finished Stage B runs")
-    summary_b.add_argument("--out", type=Path, default=Path("docs/entropy-study/probe-stage-b"))
+    summary_b.add_argument("--out", type=Path, default=Path("examples/entropy_study/results/probe-stage-b"))
     args = parser.parse_args(argv)
     if args.command == "run-b":
         i, n = map(int, args.part.split("/"))

@@ -9,13 +9,13 @@ Arms (β1, β2): `grpo` (0, 0: PPO-clip's gradient), `cegppo` (0.5, 1), `beta2_o
 `guarded` (0.5, 1 with the recipes' left guard `delta_low: 0.5`, `delta_low_mode: cutoff`). Off-policy as in the
 paper: each rollout batch feeds `--steps-per-batch` optimizer steps (without them CE-GPPO is GRPO).
 
-    python -m examples.entropy_study.random_reward --output-dir docs/images/random_reward           # the grid
-    python -m examples.entropy_study.random_reward --output-dir docs/images/random_reward --report  # figure, summary
+    python -m examples.entropy_study.random_reward --output-dir examples/entropy_study/results/random_reward           # the grid
+    python -m examples.entropy_study.random_reward --output-dir examples/entropy_study/results/random_reward --report  # figure, summary
 
 Each run writes `<output-dir>/runs/<arm>-seed<k>.json` after every optimizer step (`"complete": false` until it
 ends); a finished run is skipped when the command is started again, an unfinished one is rerun from the start.
 `--model tiny` trains the package's tiny character-level Llama instead (for the smoke test).
-Results: docs/entropy-study.md, section "Random reward on a real model".
+Results: examples/entropy_study/RESULTS.md, section "Random reward on a real model".
 """
 
 from __future__ import annotations

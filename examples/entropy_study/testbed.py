@@ -1,6 +1,6 @@
 """The second study's testbed: "write 4 digits whose sum is S, each with its running total", many answers per prompt.
 
-Why this task (docs/entropy-study.md, "Second study"): the first study's addition task has one right answer per
+Why this task (examples/entropy_study/RESULTS.md, "Second study"): the first study's addition task has one right answer per
 prompt and completions of at most 4 tokens, so entropy can only fall as accuracy rises. Here a prompt `4/18:` asks
 for a trace like `5:5, 4:9, 7:16, 2:18` (19-23 tokens with EOS): four free digits (the forks, where low-probability
 tokens live) and mostly determined tokens (running totals, separators), like a short reasoning trace. Each prompt
