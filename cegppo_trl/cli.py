@@ -21,14 +21,16 @@ import sys
 
 # `cegppo --help` and `cegppo train --help` end with these (docs/usage.md has the same table).
 TRAIN_EXIT_STATUSES = """\
-exit status of `cegppo train` (the final model and its card are saved in each case but 2):
+exit status of `cegppo train` (the final model and its card are saved in each case but 2 and 5):
   0  trained to the end, with a learning signal
-  2  a refused setting, before training (one line says what to change)
+  1  an error raised by TRL, transformers or torch (their traceback)
+  2  a refused setting, before the model loads (one line says what to change)
   3  nothing to learn: `max_zero_signal_batches` rollout batches in a row, or every rollout batch of a shorter run,
      gave every completion of a prompt the same reward (a solved task, a constant, infinite or NaN reward: the
      message names the kind)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row, or every rollout batch
      of a shorter run, got no reward (None or NaN everywhere)
+  5  a reward function raised (one line names it and its error; CEGPPO_TRACEBACK=1 shows the traceback)
   130  interrupted (Ctrl-C): one line names the newest complete checkpoint and how to resume
 """
 
@@ -69,9 +71,8 @@ examples:
         "check",
         add_help=False,
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
-        "gets them, what each reward receives, the batch layout, the engine, optimizer and generation settings, and "
-        "what it did not check; no GPU, no model weights; exits 1 on any error; --call_rewards also calls your "
-        "rewards on real rows",
+        "gets them, the columns each reward reads, the batch layout, the output directory, and what it did not check; "
+        "no GPU, no model weights; exits 1 on any error; --call_rewards also calls your rewards on real rows",
     )
     commands.add_parser(
         "probe",
@@ -90,6 +91,31 @@ examples:
     )
     config_path.add_argument("name", help="e.g. deepspeed_zero2, multi_gpu (`cegppo recipes` lists them)")
     commands.add_parser("rewards", help="list the reward functions usable in --reward_funcs")
+    return parser
+
+
+CHECK_DESCRIPTION = """\
+Check a `cegppo train` command without training: it takes the same arguments (`cegppo train --help` lists them) and,
+in seconds, without a GPU or the model's weights, prints the plan: the data and prompts as the model gets them, the
+columns each reward reads, the batch layout (on- or off-policy) and the output directory, then what it did not check.
+Exit status 1 on any error (an argument error too), else 0."""
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    """`cegppo check`'s own flag; every other argument is `cegppo train`'s (parsed without importing torch here)."""
+    parser = argparse.ArgumentParser(
+        prog="cegppo check",
+        usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
+        description=CHECK_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--call_rewards",
+        action="store_true",
+        help="also call every reward (yours too: your code runs, with its side effects) on a rollout batch of real "
+        "rows; by default only this package's and TRL's rewards are called, on the reference answers",
+    )
     return parser
 
 
@@ -126,11 +152,25 @@ def _list_recipes() -> None:
     print("  " + ", ".join(configs))
 
 
+def describe_reward(func) -> str:
+    """One line for `cegppo rewards`: what the reward checks and its score convention (+1/-1 or 1/0)."""
+    if not hasattr(func, "correct"):  # format_reward
+        return "a non-empty closed \\boxed{} answer after a well-formed <think> block (or none). Scores 1 if so, 0 " \
+            "otherwise; reads no reference."  # fmt: skip
+    what = (
+        "math-verify equivalence of the last \\boxed{} answer with `solution`"
+        if hasattr(func, "require_boxed")
+        else "exact match of the final number with `solution` (GSM8K's `#### 72` or a bare number)"
+    )
+    sign = "+" if func.incorrect < 0 else ""
+    return f"{what}. Scores {sign}{func.correct:g} correct, {func.incorrect:g} otherwise."
+
+
 def _list_rewards() -> None:
     import shutil
     import textwrap
 
-    from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, describe_reward
+    from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS
 
     width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
     name_width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
@@ -153,51 +193,28 @@ def _list_rewards() -> None:
 TRACEBACK_ENV = "CEGPPO_TRACEBACK"
 
 
-def _is_user_error(error: BaseException) -> bool:
-    """Whether `cegppo train` reports `error` as one line (exit status 2) instead of a traceback.
-
-    A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
-    that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
-    training (a launch that would run the wrong engine, a refused TRL, an `output_dir` that is a file: the pre-flight
-    report raises them). Anything raised inside the training loop, and any other such error,
-    keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
-    """
+def _tracebacks() -> bool:
     import os
 
-    if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    if any(frame.f_code.co_name == "_inner_training_loop" for frame in frames):
-        return False
-    if isinstance(error, ValueError):
-        return True
-    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
-    refused (one line), else 0. `--call_rewards` (this command's own flag) calls every reward on a rollout batch of
-    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
+    """`cegppo check`: the plan of a `cegppo train` command line; 1 when it holds errors or the arguments are
+    refused (one line), else 0."""
     import shutil
 
-    from .quiet import quiet_unused_deepspeed
+    options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
     from .scripts import check_command, parse_args
 
-    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
-    argv = list(sys.argv[1:] if argv is None else argv)
-    call_rewards = "--call_rewards" in argv
     try:
-        parsed = parse_args([a for a in argv if a != "--call_rewards"], prog="cegppo check")
-    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
+        parsed = parse_args(rest, prog="cegppo check")
+    except SystemExit as exit:  # argparse printed its one line
         return 1 if exit.code else 0
-    except ValueError as error:
+    except ValueError as error:  # a field's own check refused its value
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
-    report, _ = check_command(*parsed, call_rewards=call_rewards, plan_resume=True)
+    report, _ = check_command(*parsed, call_rewards=options.call_rewards, plan_resume=True)
     print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
     return 1 if report.errors else 0
 
@@ -234,15 +251,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
         from .monitoring import STOP_EXIT_STATUS
+        from .preflight import CEGPPOUsageError
+        from .scripts import RewardFailed, parse_args
         from .scripts import main as train
-        from .scripts import parse_args
 
         parsed = None
         try:
             parsed = parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
             trainer = train(*parsed)
-        except (ValueError, RuntimeError, OSError, ImportError) as error:
-            if not _is_user_error(error):
+        except (CEGPPOUsageError, RewardFailed) as error:
+            if _tracebacks():
+                raise
+            print(f"cegppo train: error: {error}", file=sys.stderr)
+            return 5 if isinstance(error, RewardFailed) else 2
+        except ValueError as error:  # raised while parsing: a field's own check refused its value
+            if parsed is not None or _tracebacks():
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2

@@ -278,10 +278,6 @@ class CEGPPOConfig(GRPOConfig):
                 f"`importance_sampling_level={self.importance_sampling_level!r}` has one ratio per sequence. Set "
                 "`importance_sampling_level='token'` or `gppo_beta_rule='paper'`."
             )
-        if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
-            # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
-            # transformers would, without its FutureWarning on every config the user did not cause.
-            self.activation_checkpointing = True
         super().__post_init__()
 
     @classmethod
