@@ -199,6 +199,23 @@ def _tracebacks() -> bool:
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _log_above_progress_bars() -> None:
+    """`cegppo train` is an application: where nothing configured logging, the package's warnings print on lines of
+    their own above the progress bar (`tqdm.write`) instead of into it (Python's last-resort handler)."""
+    import logging
+
+    if logging.getLogger().handlers or logging.getLogger("cegppo_trl").handlers:
+        return
+
+    class TqdmWrite(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+
+    logging.getLogger("cegppo_trl").addHandler(TqdmWrite(logging.WARNING))
+
+
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 when it holds errors or the arguments are
     refused (one line), else 0."""
@@ -256,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         from .scripts import main as train
 
         parsed = None
+        _log_above_progress_bars()
         try:
             parsed = parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
             trainer = train(*parsed)
