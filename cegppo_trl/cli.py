@@ -221,12 +221,12 @@ def check_main(argv: list[str] | None = None) -> int:
     refused (one line), else 0."""
     import shutil
 
-    options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    from .scripts import check_command, parse_args
-
     try:
+        options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+        from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
+
         parsed = parse_args(rest, prog="cegppo check")
-    except SystemExit as exit:  # argparse printed its one line
+    except SystemExit as exit:  # argparse printed its help or its one line
         return 1 if exit.code else 0
     except ValueError as error:  # a field's own check refused its value
         print(f"cegppo check: error: {error}", file=sys.stderr)

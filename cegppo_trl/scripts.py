@@ -372,6 +372,10 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
         inspect_model(report, model_name, training_args)
+    if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
+        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' "
+                     "CPU path loads 4-bit weights but does not train them. On CPU drop `--load_in_4bit` and train "
+                     "LoRA on the full-precision model (`--use_peft true`).")  # fmt: skip
     prepared.reward_funcs = [
         f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
     ]
