@@ -199,6 +199,15 @@ def _tracebacks() -> bool:
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _say(line: str) -> None:
+    """`line` on stderr, on a line of its own above a progress bar still on screen (a run that ended by an error)."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None:
+        tqdm.tqdm.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
+
+
 def _log_above_progress_bars() -> None:
     """`cegppo train` is an application: where nothing configured logging, the package's warnings print on lines of
     their own above the progress bar (`tqdm.write`) instead of into it (Python's last-resort handler)."""
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         except (CEGPPOUsageError, RewardFailed) as error:
             if _tracebacks():
                 raise
-            print(f"cegppo train: error: {error}", file=sys.stderr)
+            _say(f"cegppo train: error: {error}")
             return 5 if isinstance(error, RewardFailed) else 2
         except ValueError as error:  # raised while parsing: a field's own check refused its value
             if parsed is not None or _tracebacks():
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print(f"cegppo train: interrupted. {_interrupted(parsed)}", file=sys.stderr)
+            _say(f"cegppo train: interrupted. {_interrupted(parsed)}")
             return 130
         if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
             print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
