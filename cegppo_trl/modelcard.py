@@ -61,7 +61,7 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
     return settings
 
 
-def rewrite_card(card: str, settings: Mapping[str, object], base_model: str | None = None) -> str:
+def rewrite_card(card: str, settings: Mapping[str, object]) -> str:
     """`card` with the CE-GPPO section (replaced if there) before TRL's citations; rewriting twice changes nothing.
     TRL links a local base model to the Hub as `[None](https://huggingface.co/None)`: named "a local model" here."""
     if CARD_SECTION_TITLE in card:
@@ -81,13 +81,15 @@ def rewrite_card(card: str, settings: Mapping[str, object], base_model: str | No
     )
     marker = "## Citations"  # TRL's template puts the citations last
     card = card.replace(marker, section + "\n" + marker, 1) if marker in card else card.rstrip("\n") + "\n" + section
-    return card.replace("[None](https://huggingface.co/None)", "a local model").replace('model="None"', 'model="."')
+    return card.replace("[None](https://huggingface.co/None)", "a local model").replace(
+        'model="None"', 'model="path/to/this/folder"'
+    )
 
 
-def finish_card(path: str | os.PathLike, settings: Mapping[str, object], base_model: str | None = None) -> None:
+def finish_card(path: str | os.PathLike, settings: Mapping[str, object]) -> None:
     """Rewrite the card at `path` in place (`rewrite_card`); nothing to do when there is no file."""
     if os.path.isfile(path):
-        Path(path).write_text(rewrite_card(Path(path).read_text(), settings, base_model))
+        Path(path).write_text(rewrite_card(Path(path).read_text(), settings))
 
 
 def finish_trainer_card(trainer: Any, folder: str | os.PathLike) -> None:
