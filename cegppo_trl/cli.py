@@ -1,21 +1,15 @@
-"""The `cegppo` console command.
+"""The `cegppo` console command: `train`, `check` (the plan of the same command), `probe`, `recipes`,
+`config-path`, `rewards`. Launchers take the module form, `-m cegppo_trl.cli train ...`.
 
-    cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
-    cegppo check --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # the same, checked without training
-    cegppo probe --config RECIPE [--any_field value ...] [--probe_arms "0,0;0.5,1"]  # the β-response probe
-    cegppo recipes                                                          # the shipped recipes and their folders
-    cegppo config-path deepspeed_zero2                                      # a shipped file's installed path
-    cegppo rewards
-
-`train` runs in the current process. Launchers take the module form, which needs no repository checkout:
-`accelerate launch --config_file ACCELERATE_CONFIG -m cegppo_trl.cli train ...` for several GPUs,
-`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train ...` for several CPU processes.
-`examples/cegppo.py` is the same script for repository users; both call `cegppo_trl.scripts.main`.
+`cegppo train` prints a refused setting (`preflight.CEGPPOUsageError`, or a value a config field's own check refuses
+while parsing) as one line, exit status 2, and a reward that raised (`scripts.RewardFailed`) as one line, exit status
+5; anything else keeps its traceback. `CEGPPO_TRACEBACK=1` keeps every traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 
@@ -119,37 +113,36 @@ def _check_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_table(title: str, entries: dict[str, str], name_width: int) -> None:
+    """`title`, then each name with its text wrapped beside it to the terminal's width (words kept whole)."""
+    import shutil
+    import textwrap
+
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    print(title + "\n")
+    for name, text in entries.items():
+        lines = textwrap.wrap(text or "-", width=width - name_width, break_long_words=False)
+        print("\n".join([f"{name:<{name_width}}{lines[0]}", *(" " * name_width + line for line in lines[1:])]))
+
+
 def _recipe_summary(path) -> str:
-    """The first sentence of a recipe's leading comment block."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#") or not line.strip("# "):
-            break
-        lines.append(line.lstrip("#").strip())
+    """The first sentence of a recipe's leading comment block (not "Sec. 5" or "et al.")."""
+    lines = [line.lstrip("#").strip() for line in itertools.takewhile(
+        lambda line: line.startswith("#") and line.strip("# "), path.read_text().splitlines())]  # fmt: skip
     text = " ".join(lines)
-    end = re.search(r"\.(?=\s+[A-Z`])", text)  # a sentence's end, not "Sec. 5" or "et al."
+    end = re.search(r"\.(?=\s+[A-Z`])", text)
     return text if end is None else text[: end.end()]
 
 
 def _list_recipes() -> None:
-    import shutil
-    import textwrap
-
     from .resources import accelerate_configs_dir, recipe_names, recipes_dir
 
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
     names = recipe_names()
-    name_width = max(map(len, names), default=0) + 2
-    print(f"Recipes for `cegppo train --config NAME` (a path to your own YAML works too), in {recipes_dir()}:\n")
-    for name in names:
-        summary = _recipe_summary(recipes_dir() / f"{name}.yaml") or "-"
-        lines = textwrap.wrap(summary, width=width - name_width, break_long_words=False)
-        print(f"{name:<{name_width}}{lines[0]}")
-        for line in lines[1:]:
-            print(" " * name_width + line)
-    configs = sorted(p.name for p in accelerate_configs_dir().glob("*.yaml"))
+    _print_table(f"Recipes for `cegppo train --config NAME` (a path to your own YAML works too), in {recipes_dir()}:",
+                 {name: _recipe_summary(recipes_dir() / f"{name}.yaml") for name in names},
+                 max(map(len, names), default=0) + 2)  # fmt: skip
     print(f"\nAccelerate configs for `accelerate launch --config_file PATH`, in {accelerate_configs_dir()}:")
-    print("  " + ", ".join(configs))
+    print("  " + ", ".join(f"{name}.yaml" for name in recipe_names(accelerate_configs_dir())))
 
 
 def describe_reward(func) -> str:
@@ -162,31 +155,17 @@ def describe_reward(func) -> str:
         if hasattr(func, "require_boxed")
         else "exact match of the final number with `solution` (GSM8K's `#### 72` or a bare number)"
     )
-    sign = "+" if func.incorrect < 0 else ""
-    return f"{what}. Scores {sign}{func.correct:g} correct, {func.incorrect:g} otherwise."
+    return f"{what}. Scores {'+' if func.incorrect < 0 else ''}{func.correct:g} correct, {func.incorrect:g} otherwise."
 
 
 def _list_rewards() -> None:
-    import shutil
-    import textwrap
-
     from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS
 
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
-    name_width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
-    sections = (
-        ("Reward functions for --reward_funcs (or a dotted path to your own):", {
-            name: describe_reward(func) for name, func in REWARD_FUNCS.items()
-        }),
-        ("TRL's reward functions, by name (any other as trl.rewards.<name>):", TRL_REWARD_FUNCS),
-    )  # fmt: skip
-    for i, (title, entries) in enumerate(sections):
-        print(("\n" if i else "") + title + "\n")
-        for name, text in entries.items():
-            lines = textwrap.wrap(text, width=width - name_width, break_long_words=False)
-            print(f"{name:<{name_width}}{lines[0]}")
-            for line in lines[1:]:
-                print(" " * name_width + line)
+    width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
+    _print_table("Reward functions for --reward_funcs (or a dotted path to your own):",
+                 {name: describe_reward(func) for name, func in REWARD_FUNCS.items()}, width)  # fmt: skip
+    print()
+    _print_table("TRL's reward functions, by name (any other as trl.rewards.<name>):", TRL_REWARD_FUNCS, width)
 
 
 # Set to 1 to see the traceback of a refused setting too (a bug report, a debugger).
