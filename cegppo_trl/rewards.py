@@ -40,9 +40,7 @@ logger = logging.getLogger(__name__)
 MATH_VERIFY_TIMEOUT_S = 5
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Text helpers
-# ----------------------------------------------------------------------------------------------------------------
+# --- Text helpers
 def completion_text(completion: Any) -> str:
     """The generated text of one completion, whatever form TRL hands it in.
 
@@ -110,9 +108,7 @@ def _main_thread_timeout() -> int | None:
     return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The reference column and the math-verify dependency
-# ----------------------------------------------------------------------------------------------------------------
+# --- The reference column and the math-verify dependency
 REFERENCE_COLUMN = "solution"
 # Keyword arguments TRL's GRPOTrainer passes to every reward besides the dataset columns.
 TRAINER_KWARGS = (
@@ -150,9 +146,7 @@ def require_math_verify(reward: str) -> None:
         ) from error
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Math (math-verify)
-# ----------------------------------------------------------------------------------------------------------------
+# --- Math (math-verify)
 class MathVerifyReward:
     r"""Correctness of a final boxed answer against a reference, checked by `math-verify`.
 
@@ -241,9 +235,7 @@ class MathVerifyReward:
             return False, f"[{type(error).__name__}]"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# GSM8K
-# ----------------------------------------------------------------------------------------------------------------
+# --- GSM8K
 # A number: thousands groups "1,234,567" or plain digits, optional decimals, optional sign; or ".5".
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
@@ -336,9 +328,7 @@ class GSM8KReward:
         return rewards
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Format
-# ----------------------------------------------------------------------------------------------------------------
+# --- Format
 def format_reward(completions: list, **kwargs) -> list[float]:
     r"""1.0 if the completion contains a non-empty, closed `\boxed{...}` answer and any `<think>` block is well formed
     (at most one, closed, the box after it), else 0.0.
@@ -357,9 +347,7 @@ def format_reward(completions: list, **kwargs) -> list[float]:
 format_reward.reward_range = (0.0, 1.0)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Registry
-# ----------------------------------------------------------------------------------------------------------------
+# --- Registry
 REWARD_FUNCS: dict[str, Callable] = {
     "math_verify": MathVerifyReward(1.0, -1.0, name="math_verify"),
     "math_verify_01": MathVerifyReward(1.0, 0.0, name="math_verify_01"),
