@@ -263,6 +263,7 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
     answers of `rows`; with `call` (`--call_rewards`) every reward on that rollout batch."""
     import difflib
 
+    alike = {}  # reward -> the one score it gave every completion it was called on
     for name, func in zip(names, funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
             report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
@@ -293,7 +294,17 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
                          "model with a chat template), or this library's rewards, which read both (`math_verify_01` "
                          "for accuracy_reward).")  # fmt: skip
         elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
-            _call_reward(report, name, func, rows if call is None else call, value_range, call is not None)
+            if score := _call_reward(
+                report, name, func, rows if call is None else call, value_range, call is not None
+            ):
+                alike[name] = score
+    if alike and len(alike) == len(funcs):  # no reward told the completions apart: the run's total reward neither
+        which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
+        report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
+                       f"the same score ({which}). Only completions of one prompt that score differently give a "
+                       "learning signal: if the model's completions all score alike too (a model that never writes the "
+                       "form this reward looks for), `cegppo train` stops after `max_zero_signal_batches` such rollout "
+                       "batches, or at the end of a shorter run, with exit status 3.")  # fmt: skip
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
@@ -303,11 +314,11 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     return [row for row in prompts for _ in range(args.num_generations)]
 
 
-def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> None:
+def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
     """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
     one looks (a made-up one otherwise). An error: what TRL fails on (an exception, the wrong number of scores), no
     score at all (`cegppo train` exits 4), a reference answer without the top score. A warning: an infinite score, or
-    the same score for every completion tried (no spread, no learning signal: `cegppo train` would exit 3)."""
+    the same score for every completion tried (returned, as the score and the completion, for `inspect_rewards`)."""
     import asyncio
 
     from transformers import TrainerState
@@ -326,7 +337,7 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
         report.error("rewards", f"Reward `{name}`, {where}, failed: {type(error).__name__}: {error}")
-        return
+        return None
     top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
     if len(values) != len(rows):
         report.error("rewards", f"Reward `{name}`, {where}, returned {len(values)} value(s) for {len(rows)} completions"
@@ -345,13 +356,9 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         if any(v is not None and math.isinf(v) for v in values):
             report.warning("rewards", f"Reward `{name}`, {where}, returned an infinite score ({short_repr(values)}): "
                            "TRL sets that group's advantages to 0, so it trains on nothing; `cegppo train` warns the same.")  # fmt: skip
-        elif top is None and len(set(values)) == 1:
-            report.warning("rewards", f"Reward `{name}` gave every completion it was called on the same score "
-                           f"({values[0]:g}; the completion: {short_repr(completions[0])}). Only completions of one "
-                           "prompt that score differently give a learning signal: if the model's completions all score "
-                           "alike too (a model that never writes the form this reward looks for), `cegppo train` stops "
-                           "after `max_zero_signal_batches` such rollout batches, or at the end of a shorter run, with "
-                           "exit status 3.")  # fmt: skip
+        elif top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
+            return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
+    return None
 
 
 def inspect_reward_weights(report: Report, args: Any) -> None:

@@ -543,6 +543,9 @@ def test_a_reward_that_scores_every_completion_alike_is_a_warning_in_check_and_i
     status, out = check(capsys, *argv)
     assert status == 0 and re.search(r"WARNING \[rewards\] " + ALIKE, " ".join(out.split())), out
     assert "0 error(s), 1 warning(s)" in out
+    # Another reward that tells the completions apart (gsm8k scores the reference answers top) gives the run spread.
+    status, out = check(capsys, *argv, "--reward_funcs", "format", "gsm8k_01")
+    assert status == 0 and "the same score" not in out and "0 error(s), 0 warning(s)" in out, out
 
     class Stop(Exception):
         pass
