@@ -278,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             _say(f"cegppo train: interrupted. {_interrupted(parsed)}")
             return 130
-        if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
-            print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
-                  file=sys.stderr)  # fmt: skip
+        if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog), once
+            if trainer.accelerator.is_main_process:
+                _say(
+                    f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}"
+                )
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
         return check_main(argv[1:])

@@ -366,3 +366,20 @@ def test_a_refused_run_leaves_no_output_dir_behind(model_dir, data_file, tmp_pat
     with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
         train(*smoke_args(model_dir, data_file, kept, "--resume_from_checkpoint", str(tmp_path / "missing")))
     assert (kept / "notes").is_dir()
+
+
+@pytest.mark.parametrize("main_process", [True, False])
+def test_the_stop_line_is_printed_once_per_launch_and_every_process_exits_with_its_status(capsys, monkeypatch,
+                                                                                         tmp_path, main_process):  # fmt: skip
+    """With 2 processes each printed `cegppo train: stopped at step ...`; the main process alone says it now."""
+    from types import SimpleNamespace
+
+    from cegppo_trl import scripts
+
+    stopped = SimpleNamespace(stop_reason="zero_signal", state=SimpleNamespace(global_step=3),
+                              reward_monitor=SimpleNamespace(stop_message="no spread"),
+                              accelerator=SimpleNamespace(is_main_process=main_process))  # fmt: skip
+    monkeypatch.setattr(scripts, "main", lambda *args: stopped)
+    assert cli.main(["train", "--config", "cpu_smoke", "--output_dir", str(tmp_path)]) == 3
+    said = "cegppo train: stopped at step 3: no spread" in capsys.readouterr().err
+    assert said == main_process
