@@ -92,8 +92,6 @@ def main() -> None:
             ratios.append(times[args.half] / times["float32"])
             print(f"rep {rep}: float32 {times['float32']:.1f} s, {args.half} {times[args.half]:.1f} s, "
                   f"ratio {ratios[-1]:.2f}", flush=True)  # fmt: skip
-    from cegppo_trl.scripts import cpu_computes_natively
-
     print(
         f"{datetime.date.today()} {platform.processor() or platform.machine()} ({os.cpu_count()} cores, flags "
         f"{cpu_flags()}, native {args.half}: {cpu_computes_natively(args.half)}), SmolLM2-135M cut to {args.layers} layers, "
@@ -101,6 +99,18 @@ def main() -> None:
         f"step-time ratio median {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
         f"{args.reps} paired repetitions{', flags ' + args.flags if args.flags else ''})"
     )
+
+
+def cpu_computes_natively(dtype: str) -> bool:
+    """Whether this CPU has instructions for `dtype` ("bfloat16" or "float16"), as PyTorch's oneDNN kernels see it
+    (a private probe: False where this build lacks it)."""
+    import torch
+
+    probe = {"bfloat16": "_is_mkldnn_bf16_supported", "float16": "_is_mkldnn_fp16_supported"}[dtype]
+    try:
+        return bool(getattr(torch.ops.mkldnn, probe)())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 if __name__ == "__main__":

@@ -1,34 +1,30 @@
-"""The `cegppo` console command.
+"""The `cegppo` console command: `train`, `check` (the plan of the same command), `probe`, `recipes`,
+`config-path`, `rewards`. Launchers take the module form, `-m cegppo_trl.cli train ...`.
 
-    cegppo train --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # a shipped recipe, or a YAML path
-    cegppo check --config gsm8k_qwen2.5_0.5b_lora [--any_field value ...]   # the same, checked without training
-    cegppo probe --config RECIPE [--any_field value ...] [--probe_arms "0,0;0.5,1"]  # the β-response probe
-    cegppo recipes                                                          # the shipped recipes and their folders
-    cegppo config-path deepspeed_zero2                                      # a shipped file's installed path
-    cegppo rewards
-
-`train` runs in the current process. Launchers take the module form, which needs no repository checkout:
-`accelerate launch --config_file ACCELERATE_CONFIG -m cegppo_trl.cli train ...` for several GPUs,
-`ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 -m cegppo_trl.cli train ...` for several CPU processes.
-`examples/cegppo.py` is the same script for repository users; both call `cegppo_trl.scripts.main`.
+`cegppo train` prints a refused setting (`preflight.CEGPPOUsageError`, or a value a config field's own check refuses
+while parsing) as one line, exit status 2, and a reward that raised (`scripts.RewardFailed`) as one line, exit status
+5; anything else keeps its traceback. `CEGPPO_TRACEBACK=1` keeps every traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 
 # `cegppo --help` and `cegppo train --help` end with these (docs/usage.md has the same table).
 TRAIN_EXIT_STATUSES = """\
-exit status of `cegppo train` (the final model and its card are saved in each case but 2):
+exit status of `cegppo train` (the final model and its card are saved in each case but 2 and 5):
   0  trained to the end, with a learning signal
-  2  a refused setting, before training (one line says what to change)
+  1  an error raised by TRL, transformers or torch (their traceback)
+  2  a refused setting, before the model loads (one line says what to change)
   3  nothing to learn: `max_zero_signal_batches` rollout batches in a row, or every rollout batch of a shorter run,
      gave every completion of a prompt the same reward (a solved task, a constant, infinite or NaN reward: the
      message names the kind)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row, or every rollout batch
      of a shorter run, got no reward (None or NaN everywhere)
+  5  a reward function raised (one line names it and its error; CEGPPO_TRACEBACK=1 shows the traceback)
   130  interrupted (Ctrl-C): one line names the newest complete checkpoint and how to resume
 """
 
@@ -69,9 +65,8 @@ examples:
         "check",
         add_help=False,
         help="check a `cegppo train` command before training (same arguments): the data and prompts as the model "
-        "gets them, what each reward receives, the batch layout, the engine, optimizer and generation settings, and "
-        "what it did not check; no GPU, no model weights; exits 1 on any error; --call_rewards also calls your "
-        "rewards on real rows",
+        "gets them, the columns each reward reads, the batch layout, the output directory, and what it did not check; "
+        "no GPU, no model weights; exits 1 on any error; --call_rewards also calls your rewards on real rows",
     )
     commands.add_parser(
         "probe",
@@ -93,111 +88,138 @@ examples:
     return parser
 
 
+CHECK_DESCRIPTION = """\
+Check a `cegppo train` command without training: it takes the same arguments (`cegppo train --help` lists them) and,
+in seconds, without a GPU or the model's weights, prints the plan: the data and prompts as the model gets them, the
+columns each reward reads, the batch layout (on- or off-policy) and the output directory, then what it did not check.
+Exit status 1 on any error (an argument error too), else 0."""
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    """`cegppo check`'s own flag; every other argument is `cegppo train`'s (parsed without importing torch here)."""
+    parser = argparse.ArgumentParser(
+        prog="cegppo check",
+        usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
+        description=CHECK_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--call_rewards",
+        action="store_true",
+        help="also call every reward (yours too: your code runs, with its side effects) on a rollout batch of real "
+        "rows; by default only this package's and TRL's rewards are called, on the reference answers",
+    )
+    return parser
+
+
+def _print_table(title: str, entries: dict[str, str], name_width: int) -> None:
+    """`title`, then each name with its text wrapped beside it to the terminal's width (words kept whole)."""
+    import shutil
+    import textwrap
+
+    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
+    print(title + "\n")
+    for name, text in entries.items():
+        lines = textwrap.wrap(text or "-", width=width - name_width, break_long_words=False)
+        print("\n".join([f"{name:<{name_width}}{lines[0]}", *(" " * name_width + line for line in lines[1:])]))
+
+
 def _recipe_summary(path) -> str:
-    """The first sentence of a recipe's leading comment block."""
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#") or not line.strip("# "):
-            break
-        lines.append(line.lstrip("#").strip())
+    """The first sentence of a recipe's leading comment block (not "Sec. 5" or "et al.")."""
+    lines = [line.lstrip("#").strip() for line in itertools.takewhile(
+        lambda line: line.startswith("#") and line.strip("# "), path.read_text().splitlines())]  # fmt: skip
     text = " ".join(lines)
-    end = re.search(r"\.(?=\s+[A-Z`])", text)  # a sentence's end, not "Sec. 5" or "et al."
+    end = re.search(r"\.(?=\s+[A-Z`])", text)
     return text if end is None else text[: end.end()]
 
 
 def _list_recipes() -> None:
-    import shutil
-    import textwrap
-
     from .resources import accelerate_configs_dir, recipe_names, recipes_dir
 
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
     names = recipe_names()
-    name_width = max(map(len, names), default=0) + 2
-    print(f"Recipes for `cegppo train --config NAME` (a path to your own YAML works too), in {recipes_dir()}:\n")
-    for name in names:
-        summary = _recipe_summary(recipes_dir() / f"{name}.yaml") or "-"
-        lines = textwrap.wrap(summary, width=width - name_width, break_long_words=False)
-        print(f"{name:<{name_width}}{lines[0]}")
-        for line in lines[1:]:
-            print(" " * name_width + line)
-    configs = sorted(p.name for p in accelerate_configs_dir().glob("*.yaml"))
+    _print_table(f"Recipes for `cegppo train --config NAME` (a path to your own YAML works too), in {recipes_dir()}:",
+                 {name: _recipe_summary(recipes_dir() / f"{name}.yaml") for name in names},
+                 max(map(len, names), default=0) + 2)  # fmt: skip
     print(f"\nAccelerate configs for `accelerate launch --config_file PATH`, in {accelerate_configs_dir()}:")
-    print("  " + ", ".join(configs))
+    print("  " + ", ".join(f"{name}.yaml" for name in recipe_names(accelerate_configs_dir())))
+
+
+def describe_reward(func) -> str:
+    """One line for `cegppo rewards`: what the reward checks and its score convention (+1/-1 or 1/0)."""
+    if not hasattr(func, "correct"):  # format_reward
+        return "a non-empty closed \\boxed{} answer after a well-formed <think> block (or none). Scores 1 if so, 0 " \
+            "otherwise; reads no reference."  # fmt: skip
+    what = (
+        "math-verify equivalence of the last \\boxed{} answer with `solution`"
+        if hasattr(func, "require_boxed")
+        else "exact match of the final number with `solution` (GSM8K's `#### 72` or a bare number)"
+    )
+    return f"{what}. Scores {'+' if func.incorrect < 0 else ''}{func.correct:g} correct, {func.incorrect:g} otherwise."
 
 
 def _list_rewards() -> None:
-    import shutil
-    import textwrap
+    from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS
 
-    from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, describe_reward
-
-    width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))
-    name_width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
-    sections = (
-        ("Reward functions for --reward_funcs (or a dotted path to your own):", {
-            name: describe_reward(func) for name, func in REWARD_FUNCS.items()
-        }),
-        ("TRL's reward functions, by name (any other as trl.rewards.<name>):", TRL_REWARD_FUNCS),
-    )  # fmt: skip
-    for i, (title, entries) in enumerate(sections):
-        print(("\n" if i else "") + title + "\n")
-        for name, text in entries.items():
-            lines = textwrap.wrap(text, width=width - name_width, break_long_words=False)
-            print(f"{name:<{name_width}}{lines[0]}")
-            for line in lines[1:]:
-                print(" " * name_width + line)
+    width = max(map(len, [*REWARD_FUNCS, *TRL_REWARD_FUNCS])) + 2
+    _print_table("Reward functions for --reward_funcs (or a dotted path to your own):",
+                 {name: describe_reward(func) for name, func in REWARD_FUNCS.items()}, width)  # fmt: skip
+    print()
+    _print_table("TRL's reward functions, by name (any other as trl.rewards.<name>):", TRL_REWARD_FUNCS, width)
 
 
 # Set to 1 to see the traceback of a refused setting too (a bug report, a debugger).
 TRACEBACK_ENV = "CEGPPO_TRACEBACK"
 
 
-def _is_user_error(error: BaseException) -> bool:
-    """Whether `cegppo train` reports `error` as one line (exit status 2) instead of a traceback.
-
-    A refused setting is: a `ValueError` raised before training starts (a bad field, a missing column, a dataset
-    that cannot be read), or a `RuntimeError`, `OSError` or `ImportError` raised by this package's own checks before
-    training (a launch that would run the wrong engine, a refused TRL, an `output_dir` that is a file: the pre-flight
-    report raises them). Anything raised inside the training loop, and any other such error,
-    keeps its traceback: that is where bugs show. `CEGPPO_TRACEBACK=1` keeps every traceback.
-    """
+def _tracebacks() -> bool:
     import os
 
-    if os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    if any(frame.f_code.co_name == "_inner_training_loop" for frame in frames):
-        return False
-    if isinstance(error, ValueError):
-        return True
-    return bool(frames) and frames[-1].f_globals.get("__name__", "").startswith("cegppo_trl.")
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _say(line: str) -> None:
+    """`line` on stderr, on a line of its own above a progress bar still on screen (a run that ended by an error)."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None:
+        tqdm.tqdm.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
+
+
+def _log_above_progress_bars() -> None:
+    """`cegppo train` is an application: where nothing configured logging, the package's warnings print on lines of
+    their own above the progress bar (`tqdm.write`) instead of into it (Python's last-resort handler)."""
+    import logging
+
+    if logging.getLogger().handlers or logging.getLogger("cegppo_trl").handlers:
+        return
+
+    class TqdmWrite(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+
+    logging.getLogger("cegppo_trl").addHandler(TqdmWrite(logging.WARNING))
 
 
 def check_main(argv: list[str] | None = None) -> int:
-    """`cegppo check`: the report for a `cegppo train` command line; 1 when it holds errors or the arguments are
-    refused (one line), else 0. `--call_rewards` (this command's own flag) calls every reward on a rollout batch of
-    real rows (your code runs: it may have side effects); by default no reward of yours is called."""
+    """`cegppo check`: the plan of a `cegppo train` command line; 1 when it holds errors or the arguments are
+    refused (one line), else 0."""
     import shutil
 
-    from .quiet import quiet_unused_deepspeed
-    from .scripts import check_command, parse_args
-
-    quiet_unused_deepspeed()  # a check trains nothing: DeepSpeed's device notice is noise whatever the engine
-    argv = list(sys.argv[1:] if argv is None else argv)
-    call_rewards = "--call_rewards" in argv
     try:
-        parsed = parse_args([a for a in argv if a != "--call_rewards"], prog="cegppo check")
-    except SystemExit as exit:  # argparse printed its one line (or `--help`, which exits 0)
+        options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+        from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
+
+        parsed = parse_args(rest, prog="cegppo check")
+    except SystemExit as exit:  # argparse printed its help or its one line
         return 1 if exit.code else 0
-    except ValueError as error:
+    except ValueError as error:  # a field's own check refused its value
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
-    report, _ = check_command(*parsed, call_rewards=call_rewards, plan_resume=True)
+    report, _ = check_command(*parsed, call_rewards=options.call_rewards, plan_resume=True)
     print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
     return 1 if report.errors else 0
 
@@ -234,24 +256,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:1])  # only the subcommand: `train` hands the rest to its TrlParser
     if args.command == "train":
         from .monitoring import STOP_EXIT_STATUS
+        from .preflight import CEGPPOUsageError
+        from .scripts import RewardFailed, parse_args
         from .scripts import main as train
-        from .scripts import parse_args
 
         parsed = None
+        _log_above_progress_bars()
         try:
             parsed = parse_args(argv[1:], prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
             trainer = train(*parsed)
-        except (ValueError, RuntimeError, OSError, ImportError) as error:
-            if not _is_user_error(error):
+        except (CEGPPOUsageError, RewardFailed) as error:
+            if _tracebacks():
+                raise
+            _say(f"cegppo train: error: {error}")
+            return 5 if isinstance(error, RewardFailed) else 2
+        except ValueError as error:  # raised while parsing: a field's own check refused its value
+            if parsed is not None or _tracebacks():
                 raise
             print(f"cegppo train: error: {error}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print(f"cegppo train: interrupted. {_interrupted(parsed)}", file=sys.stderr)
+            _say(f"cegppo train: interrupted. {_interrupted(parsed)}")
             return 130
-        if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog)
-            print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
-                  file=sys.stderr)  # fmt: skip
+        if trainer.stop_reason is not None:  # stopped early, the final model saved: say why (see the epilog), once
+            if trainer.accelerator.is_main_process:
+                _say(
+                    f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}"
+                )
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
         return check_main(argv[1:])

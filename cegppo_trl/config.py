@@ -249,10 +249,6 @@ class CEGPPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
         self._validate_left_guard()
-        if self.gradient_checkpointing is True and getattr(self, "activation_checkpointing", False) is None:
-            # TRL's default `gradient_checkpointing=True` is transformers' deprecated name: moved to the new one as
-            # transformers would, without its FutureWarning on every config the user did not cause.
-            self.activation_checkpointing = True
         super().__post_init__()
 
     @classmethod

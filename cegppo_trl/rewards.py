@@ -40,9 +40,7 @@ logger = logging.getLogger(__name__)
 MATH_VERIFY_TIMEOUT_S = 5
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Text helpers
-# ----------------------------------------------------------------------------------------------------------------
+# --- Text helpers
 def completion_text(completion: Any) -> str:
     """The generated text of one completion, whatever form TRL hands it in.
 
@@ -110,9 +108,7 @@ def _main_thread_timeout() -> int | None:
     return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The reference column and the math-verify dependency
-# ----------------------------------------------------------------------------------------------------------------
+# --- The reference column and the math-verify dependency
 REFERENCE_COLUMN = "solution"
 # Keyword arguments TRL's GRPOTrainer passes to every reward besides the dataset columns.
 TRAINER_KWARGS = (
@@ -124,48 +120,17 @@ TRAINER_KWARGS = (
     "log_metric",
     "environments",
 )
-# Column names that usually hold the reference answer, for the hint in the missing-reference error.
-_LIKELY_REFERENCE_COLUMNS = ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label")
 
 
-def likely_reference_column(columns: Sequence[str]) -> str | None:
-    """The column (a dotted path for verl's `reward_model`) that most likely holds the reference answer, if any."""
-    likely = next((c for c in _LIKELY_REFERENCE_COLUMNS if c in columns), None)
-    return {"reward_model": "reward_model.ground_truth"}.get(likely, likely)
-
-
-def missing_reference_message(reward: str, columns: Sequence[str], cli: bool = True) -> str:
-    """Why `reward` cannot score without a `solution` column, and how to map one of `columns` to it.
-
-    Args:
-        reward: the reward's name.
-        columns: the columns the data has.
-        cli: name the `cegppo train` flag (`--solution_column`); otherwise (the Python API) say how to rename the
-            column of the dataset given to the trainer.
-    """
+def missing_reference_message(reward: str, columns: Sequence[str]) -> str:
+    """Why `reward` cannot score a batch without a `solution` column, and how to give it one."""
     columns = [c for c in columns if c not in TRAINER_KWARGS]
-    likely = likely_reference_column(columns)
-    if cli:
-        fix = (
-            f"Name the column that holds the reference: `--solution_column {likely or '<column>'}` on the command "
-            f"line (`solution_column: {likely or '<column>'}` in a recipe), or rename it to `{REFERENCE_COLUMN}` in the "
-            "dataset given to the trainer"
-        )
-    else:
-        top = (likely or "<column>").split(".")[0]
-        fix = (
-            f"Give the trainer a dataset whose `{REFERENCE_COLUMN}` column holds the reference answer, e.g. "
-            f"`train_dataset = train_dataset.rename_column({top!r}, {REFERENCE_COLUMN!r})`"
-            + (
-                " (a nested field: `.map(lambda row: {'solution': row['reward_model']['ground_truth']})`)"
-                if likely and "." in likely
-                else ""
-            )  # fmt: skip
-        )
     return (
         f"Reward `{reward}` compares each completion with a reference answer, passed as the `{REFERENCE_COLUMN}` "
-        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). {fix}. Without a reference, "
-        "use a reference-free reward such as `format`."
+        f"column, and the data has none (its columns: {', '.join(columns) or 'none'}). Name the column that holds it "
+        "(`cegppo train --solution_column COLUMN`), or in Python give the trainer a dataset with a `solution` column "
+        "(`dataset.rename_column(COLUMN, 'solution')`). Without a reference, use a reference-free reward such as "
+        "`format`."
     )
 
 
@@ -181,9 +146,7 @@ def require_math_verify(reward: str) -> None:
         ) from error
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Math (math-verify)
-# ----------------------------------------------------------------------------------------------------------------
+# --- Math (math-verify)
 class MathVerifyReward:
     r"""Correctness of a final boxed answer against a reference, checked by `math-verify`.
 
@@ -272,9 +235,7 @@ class MathVerifyReward:
             return False, f"[{type(error).__name__}]"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# GSM8K
-# ----------------------------------------------------------------------------------------------------------------
+# --- GSM8K
 # A number: thousands groups "1,234,567" or plain digits, optional decimals, optional sign; or ".5".
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
 _NUMBER_RE = re.compile(_NUMBER)
@@ -367,9 +328,7 @@ class GSM8KReward:
         return rewards
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Format
-# ----------------------------------------------------------------------------------------------------------------
+# --- Format
 def format_reward(completions: list, **kwargs) -> list[float]:
     r"""1.0 if the completion contains a non-empty, closed `\boxed{...}` answer and any `<think>` block is well formed
     (at most one, closed, the box after it), else 0.0.
@@ -388,9 +347,7 @@ def format_reward(completions: list, **kwargs) -> list[float]:
 format_reward.reward_range = (0.0, 1.0)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Registry
-# ----------------------------------------------------------------------------------------------------------------
+# --- Registry
 REWARD_FUNCS: dict[str, Callable] = {
     "math_verify": MathVerifyReward(1.0, -1.0, name="math_verify"),
     "math_verify_01": MathVerifyReward(1.0, 0.0, name="math_verify_01"),
@@ -398,29 +355,6 @@ REWARD_FUNCS: dict[str, Callable] = {
     "gsm8k_01": GSM8KReward(1.0, 0.0, name="gsm8k_01"),
     "format": format_reward,
 }
-
-
-def _score(value: float) -> str:
-    return f"{value:+g}" if value < 0 else f"{value:g}"
-
-
-def describe_reward(func: Callable) -> str:
-    """One line for `cegppo rewards`: what the reward checks and its score convention (+1/-1 or 1/0)."""
-    if isinstance(func, (MathVerifyReward, GSM8KReward)):
-        what = (
-            "math-verify equivalence of the last \\boxed{} answer with `solution`"
-            if isinstance(func, MathVerifyReward)
-            else "exact match of the final number with `solution` (GSM8K's `#### 72` or a bare number)"
-        )
-        correct = f"+{func.correct:g}" if func.incorrect < 0 else f"{func.correct:g}"
-        return f"{what}. Scores {correct} correct, {_score(func.incorrect)} otherwise."
-    if func is format_reward:
-        return (
-            "a non-empty closed \\boxed{} answer after a well-formed <think> block (or none). Scores 1 if so, 0 "
-            "otherwise; reads no reference."
-        )
-    doc = (func.__doc__ if hasattr(func, "__code__") else type(func).__doc__) or ""
-    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 # TRL's reward functions accepted by bare name (TRL's `grpo.py` accepts the same three), with the line `cegppo rewards`
@@ -433,8 +367,6 @@ TRL_REWARD_FUNCS: dict[str, str] = {
     "think_format_reward": "1 if the completion opens with one <think>...</think> block, else 0; reads no "
     "reference. Chat prompts only.",
 }
-# Also in `trl.rewards`, but factories: called with their settings, they return a reward function.
-TRL_REWARD_FACTORIES = ("get_cosine_scaled_reward", "get_repetition_penalty_reward", "get_soft_overlong_punishment")
 _MATH_VERIFY_REWARDS = ("math_verify", "math_verify_01", "accuracy_reward", "reasoning_accuracy_reward")
 
 
@@ -451,22 +383,12 @@ def _unknown_reward_message(name: str) -> str:
     )
 
 
-def _factory_message(name: str) -> str:
-    return (
-        f"`{name}` in `trl.rewards` is not a reward function but a factory: called with its settings it returns "
-        f"one. Write `my_reward = {name}(...)` in a module of yours and pass its dotted path "
-        "(`--reward_funcs my_module.my_reward`)."
-    )
-
-
 def check_reward_name(name: str) -> None:
     """Refuse a reward name that `get_reward_func` cannot resolve, without importing anything (parse time).
 
     Raises:
-        ValueError: an unknown bare name, or one of TRL's reward factories (they need settings).
+        ValueError: an unknown bare name.
     """
-    if name.removeprefix("trl.rewards.") in TRL_REWARD_FACTORIES:
-        raise ValueError(_factory_message(name.removeprefix("trl.rewards.")))
     if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
         raise ValueError(_unknown_reward_message(name))
 
@@ -477,7 +399,7 @@ def get_reward_func(name: str) -> Callable:
     current directory too, like TRL's `grpo.py`).
 
     Raises:
-        ValueError: an unknown name that is not an importable `module.attribute` path, or a TRL reward factory.
+        ValueError: an unknown name that is not an importable `module.attribute` path.
         ImportError: the reward needs `math-verify` and it is not installed (raised here, before any model loads,
             rather than at the first rollout).
     """
@@ -500,10 +422,7 @@ def get_reward_func(name: str) -> Callable:
         except (ImportError, AttributeError) as error:
             raise ValueError(f"Could not import reward function {name!r}: {error}") from error
     from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
-    key = getattr(func, "__name__", name) if from_trl else name
-    if from_trl and key in TRL_REWARD_FACTORIES:
-        raise ValueError(_factory_message(key))
-    if key in _MATH_VERIFY_REWARDS:
+    if (key := getattr(func, "__name__", name) if from_trl else name) in _MATH_VERIFY_REWARDS:
         require_math_verify(key)
     return func
 
@@ -558,65 +477,3 @@ def reward_value_range(func: Callable) -> tuple[float, float] | None:
     if getattr(func, "__module__", "").startswith("trl.rewards"):
         return _TRL_REWARD_RANGES.get(getattr(func, "__name__", ""))
     return None
-
-
-def reference_completion(func: Callable, solution: Any) -> Any:
-    """A completion that states `solution` as the answer, in the form `func` reads, or None when `func` does not
-    compare with a reference (or does not say how): a reference reward should give it its top score.
-
-    A reward of yours can define `reference_completion(solution)` to take part in `cegppo check`'s reference test.
-    """
-    own = getattr(func, "reference_completion", None)
-    if callable(own):
-        return own(solution)
-    if getattr(func, "__module__", "").startswith("trl.rewards"):
-        name = getattr(func, "__name__", "")
-        if name == "accuracy_reward":
-            return [{"role": "assistant", "content": _boxed_reference(solution)}]
-        if name == "reasoning_accuracy_reward":
-            return [{"role": "assistant", "content": "<think>\n</think>\n" + _boxed_reference(solution)}]
-    return None
-
-
-def reward_reads_reference(func: Callable) -> bool | None:
-    """Whether a reward reads the `solution` column: True, False, or None when it cannot be told (a `**kwargs`
-    function that declares nothing may read anything)."""
-    import inspect
-
-    if REFERENCE_COLUMN in reward_required_columns(func) or reference_completion(func, "0") is not None:
-        return True
-    if getattr(func, "required_columns", None) is not None or func is format_reward:
-        return False
-    if getattr(func, "__module__", "").startswith("trl.rewards") and getattr(func, "__name__", "") in TRL_REWARD_FUNCS:
-        return False  # the two accuracy rewards answered above; think_format_reward reads no reference
-    try:
-        parameters = inspect.signature(func).parameters
-    except (TypeError, ValueError):
-        return None
-    if REFERENCE_COLUMN in parameters:
-        return True
-    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) else False
-
-
-def reward_required_columns(func: Callable) -> tuple[str, ...]:
-    """The dataset columns a reward cannot score without: its `required_columns` if it declares them, else the
-    parameters of its signature that have no default and that TRL's trainer does not pass itself."""
-    import inspect
-
-    declared = getattr(func, "required_columns", None)
-    if declared is not None:
-        return tuple(declared)
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):  # builtins and some C callables have no signature
-        return ()
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(
-        p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS
-    )
-
-
-def reward_needs_chat(func: Callable) -> bool:
-    """Whether a reward reads conversational completions only (TRL's rewards index `completion[0]["content"]`)."""
-    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
-    return from_trl and getattr(func, "__name__", "") in TRL_REWARD_FUNCS

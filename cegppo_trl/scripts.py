@@ -2,12 +2,15 @@
 
 `make_parser()` builds a `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`): every field
 is settable from a YAML recipe (`--config recipe.yaml`) and by flags, and TRL's flags (`--use_peft`, `--dtype` ...)
-mean what they mean in TRL. `main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
+mean what they mean in TRL. The dataset is loaded by name or path and its columns mapped onto what TRL and the rewards
+read (`prompt`, `solution`). `main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -17,26 +20,40 @@ from trl import ModelConfig, ScriptArguments, TrlParser
 
 from .checkpoints import LOCK_FILE, start_run
 from .config import CEGPPOConfig
-from .data import NONE_STRINGS, load_any_dataset, prepare_dataset
-from .distributed import CPU_DDP_LAUNCH_LINE, check_launch
-from .preflight import (  # noqa: F401 (cpu_computes_natively: the benchmark imports it from here)
-    Fix,
+from .preflight import (
+    CEGPPOUsageError,
     Report,
-    cpu_computes_natively,
-    inspect_engine,
     inspect_model,
     inspect_output_dir,
+    likely_prompt_column,
+    likely_reference_column,
     missing_checkpoint,
+    reward_reads_reference,
     run_checks,
-)  # fmt: skip
+    sample_rows,
+    short_repr,
+    type_name,
+)
 from .resources import resolve_config_args
-from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
+from .rewards import (
+    REFERENCE_COLUMN,
+    REWARD_FUNCS,
+    TRL_REWARD_FUNCS,
+    check_reward_name,
+    get_reward_func,
+    reward_value_range,
+)
 
 if TYPE_CHECKING:
     from .trainer import CEGPPOTrainer
 
 logger = logging.getLogger(__name__)
-CPU_LAUNCH_LINE = CPU_DDP_LAUNCH_LINE  # several CPU processes; one definition, in `distributed`
+NONE_STRINGS = ("", "none", "null")  # what a flag or YAML value uses to mean "unset" (a flag cannot spell None)
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+class RewardFailed(RuntimeError):
+    """A reward function raised during `cegppo train`: one line naming it, exit status 5."""
 
 
 def _option(default: Any, help: str) -> Any:
@@ -85,12 +102,6 @@ class CEGPPOScriptArguments(ScriptArguments):
             check_reward_name(name)
 
 
-def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
-    """`dataset_name` as a `DatasetDict` (`data.load_any_dataset`)."""
-    return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
-                            train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
-
-
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
     """The argument parser, with `--config` YAML support. An argument error is one line and a pointer to `--help`
     (argparse's default prints the whole usage first); `epilog` ends `--help` (`cegppo train`'s exit statuses)."""
@@ -113,8 +124,6 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
 
 def _unknown_setting(parser: TrlParser, key: str) -> str:
     """`key` named as an unknown setting, with the closest known one."""
-    import difflib
-
     known = sorted({action.dest for action in parser._actions if action.dest != "help"})
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     return f"`{key}`" + (f" (did you mean `{close[0]}`?)" if close else "")
@@ -123,9 +132,9 @@ def _unknown_setting(parser: TrlParser, key: str) -> str:
 def parse_args(
     args: list[str] | None = None, prog: str | None = None, epilog: str | None = None
 ) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
-    """Parse flags and `--config` YAML (a shipped recipe's name or a path; flags win). Every refusal (an unknown flag
-    or YAML key, with a did-you-mean; `--config` twice; a GPU setting on a machine without one) exits 2 with one
-    `PROG: error: ...` line."""
+    """Parse flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key
+    (with a did-you-mean) or `--config` twice exits 2 with one `PROG: error: ...` line; a refused value raises the
+    `ValueError` of the field's own check."""
     parser = make_parser(prog, epilog)
     args = list(sys.argv[1:] if args is None else args)
     configs = [a for a in args if a == "--config" or a.startswith("--config=")]
@@ -156,6 +165,189 @@ def parse_args(
     return tuple(parsed)  # type: ignore[return-value]
 
 
+# --- The dataset: loaded by name or path, its columns mapped onto `prompt` and `solution`
+def load_any_dataset(name: str | None, *, config: str | None = None, train_split: str = "train",
+                     streaming: bool = False) -> Any:  # fmt: skip
+    """`name` as a `DatasetDict` (an `IterableDatasetDict` with `streaming`): a Hub id, a local dataset directory,
+    a `save_to_disk` directory or one data file (whose rows become the `train_split` split)."""
+    from datasets import Dataset, DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
+
+    if name is None:
+        raise ValueError("`dataset_name` is required (a Hub id, a local directory, or a .json/.jsonl/.csv file).")
+    if os.path.isdir(name) and any(os.path.exists(os.path.join(name, m)) for m in ("dataset_dict.json", "state.json")):
+        loaded = load_from_disk(name)
+        if streaming:
+            splits = loaded if isinstance(loaded, DatasetDict) else {train_split: loaded}
+            return IterableDatasetDict({split: data.to_iterable_dataset() for split, data in splits.items()})
+    elif os.path.isfile(name):
+        builder = _FILE_BUILDERS.get(os.path.splitext(name)[1].lower())
+        if builder is None:
+            raise ValueError(f"Cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
+        try:
+            loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
+        except Exception as error:  # datasets fails obscurely on empty files (StopIteration, ArrowInvalid, ...)
+            if _data_file_is_empty(name, builder):
+                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
+            raise
+    else:  # a Hub id, or a path that is not there: datasets' own error says which
+        loaded = load_dataset(name, name=config, streaming=streaming)
+    return DatasetDict({train_split: loaded}) if isinstance(loaded, Dataset) else loaded
+
+
+def _data_file_is_empty(path: str, builder: str) -> bool:
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows == 0
+        except Exception:
+            return False
+    with open(path, "rb") as f:
+        return not f.read(1 << 20).strip()  # nothing but whitespace in the first MiB: no rows
+
+
+def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
+    """`dataset_name` as a `DatasetDict` (`load_any_dataset`)."""
+    return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
+                            train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
+
+
+def _get_path(row: Any, path: str) -> Any:
+    value = row  # a datasets row is a Mapping, not always a dict
+    for key in path.split("."):
+        try:
+            value = value[key]
+        except (KeyError, TypeError, IndexError):
+            return None
+    return value
+
+
+def prepare_dataset(dataset: Any, script_args: Any, reward_funcs: list | None = None) -> Any:
+    """Give the rows the `prompt` (and `solution`) columns TRL and the rewards read, applying the prompt options.
+
+    Other columns stay and reach the rewards as keyword arguments, as in TRL. With the default `solution_column` and
+    data without it, no reference is mapped when no selected reward reads one.
+    """
+    from datasets import Dataset, IterableDataset
+
+    funcs = [get_reward_func(name) for name in script_args.reward_funcs] if reward_funcs is None else reward_funcs
+    if (limit := script_args.max_train_samples) is not None:
+        streaming = isinstance(dataset, IterableDataset)
+        dataset = dataset.take(limit) if streaming else dataset.select(range(min(limit, len(dataset))))
+    if not isinstance(dataset, IterableDataset) and len(dataset) == 0:
+        after = "" if limit is None else f" after `max_train_samples={limit}`"
+        raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows{after}): nothing to train on.")
+    prompt_col, solution_col = script_args.prompt_column, script_args.solution_column
+    columns = dataset.column_names
+    if solution_col == REFERENCE_COLUMN and columns is not None and REFERENCE_COLUMN not in columns:
+        if funcs and all(reward_reads_reference(f) is False for f in funcs):
+            solution_col = None  # no selected reward reads a reference
+    readers = [n for n, f in zip(script_args.reward_funcs, funcs, strict=False) if reward_reads_reference(f)]
+    if problems := column_problems(dataset, prompt_col, solution_col, readers):
+        raise ValueError(" ".join(problems))
+    system = script_args.system_prompt
+    if system is not None and isinstance(dataset, Dataset):  # a prompt's own system message wins: say how often
+        column = dataset.select_columns([prompt_col.split(".")[0]])
+        if own := sum(_opens_with_system(_get_path(row, prompt_col)) for row in column):
+            logger.warning(
+                "`system_prompt` is not used for %d of %d prompts: they already open with a system message, which "
+                "wins (the other %d get `system_prompt`). To use yours everywhere, drop the system messages from "
+                "the data.", own, len(dataset), len(dataset) - own,
+            )  # fmt: skip
+    first_is_text = not isinstance(dataset, Dataset) or isinstance(dataset[0][prompt_col.split(".")[0]], str)
+    if (prompt_col, script_args.prompt_template, system) == ("prompt", None, None) and solution_col in (
+        None, REFERENCE_COLUMN) and not (script_args.chat_prompts and first_is_text):  # fmt: skip
+        return dataset  # nothing to rewrite
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
+        if solution_col is not None:
+            gold = _get_path(row, solution_col)
+            out["solution"] = None if gold is None else str(gold)
+        return out
+
+    return dataset.map(convert)
+
+
+def _opens_with_system(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and prompt[0].get("role") == "system"
+    )
+
+
+def _format_prompt(prompt: Any, script_args: Any) -> Any:
+    template, system = script_args.prompt_template, script_args.system_prompt
+    if prompt is None or (isinstance(prompt, list) and not prompt):
+        return prompt  # left for the pre-flight to name the row
+    if isinstance(prompt, str):
+        text = template.replace("{prompt}", prompt) if template else prompt
+        if not (script_args.chat_prompts or system):
+            return text
+        messages = [{"role": "user", "content": text}]
+    else:  # conversational: a list of {"role", "content"} messages; the template wraps the last user turn
+        messages = [dict(m) for m in prompt]
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if template and users:
+            messages[users[-1]]["content"] = template.replace("{prompt}", str(messages[users[-1]]["content"]))
+    if system and messages[0].get("role") != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+def _is_prompt(value: Any) -> bool:
+    """Text, or chat messages (TRL's `is_conversational` reads `role`; a tool call may carry no `content`)."""
+    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and ("role" in m or "content" in m) for m in value))  # fmt: skip
+
+
+def column_problems(dataset: Any, prompt_column: str, solution_column: str | None, readers=()) -> list[str]:
+    """What is wrong with `prompt_column` / `solution_column` in the loaded data: each component of a dotted path
+    (`reward_model.ground_truth`) is followed through the first rows, so a misspelled nested field is named instead
+    of passing `None` to every reward; a prompt column must hold text or chat messages."""
+    rows = sample_rows(dataset)
+    top = list(dataset.column_names) if dataset.column_names is not None else list(rows[0] if rows else [])
+    problems = []
+    for option, path in (("prompt_column", prompt_column), ("solution_column", solution_column)):
+        if path is None or not top:
+            continue
+        keys, values, available = path.split("."), rows, top
+        for depth, key in enumerate(keys):
+            if available is not None and key not in available:
+                where = "the dataset" if depth == 0 else f"`{'.'.join(keys[:depth])}`"
+                close = difflib.get_close_matches(key, [str(a) for a in available], n=1, cutoff=0.6)
+                likely = (likely_reference_column if option == "solution_column" else likely_prompt_column)(
+                    available) if depth == 0 else None  # fmt: skip
+                what = "reference answer" if option == "solution_column" else "prompt"
+                hint = (f" The {what} looks like it is in `{likely}`: pass `--{option} {likely}`." if likely
+                        else f" Did you mean `{'.'.join([*keys[:depth], close[0]])}`?" if close else "")  # fmt: skip
+                if option == "solution_column" and path == REFERENCE_COLUMN and readers:
+                    hint += f" ({', '.join(readers)} read(s) the reference as `solution`.)"
+                elif option == "solution_column" and depth == 0:
+                    hint += " `solution_column: null` runs reference-free rewards only."
+                kind, names = ("a column of", "columns") if depth == 0 else ("a field of", "fields")
+                problems.append(f"`{option}={path}`: `{key}` is not {kind} {where} (its {names}: "
+                                f"{', '.join(map(str, available))}).{hint}")  # fmt: skip
+                break
+            values = [v.get(key) if isinstance(v, dict) else None for v in values]
+            nested = [v for v in values if v is not None]
+            if depth < len(keys) - 1 and nested and not all(isinstance(v, dict) for v in nested):
+                problems.append(f"`{option}={path}`: `{'.'.join(keys[: depth + 1])}` holds {type_name(nested[0])} "
+                                "values, not records with fields: a dotted path reads a nested field.")  # fmt: skip
+                break
+            available = sorted({k for v in nested for k in v}) if depth < len(keys) - 1 and nested else None
+        else:
+            given = [v for v in values if v is not None]  # a None prompt is a row's problem: the pre-flight names it
+            if option == "prompt_column" and given and not all(_is_prompt(v) for v in given):
+                bad = next(v for v in given if not _is_prompt(v))
+                text = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
+                problems.append(
+                    f"`prompt_column={path}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not text or a list "
+                    "of chat messages: the tokenizer cannot read them. Name the column with the prompt text with "
+                    "`--prompt_column`" + (f" (text columns: {', '.join(text)})." if text else ".")
+                )
+    return problems
+
+
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
 @dataclass
 class Prepared:
@@ -175,14 +367,12 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
     from trl import get_peft_config
 
     report, prepared = Report(), Prepared()
-    report.collect("engine", check_launch, training_args)
-    inspect_engine(report, training_args)  # first: a launch that would run the wrong engine is wrong whatever else
     model_name = model_args.model_name_or_path
     if model_name is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
-        inspect_model(report, model_name, training_args, model_args.dtype)
-    if model_args.load_in_4bit and not __import__("torch").cuda.is_available():
+        inspect_model(report, model_name, training_args)
+    if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
         report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU, and none is available: bitsandbytes' "
                      "CPU path loads 4-bit weights but does not train them. On CPU drop `--load_in_4bit` and train "
                      "LoRA on the full-precision model (`--use_peft true`).")  # fmt: skip
@@ -199,8 +389,8 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                 strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
                 why = f"eval_strategy={strategy!r} but " if attribute == "eval_dataset" else ""
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): name it "
-                             "with {fix}" + (", or {fix1}." if why else "."),
-                             fixes=[Fix(option, list(dataset)[0] if len(dataset) else None), Fix("eval_strategy", "no")])  # fmt: skip
+                             f"with `--{option} {list(dataset)[0] if len(dataset) else '<split>'}`"
+                             + (", or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
             loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs)
             setattr(prepared, attribute, loaded)
@@ -231,32 +421,33 @@ def _load_processing_class(model_args: ModelConfig, training_args: CEGPPOConfig)
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
     """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
 
-    The pre-flight first (`cegppo check` prints the same report): its errors are raised before the model loads, its
-    warnings logged. Then TRL's `grpo.py`: `ModelConfig` supplies `model_init_kwargs`, the quantization config and
-    the LoRA config. A run refused before training does not leave behind an `output_dir` it created.
+    The pre-flight first (`cegppo check` prints the same report): its errors are raised as `CEGPPOUsageError` before
+    the model loads, its warnings logged once (by the main process). Then TRL's `grpo.py`: `ModelConfig` supplies
+    `model_init_kwargs`, the quantization config and the LoRA config. A reward that raises while training raises
+    `RewardFailed`, naming it. A run refused before training does not leave behind an `output_dir` it created.
     """
-    import os
     import shutil
 
-    from .quiet import log_above_progress_bars
-
-    log_above_progress_bars()
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    for finding in report.warnings:
-        if finding.code != "trainer":  # the trainer gives those itself
-            logger.warning(finding.text())
+    if training_args.process_index == 0:  # one copy of each warning, however many processes the launch started
+        for finding in report.warnings:
+            if finding.code != "trainer":  # the trainer gives those itself
+                logger.warning(finding.message)
     output_dir, trained = training_args.output_dir, False
     created = not os.path.exists(output_dir)
     try:
         # The launch's one resume plan, before the model loads; it holds the `output_dir` lock until the run ends.
-        plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
-                         overwrite=script_args.overwrite_output_dir,
-                         script={**vars(model_args), **vars(script_args)})  # fmt: skip
+        try:
+            plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
+                             overwrite=script_args.overwrite_output_dir,
+                             script={**vars(model_args), **vars(script_args)})  # fmt: skip
+        except (ValueError, RuntimeError) as error:  # its refusals: a resume that does not fit, a folder in use
+            raise CEGPPOUsageError(str(error)) from error
         training_args.resume_from_checkpoint = plan.checkpoint
         try:
             if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load
-                raise ValueError(missing)
+                raise CEGPPOUsageError(missing)
             trainer = _train(script_args, training_args, model_args, prepared, plan)
             trained = True
             return trainer
@@ -265,6 +456,41 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
     finally:
         if created and not trained and os.path.isdir(output_dir) and set(os.listdir(output_dir)) <= {LOCK_FILE}:
             shutil.rmtree(output_dir, ignore_errors=True)  # refused before anything was written: leave no trace
+
+
+def named_failures(funcs: list, names: list[str]) -> list:
+    """Each reward function wrapped so that an exception it raises becomes `RewardFailed` naming it; TRL sees the same
+    name (its metrics), kind (sync or async) and score range."""
+    import functools
+    import inspect
+
+    def wrap(func: Any, name: str) -> Any:
+        if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):  # a reward model
+            return func
+
+        def failed(error: Exception) -> RewardFailed:
+            return RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}")
+
+        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+
+            async def guarded(*args, **kwargs):
+                try:
+                    return await func(*args, **kwargs)
+                except Exception as error:
+                    raise failed(error) from error
+        else:
+
+            def guarded(*args, **kwargs):
+                try:
+                    return func(*args, **kwargs)
+                except Exception as error:
+                    raise failed(error) from error
+
+        functools.update_wrapper(guarded, func)  # `__name__` (TRL's metric names), `__module__`, attributes
+        guarded.reward_range = reward_value_range(func)
+        return guarded
+
+    return [wrap(func, name) for func, name in zip(funcs, names, strict=True)]
 
 
 def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrainer:
@@ -281,7 +507,7 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
     training_args.model_init_kwargs = model_init_kwargs
     trainer = CEGPPOTrainer(
         model=model_args.model_name_or_path,
-        reward_funcs=prepared.reward_funcs,
+        reward_funcs=named_failures(prepared.reward_funcs, script_args.reward_funcs),
         args=training_args,
         train_dataset=prepared.train_dataset,
         eval_dataset=prepared.eval_dataset,

@@ -1,9 +1,9 @@
-"""What a TRL release must be for CE-GPPO to train on it, and the two refusals a user needs.
+"""What a TRL release must be for CE-GPPO to train on it, and the one refusal a user needs.
 
-The trainer adds a term to what TRL's `GRPOTrainer._compute_loss` returns (`cegppo_trl.trainer`); it copies none of
-TRL's code, so it refuses no release by its source. The private names the seam touches are listed in
-docs/maintaining.md and held by tests/test_trl_seam.py, which fails, naming the name, where a TRL release changes one.
-Two releases would train without the term or not at all, and are refused before the model loads.
+The trainer adds a term to what TRL's `GRPOTrainer._compute_loss` returns (`cegppo_trl.trainer`). The private names
+the seam touches are listed in docs/maintaining.md and held by tests/test_trl_seam.py. Before TRL 1.14,
+`use_liger_kernel=True` sends the loss to Liger's fused GRPO loss, which never calls `_compute_loss`: plain GRPO under
+the CE-GPPO name, refused before the model loads.
 """
 
 from __future__ import annotations
@@ -22,24 +22,6 @@ def supported_trl_requirement() -> str:
     return f"trl>={TESTED_TRL[0]},!={GPU_ONLY_LOG_PROBS}.*,<={TESTED_TRL[1]}"
 
 
-def missing_trl_kernel(args: Any = None) -> str | None:
-    """Why the installed TRL's own `GRPOTrainer` cannot compute log-probabilities in this run, or None."""
-    import torch
-    import trl
-    from trl.trainer import utils
-
-    if Version(trl.__version__).release[:2] != Version(GPU_ONLY_LOG_PROBS).release[:2]:
-        return None
-    on_cpu = not torch.cuda.is_available() or getattr(args, "use_cpu", False)
-    if on_cpu or getattr(utils, "_ChunkedLogProbFunction", None) is None:
-        return (
-            f"trl {trl.__version__} computes every log-probability with a triton kernel that needs triton and a GPU "
-            f"({'no GPU in this run' if on_cpu else 'triton is not installed'}): its GRPOTrainer would fail at the "
-            f"first training step. Install a supported TRL (`pip install '{supported_trl_requirement()}'`)."
-        )
-    return None
-
-
 def liger_bypass(args: Any) -> str | None:
     """Why `use_liger_kernel` would train plain GRPO on the installed TRL (its fused loss skips `_compute_loss`)."""
     import trl
@@ -55,6 +37,6 @@ def liger_bypass(args: Any) -> str | None:
 
 def check_trl_compatibility(args: Any = None) -> None:
     """Raise `ValueError` before the model loads where the installed TRL cannot train `args` with CE-GPPO."""
-    refusal = missing_trl_kernel(args) or (None if args is None else liger_bypass(args))
+    refusal = None if args is None else liger_bypass(args)
     if refusal is not None:
         raise ValueError(refusal)

@@ -84,6 +84,25 @@ def test_cegppo_help_and_rewards_do_not_import_trl_or_torch():
     assert heavy == "[" and int(length) > 200
 
 
+def test_cegppo_check_help_is_checks_own_and_imports_neither_torch_nor_trl():
+    """`cegppo check --help` printed `cegppo train`'s help (hundreds of fields, no `--call_rewards`) after importing
+    torch and TRL."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from cegppo_trl import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    status = cli.main(['check', '--help'])\n"
+        "heavy = sorted(m for m in ('trl', 'torch', 'transformers') if m in sys.modules)\n"
+        "print(repr((status, heavy, out.getvalue())))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    status, heavy, text = eval(result.stdout)  # noqa: S307 (our own repr)
+    assert status == 0 and heavy == [], (status, heavy)
+    assert text.startswith("usage: cegppo check [--call_rewards] TRAIN_ARGUMENTS...") and "--call_rewards" in text
+    assert "--gppo_beta1" not in text and "cegppo train --help" in text
+
+
 def test_cegppo_rewards_shows_each_score_convention_without_cutting_words(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     cli.main(["rewards"])
@@ -136,30 +155,6 @@ def test_example_script_under_torchrun_exits_cleanly_every_time(model_dir, data_
         assert time.monotonic() - start < 240
 
 
-def test_launcher_with_n_processes_but_one_accelerate_process_fails_fast(model_dir, data_file, tmp_path, monkeypatch):
-    # `accelerate launch --multi_gpu --num_processes 2` on a machine without GPUs (and without --use_cpu): each copy
-    # sees WORLD_SIZE=2 but sets up a single-process run.
-    script_args, training_args, model_args = smoke_args(model_dir, data_file, tmp_path, "--use_cpu", "false")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    with pytest.raises(RuntimeError, match=r"(?s)started 2 processes .*single-process.*ACCELERATE_USE_CPU=1 torchrun"):
-        train(script_args, training_args, model_args)
-    assert not (tmp_path / "model.safetensors").exists()
-
-
-def test_accelerate_launch_cpu_num_processes_trap_fails_fast(model_dir, data_file, tmp_path, monkeypatch):
-    # `accelerate launch --cpu --num_processes 2` sets ACCELERATE_USE_CPU and MASTER_ADDR, starts one process.
-    script_args, training_args, model_args = smoke_args(model_dir, data_file, tmp_path)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    with pytest.raises(RuntimeError, match=r"(?s)--cpu --num_processes N` starts only one process.*torchrun"):
-        train(script_args, training_args, model_args)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The CPU smoke recipe end to end, and safe resume
-# ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_cpu_smoke_recipe_trains_and_saves(model_dir, data_file, tmp_path):
     trainer = train(*smoke_args(model_dir, data_file, tmp_path))
@@ -306,7 +301,7 @@ def test_cegppo_train_help_lists_the_documented_exit_statuses(capsys):
     help_text = capsys.readouterr().out
     table = re.findall(r"^\| (\d) \| ", (ROOT / "docs" / "usage.md").read_text(), re.MULTILINE)
     listed = re.findall(r"^  (\d)  ", help_text.split("exit status of `cegppo train`", 1)[1], re.MULTILINE)
-    assert table == listed == ["0", "2", "3", "4"]
+    assert table == listed == ["0", "1", "2", "3", "4", "5"]
 
 
 def test_a_gpu_recipe_on_cpu_gets_the_flags_that_work(capsys, monkeypatch):
@@ -371,3 +366,20 @@ def test_a_refused_run_leaves_no_output_dir_behind(model_dir, data_file, tmp_pat
     with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
         train(*smoke_args(model_dir, data_file, kept, "--resume_from_checkpoint", str(tmp_path / "missing")))
     assert (kept / "notes").is_dir()
+
+
+@pytest.mark.parametrize("main_process", [True, False])
+def test_the_stop_line_is_printed_once_per_launch_and_every_process_exits_with_its_status(capsys, monkeypatch,
+                                                                                         tmp_path, main_process):  # fmt: skip
+    """With 2 processes each printed `cegppo train: stopped at step ...`; the main process alone says it now."""
+    from types import SimpleNamespace
+
+    from cegppo_trl import scripts
+
+    stopped = SimpleNamespace(stop_reason="zero_signal", state=SimpleNamespace(global_step=3),
+                              reward_monitor=SimpleNamespace(stop_message="no spread"),
+                              accelerator=SimpleNamespace(is_main_process=main_process))  # fmt: skip
+    monkeypatch.setattr(scripts, "main", lambda *args: stopped)
+    assert cli.main(["train", "--config", "cpu_smoke", "--output_dir", str(tmp_path)]) == 3
+    said = "cegppo train: stopped at step 3: no spread" in capsys.readouterr().err
+    assert said == main_process

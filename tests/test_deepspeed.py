@@ -1,8 +1,8 @@
-"""Scale-out on CPU: DeepSpeed ZeRO-2/3 and two nodes train what DDP trains, and no launch falls back silently.
+"""Scale-out on CPU: DeepSpeed ZeRO-2/3 and two nodes train what DDP trains.
 
 The parity tests launch tests/helpers/mp_train.py's job (4 steps at lr 5e-2, SFT term, dynamic sampling, a β schedule
 and the entropy controller; steps 2 and 4 off-policy) from the shipped accelerate configs, made to run here by
-`cegppo_trl.distributed.cpu_rehearsal_config` (`use_cpu`, 2 processes, fp32), and compare with 2-process DDP
+`tests/helpers/cpu_rehearsal.py` (`use_cpu`, 2 processes, fp32), and compare with 2-process DDP
 (`ddp_two_process_run`, tests/conftest.py). Measured on a 2-core shared CPU (2026-12-01), the largest parameter
 difference from DDP is 6.5e-6 for ZeRO-2 and 1.1e-4 for ZeRO-3 (its gradients are reduce-scattered and its AdamW
 steps flat partitions: fp32 rounding in another order, which the off-policy steps amplify), and at most 1e-5
@@ -40,8 +40,6 @@ from helpers.mp_launch import (
 )
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
-from cegppo_trl import CEGPPOConfig
-from cegppo_trl.distributed import check_distributed_engine
 from cegppo_trl.safe_load import DEEPSPEED_CHECKPOINT_GLOBALS, TRUST_ENV
 
 DAPO = {"loss_types": ["dapo"]}
@@ -250,142 +248,13 @@ def test_cpu_rehearsal_of_the_7b_recipe_under_zero3(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# No silent fallback to DDP
+# The CPU copy of a shipped accelerate config (tests/helpers/cpu_rehearsal.py)
 # ----------------------------------------------------------------------------------------------------------------
-def _config(tmp_path, **kw) -> CEGPPOConfig:
-    return CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **kw)
-
-
-def _clean_env(monkeypatch):
-    for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCELERATE_USE_CPU"):
-        monkeypatch.delenv(key, raising=False)
-
-
-DEEPSPEED_OFF_BY_CPU = r"(?s)DeepSpeed was asked for \(ACCELERATE_USE_DEEPSPEED=true.*ACCELERATE_USE_CPU=1 makes accelerate skip DeepSpeed.*plain DDP.*DS_ACCELERATOR=cpu accelerate launch"  # noqa: E501
-FSDP_ON_CPU = r"(?s)FSDP was asked for \(.*\) but would not run.*not on CPU.*unsharded.*accelerate cannot shard on CPU; DeepSpeed ZeRO-3 is the way to rehearse a sharded job there.*python -m cegppo_trl.distributed deepspeed_zero3 cpu_zero3.yaml"  # noqa: E501
-
-
-def test_cli_refuses_deepspeed_turned_off_by_accelerate_use_cpu_before_loading_anything(tmp_path, monkeypatch):
-    from cegppo_trl.scripts import main, parse_args
-
-    _clean_env(monkeypatch)
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
-    parsed = parse_args(
-        ["--model_name_or_path", "org/not-on-this-machine", "--dataset_name", str(tmp_path / "missing.jsonl"),
-         "--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
-    )  # fmt: skip
-    with pytest.raises(RuntimeError, match=DEEPSPEED_OFF_BY_CPU.replace("=1", "=true")):
-        main(*parsed)
-
-
-@pytest.mark.parametrize("how", ["env", "fsdp_argument"])
-def test_fsdp_on_cpu_is_refused_and_points_at_zero3(tmp_path, monkeypatch, how):
-    _clean_env(monkeypatch)
-    if how == "env":
-        monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-        args = _config(tmp_path)
-    else:
-        args = _config(tmp_path, fsdp=True)
-    with pytest.raises(RuntimeError, match=FSDP_ON_CPU):
-        check_distributed_engine(args)
-
-
-def test_deepspeed_on_cpu_with_bf16_is_refused(tmp_path, monkeypatch):
-    _clean_env(monkeypatch)
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")  # bf16 left at its default, True
-    with pytest.raises(RuntimeError, match=r"DeepSpeed on CPU .* with `bf16=True`.*Set `bf16: false`"):
-        check_distributed_engine(args)
-    assert check_distributed_engine(_config(tmp_path)) == "deepspeed"  # the rehearsal the tests above run
-
-
-# What transformers and accelerate do with `ACCELERATE_USE_DEEPSPEED=1` (a process of its own: the accelerator state
-# is a per-process singleton): TrainingArguments reads the variable as a boolean and builds a DeepSpeedPlugin, and the
-# Accelerator given that plugin (as Trainer gives it) runs DeepSpeed. The check must agree and let it through.
-_DEEPSPEED_FROM_ENV = """
-import json, os
-from accelerate import Accelerator
-from cegppo_trl import CEGPPOConfig
-from cegppo_trl.distributed import check_distributed_engine
-
-args = CEGPPOConfig(output_dir=os.environ["OUT"], use_cpu=True, bf16=False, report_to="none")
-engine = check_distributed_engine(args)
-accelerator = Accelerator(deepspeed_plugin=args.deepspeed_plugin, mixed_precision=args.mixed_precision)
-print(json.dumps({"engine": engine, "runs": accelerator.state.distributed_type.name}))
-"""
-
-
-@pytest.mark.parametrize("value", ["1", "yes"])
-@pytest.mark.slow
-@pytest.mark.campaign
-def test_accelerate_use_deepspeed_as_any_true_word_runs_deepspeed_and_is_let_through(tmp_path, value):
-    import os
-    import subprocess
-    import sys
-
-    env = {
-        **os.environ, "ACCELERATE_USE_DEEPSPEED": value, "DS_ACCELERATOR": "cpu", "OUT": str(tmp_path),
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }  # fmt: skip
-    env.pop("ACCELERATE_USE_CPU", None)
-    result = subprocess.run(
-        [sys.executable, "-c", _DEEPSPEED_FROM_ENV], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"engine": "deepspeed", "runs": "DEEPSPEED"}
-
-
-def test_engine_flags_as_accelerate_and_transformers_read_them(tmp_path):
-    args = _config(tmp_path)
-    # transformers reads ACCELERATE_USE_DEEPSPEED as a boolean (the test above runs it): any true word asks for it.
-    for value in ("1", "true", "True", "yes", "on"):
-        env = {"ACCELERATE_USE_DEEPSPEED": value}
-        assert check_distributed_engine(args, env, "DEEPSPEED", "cuda") == "deepspeed", value
-    assert check_distributed_engine(args, {"ACCELERATE_USE_DEEPSPEED": "0"}, "MULTI_GPU", "cuda") is None
-    # ACCELERATE_USE_FSDP is read by accelerate alone, compared with "true" (transformers does not read it): "1"
-    # silently means DDP on GPUs.
-    with pytest.raises(RuntimeError, match=r"ACCELERATE_USE_FSDP=1.*only reads ACCELERATE_USE_FSDP=true"):
-        check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "1"}, "MULTI_GPU", "cuda")
-    assert check_distributed_engine(args, {"ACCELERATE_USE_FSDP": "true"}, "MULTI_GPU", "cuda") == "fsdp"
-    assert check_distributed_engine(args, {"ACCELERATE_USE_CPU": "1"}, "MULTI_CPU", "cpu") is None
-
-
-def test_xla_fsdp_is_transformers_own_and_not_refused(tmp_path, monkeypatch):
-    # `fsdp_config={"xla": True}`: the Trainer wraps the model with torch_xla's FSDP itself (accelerate's FSDP plugin
-    # is not built), so accelerate's device rule for FSDP does not apply.
-    _clean_env(monkeypatch)
-    args = _config(tmp_path, fsdp=True, fsdp_config={"xla": True})
-    assert args.fsdp_plugin_args is None  # transformers builds no accelerate FSDP plugin for it
-    assert check_distributed_engine(args) is None
-
-
-@pytest.mark.slow
-@pytest.mark.campaign
-def test_real_launches_that_would_fall_back_to_ddp_exit_with_the_reason(tmp_path):
-    # The README's `ACCELERATE_USE_CPU=1` prefix on a DeepSpeed launch; the shipped FSDP2 config on CPU, with the
-    # engine check `cegppo train` runs before the model loads (the Python API trains what accelerate starts, as
-    # GRPOTrainer does). One process each (refused before a second would matter), both at once.
-    cases = {"deepspeed_zero2.yaml": "makes accelerate skip DeepSpeed", "fsdp2.yaml": "accelerate cannot shard on CPU"}
-    procs = {}
-    for shipped in cases:
-        config = cpu_accelerate_config(shipped, tmp_path / shipped, num_processes=1)
-        env = {"ACCELERATE_USE_CPU": "1"} if shipped.startswith("deepspeed") else {}
-        procs[shipped] = start(_accelerate_launch(config), tmp_path / shipped, {**DAPO, "launch_check": True}, **env)
-    for shipped, proc in procs.items():
-        proc.wait(timeout=300)
-        output = proc.log_path.read_text()
-        assert proc.returncode != 0 and cases[shipped] in output, output[-3000:]
-        assert not (tmp_path / shipped / "params_dapo.pt").exists()
-
-
 def test_cpu_rehearsal_config_keeps_the_shipped_settings(tmp_path):
     import yaml
+    from helpers.cpu_rehearsal import main
 
-    from cegppo_trl.distributed import _main
-
-    _main([str(REPO / "accelerate_configs" / "two_nodes.yaml"), str(tmp_path / "two_nodes_cpu.yaml")])
+    main([str(REPO / "accelerate_configs" / "two_nodes.yaml"), str(tmp_path / "two_nodes_cpu.yaml")])
     config = yaml.safe_load((tmp_path / "two_nodes_cpu.yaml").read_text())
     assert config["use_cpu"] is True and config["num_processes"] == 2 and config["num_machines"] == 2
     assert config["main_process_ip"] == "127.0.0.1" and config["distributed_type"] == "DEEPSPEED"

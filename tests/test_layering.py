@@ -21,9 +21,9 @@ FLOORS = {
     # 1 facts: settings, releases, the reward registry, shipped files
     "config": 1, "trl_compat": 1, "rewards": 1, "resources": 1,
     # 2 inputs: datasets, paths; offline tasks, models and tokenizers built from floors 0-2
-    "data": 2, "offline.tasks": 2, "offline.tiny": 2, "offline.plots": 2, "offline.smollm2": 2, "offline.warmup": 2,
+    "offline.tasks": 2, "offline.tiny": 2, "offline.plots": 2, "offline.smollm2": 2, "offline.warmup": 2,
     # 3 run safety: the run's inputs and files, never the command line
-    "checkpoints": 3, "safe_load": 3, "rollout_state": 3, "monitoring": 3, "modelcard": 3, "distributed": 3, "quiet": 3,
+    "checkpoints": 3, "safe_load": 3, "rollout_state": 3, "monitoring": 3, "modelcard": 3,
     # 4 wiring: TRL's hooks
     "trainer": 4, "checkpoint_hooks": 4,
     # 5 entry points: arguments, YAML, printing

@@ -16,6 +16,7 @@ from datasets import Dataset
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl import preflight as preflight_module
 from cegppo_trl.cli import main as cegppo
+from cegppo_trl.preflight import CEGPPOUsageError
 from cegppo_trl.rewards import get_reward_func
 from cegppo_trl.scripts import main as train
 from cegppo_trl.scripts import parse_args
@@ -159,7 +160,7 @@ def test_an_integer_prompt_column_is_refused_naming_the_column(model_dir, tmp_pa
 def test_an_output_dir_that_is_a_file_is_refused_before_the_model_loads(model_dir, data_file, tmp_path, no_model_load):
     (tmp_path / "afile").write_text("not a directory")
     args = cli_args(model_dir, data_file, tmp_path / "afile", "--reward_funcs", "format")
-    with pytest.raises(FileExistsError, match=r"`output_dir` .*afile is a file, not a directory"):
+    with pytest.raises(CEGPPOUsageError, match=r"`output_dir` .*afile is a file, not a directory"):
         train(*parse_args(args))
 
 
@@ -171,7 +172,7 @@ def test_optional_packages_are_left_to_the_hosts_and_said_to_be_unchecked(capsys
     status, out = check(capsys, *cli_args(model_dir, data_file, tmp_path, "--reward_funcs", "format", *extra))
     text = " ".join(out.split())
     assert status == 0, out
-    assert "optional packages (vLLM, Liger, bitsandbytes, DeepSpeed), trackers and the Hub" in text
+    assert "optional packages (vLLM, Liger, DeepSpeed), trackers and the Hub" in text
 
 
 def test_steps_per_generation_not_a_multiple_of_gradient_accumulation_is_reported(
@@ -235,7 +236,7 @@ def test_run_checks_from_python_gives_the_command_lines_report(model_dir):
     report = run_checks(Dataset.from_dict({"prompt": ["a"], "dificulty": [1]}), [needs_difficulty], args)
     assert len(report.errors) == 1
     assert re.search(r"needs the dataset column\(s\) \['difficulty'\].* Did you mean `dificulty` for `difficulty`\?",
-                     report.errors[0].text())  # fmt: skip
+                     report.errors[0].message)  # fmt: skip
     with pytest.raises(ValueError, match="needs the dataset column"):
         report.raise_errors()
 
@@ -261,7 +262,7 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
     status, out = check(capsys, "--config", str(recipe), "--model_name_or_path", model_dir, "--dataset_name", data,
                         "--output_dir", str(tmp_path / "out"), "--use_cpu", "true")  # fmt: skip
     for title in ("Model", "Dataset (as the trainer sees it)", "Prompts (as the model gets them)", "Rewards",
-                  "Batch layout", "Engine", "Output directory", "Not checked"):  # fmt: skip
+                  "Batch layout", "Output directory", "Not checked"):  # fmt: skip
         assert f"\n{title}" in "\n" + out, out
     assert "the reference answers score the top score" in " ".join(out.split()) or "reads no reference" in out
     assert [line for line in out.splitlines() if line.startswith("ERROR")] == [] and status == 0, out
@@ -271,14 +272,6 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
 # `check` and `train` agree: each refusal is in the report (`check` exits 1) and is `train`'s one line (exit 2),
 # before the model loads
 # ----------------------------------------------------------------------------------------------------------------
-def _trl_release(monkeypatch, version: str) -> None:
-    import torch
-    import trl
-
-    monkeypatch.setattr(trl, "__version__", version)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-
-
 def _rows_file(tmp_path, prompts) -> str:
     return _jsonl(tmp_path / "rows.jsonl", [{"prompt": p, "solution": "1"} for p in prompts])
 
@@ -294,15 +287,10 @@ def _weightless_model(model_dir, tmp_path) -> str:
 
 REFUSALS = {
     # `check` said "ready to train" where `train` refused (or failed after the model loaded)
-    "trl_1_15_on_cpu": ([], lambda mp, tmp: _trl_release(mp, "1.15.0"),
-                        r"trl 1\.15\.0 computes every log-probability with a triton kernel"),
     "batch_size_0": (["--per_device_train_batch_size", "0"], None,
                      r"`per_device_train_batch_size=0`: must be at least 1 .* `--per_device_train_batch_size 1`"),
-    "learning_rate_negative": (["--learning_rate", "-1"], None, r"Invalid learning rate: -1.*`--learning_rate`"),
-    "temperature_0": (["--temperature", "0"], None, r"`temperature=0.0`: `temperature` \(=0.0\) has to be a strictly "
-                      r"positive float.*`--temperature`"),
-    "reward_weights_count": (["--reward_weights", "1.0", "2.0"], None, r"Number of reward weights \(2\) must match "
-                             r"number of reward functions \(1\).*`--reward_weights 1.0`"),
+    "learning_rate_0": (["--learning_rate", "0"], None, r"`learning_rate=0`: the optimizer would leave the weights "
+                        r"as they are.*`--learning_rate 1e-6`"),  # trained to the end, exit 0, weights unchanged
     "output_dir_a_file": (["--output_dir", "FILE"], None, r"`output_dir` .*afile is a file, not a directory"),
     "model_folder_typo": (["--model_name_or_path", "tiny-modle"], None,
                           r"`model_name_or_path`: no model at .*tiny-modle \('tiny-modle' is not a local directory, "
@@ -323,8 +311,6 @@ REFUSALS = {
     # each was "ready to train" in `check` and a failure in `train`
     "model_without_weights": (["--model_name_or_path", "NOWEIGHTS"], None,
                               r"no file named model.safetensors or pytorch_model.bin .* found in directory"),
-    "max_completion_length_0": (["--max_completion_length", "0"], None,
-                                r"`max_completion_length=0`: `max_new_tokens` must be greater than 0"),
     "data_file_missing": (["--dataset_name", "data/nonexistent.jsonl"], None, r"data/nonexistent.jsonl"),  # datasets'
 }  # fmt: skip
 ROW_PROMPTS = {
@@ -418,7 +404,7 @@ def nan_reward(completions, **kwargs):
 
 CALLED = {  # reward: (what `check --call_rewards` says, what `train` does: an exception type or an exit status)
     "raising_reward": (r"Reward `test_preflight.raising_reward`, called \(`--call_rewards`\) on 8 completions of "
-                       r"real rows, failed: KeyError: 'score'", KeyError),
+                       r"real rows, failed: KeyError: 'score'", 5),  # was exit 1 and a raw traceback
     "string_reward": (r"Reward `test_preflight.string_reward`, called .*failed: ValueError: could not convert "
                       r"string to float: 'good'", ValueError),
     "three_rewards": (r"Reward `test_preflight.three_rewards`, called .*returned 3 value\(s\) for 8 completions",
@@ -431,7 +417,8 @@ CALLED = {  # reward: (what `check --call_rewards` says, what `train` does: an e
 
 
 @pytest.mark.parametrize(
-    "reward", [pytest.param(r, marks=() if r == "three_rewards" else pytest.mark.slow) for r in CALLED]
+    "reward",
+    [pytest.param(r, marks=() if r in ("three_rewards", "raising_reward") else pytest.mark.slow) for r in CALLED],
 )
 def test_check_with_call_rewards_and_train_give_the_same_verdict(capsys, caplog, model_dir, data_file, tmp_path,
                                                                  monkeypatch, reward):  # fmt: skip
@@ -444,7 +431,13 @@ def test_check_with_call_rewards_and_train_give_the_same_verdict(capsys, caplog,
     assert cegppo(["check", "--call_rewards", *argv]) == (0 if warns else 1)
     out = " ".join(capsys.readouterr().out.split())
     assert re.search(message, out), out
-    if isinstance(outcome, int):
+    if outcome == 5:  # a documented status, one line naming the reward, no traceback
+        assert cegppo(["train", *argv]) == 5
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("cegppo train: error: ")]
+        assert lines == [f"cegppo train: error: Reward `test_preflight.{reward}` raised KeyError: 'score'"], err
+        assert "Traceback" not in err
+    elif isinstance(outcome, int):
         with caplog.at_level("WARNING"):
             assert cegppo(["train", *argv]) == outcome
         assert "No optimizer step of this run had a learning signal" in capsys.readouterr().err or outcome == 4
@@ -452,21 +445,6 @@ def test_check_with_call_rewards_and_train_give_the_same_verdict(capsys, caplog,
     else:  # TRL's own error at the first batch, its traceback kept
         with pytest.raises(outcome):
             cegppo(["train", *argv])
-
-
-def test_a_launch_whose_mixed_precision_differs_says_so_before_the_model_loads(
-    capsys, caplog, model_dir, data_file, tmp_path, monkeypatch, no_model_load
-):
-    """The shipped multi_gpu.yaml (`mixed_precision: bf16`) launched on a `bf16: false` recipe: transformers takes
-    the launch's setting, so the run would train under bf16 autocast; `check` and `train` say so, naming the fix."""
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch --config_file` sets
-    argv = cli_args(model_dir, data_file, tmp_path / "out", "--reward_funcs", "format")
-    message = r"WARNING \[engine\] The launch asks for bf16 mixed precision .* trains under bf16 autocast.*`mixed_precision: 'no'`"
-    status, out = check(capsys, *argv)
-    assert status == 0 and re.search(message, " ".join(out.split())), out
-    with caplog.at_level("WARNING"), pytest.raises(AssertionError, match="the model was loaded"):
-        train(*parse_args(argv))
-    assert re.search(message.split("] ", 1)[1], " ".join(caplog.text.split())), caplog.text
 
 
 def test_a_reward_named_by_a_string_in_the_api_is_the_built_in(model_dir, tmp_path):
@@ -549,3 +527,81 @@ def test_check_says_it_did_not_read_the_weights_and_train_fails_on_a_truncated_f
     assert status == 0 and "Not checked" in text and "the model's weights: not read (a truncated" in text, out
     with pytest.raises(Exception, match="(?i)safetensor|header|deserializ|incomplete"):
         train(*parse_args(argv))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Found when tried as a new user would: each with `check` and `train` agreeing
+# ----------------------------------------------------------------------------------------------------------------
+ALIKE = r"Reward `format` gave every completion it was called on the same score \(0;.*exit status 3"
+
+
+def test_a_reward_that_scores_every_completion_alike_is_a_warning_in_check_and_in_train(capsys, caplog, model_dir,
+                                                                                     data_file, tmp_path, monkeypatch):  # fmt: skip
+    """The README's smoke line: `check` said "ready" while its only reward scored 0 on every row it tried, then
+    `train` exited 3. Both now warn, with the same words (`train` from the main process only)."""
+    argv = cli_args(model_dir, data_file, tmp_path / "out")  # cpu_smoke: `format`, the tiny model writes no box
+    status, out = check(capsys, *argv)
+    assert status == 0 and re.search(r"WARNING \[rewards\] " + ALIKE, " ".join(out.split())), out
+    assert "0 error(s), 1 warning(s)" in out
+    # Another reward that tells the completions apart (gsm8k scores the reference answers top) gives the run spread.
+    status, out = check(capsys, *argv, "--reward_funcs", "format", "gsm8k_01")
+    assert status == 0 and "the same score" not in out and "0 error(s), 0 warning(s)" in out, out
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(CEGPPOTrainer, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    with caplog.at_level("WARNING"), pytest.raises(Stop):
+        train(*parse_args(argv))
+    assert re.search(ALIKE, caplog.text), caplog.text
+    # With several processes, the warning is logged once: by process 0 (it printed once per process).
+    caplog.clear()
+    monkeypatch.setattr(CEGPPOConfig, "process_index", property(lambda self: 1))
+    with caplog.at_level("WARNING"), pytest.raises(Stop):
+        train(*parse_args(argv))
+    assert not re.search(ALIKE, caplog.text), caplog.text
+
+
+def test_a_missing_prompt_column_names_the_prompt_column_flag_in_check_and_train(capsys, model_dir, gsm8k_file,
+                                                                               tmp_path, no_model_load):  # fmt: skip
+    argv = cli_args(model_dir, gsm8k_file, tmp_path / "out", "--reward_funcs", "gsm8k", "--solution_column", "answer")
+    status, out, train_status, err = _check_then_train(capsys, argv)
+    message = r"`prompt_column=prompt`: `prompt` is not a column of the dataset \(its columns: question, answer\)\. " \
+        r"The prompt looks like it is in `question`: pass `--prompt_column question`\."  # fmt: skip
+    assert status == 1 and re.search(message, out), out
+    assert train_status == 2 and re.search(message, err) and "Traceback" not in err, err
+
+
+def test_a_reward_that_raises_in_train_is_named_by_its_own_exit_status(monkeypatch):
+    """`RewardFailed` names the reward and keeps the reward's exception as its cause; what TRL sees is the reward
+    itself (its name for the metrics, its kind, its score range)."""
+    from cegppo_trl.rewards import REWARD_FUNCS
+    from cegppo_trl.scripts import RewardFailed, named_failures
+
+    def broken(completions, **kwargs):
+        raise KeyError("score")
+
+    async def broken_async(completions, **kwargs):
+        raise ZeroDivisionError("judge")
+
+    guarded, fmt, mv, coro = named_failures([broken, REWARD_FUNCS["format"], REWARD_FUNCS["math_verify"], broken_async],
+                                            ["my.broken", "format", "math_verify", "my.judge"])  # fmt: skip
+    with pytest.raises(RewardFailed, match=r"^Reward `my.broken` raised KeyError: 'score'$") as error:
+        guarded(completions=["a"])
+    assert isinstance(error.value.__cause__, KeyError)
+    assert fmt(completions=["\\boxed{1}", "no"]) == [1.0, 0.0] and fmt.__name__ == "format_reward"
+    assert mv.__name__ == "math_verify" and mv.reward_range == (-1.0, 1.0) and fmt.reward_range == (0.0, 1.0)
+    import asyncio
+    import inspect
+
+    assert inspect.iscoroutinefunction(coro)
+    with pytest.raises(RewardFailed, match=r"Reward `my.judge` raised ZeroDivisionError: judge"):
+        asyncio.run(coro(completions=["a"]))
+
+
+def test_the_usage_doc_lists_every_subcommand():
+    from cegppo_trl.cli import _build_parser
+
+    commands = next(a for a in _build_parser()._actions if a.dest == "command").choices
+    listed = re.search(r"cegppo --help +# subcommands: (.*)", (ROOT / "docs" / "usage.md").read_text()).group(1)
+    assert sorted(listed.split(", ")) == sorted(commands)

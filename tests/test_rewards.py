@@ -99,9 +99,9 @@ def test_math_verify_scores_a_missing_or_unparseable_reference_as_wrong(gold):
 def test_reference_reward_without_a_solution_column_raises_naming_the_column_and_the_fix(name):
     # Scoring every rollout "wrong" would train on nothing (reward -1, loss 0, no gradient) without a word.
     with pytest.raises(ValueError, match=rf"Reward `{name}` .* `solution` column, and the data has none \(its "
-                       r"columns: answer\).*`--solution_column answer`"):  # fmt: skip
+                       r"columns: answer\).*`cegppo train --solution_column COLUMN`.*rename_column"):  # fmt: skip
         get_reward_func(name)(["\\boxed{4}"], answer=["4"], prompts=["2+2?"], trainer_state=None)
-    with pytest.raises(ValueError, match=r"columns: none\).*`--solution_column <column>`"):
+    with pytest.raises(ValueError, match=r"columns: none\)"):
         REWARD_FUNCS[name]([R1_CORRECT])
     assert format_reward(["\\boxed{4}"], answer=["4"]) == [1.0]  # a reference-free reward needs none
 
@@ -244,10 +244,6 @@ def test_trl_reward_functions_are_accepted_by_name():
         assert get_reward_func(name) is getattr(trl.rewards, name)
         assert get_reward_func(f"trl.rewards.{name}") is getattr(trl.rewards, name)
     assert get_reward_func("think_format_reward")([[{"content": "<think>a</think>b"}]]) == [1.0]
-    # factories need settings: by name they would be called as a reward and fail at the first rollout
-    for name in ("get_soft_overlong_punishment", "trl.rewards.get_repetition_penalty_reward"):
-        with pytest.raises(ValueError, match=r"is not a reward function but a factory.*my_module.my_reward"):
-            get_reward_func(name)
 
 
 def test_unknown_reward_lists_the_built_ins_and_suggests_trl_names():

@@ -140,46 +140,6 @@ def test_base_model_trains_on_raw_text_with_chat_prompts_false(base_model_dir, d
 # ----------------------------------------------------------------------------------------------------------------
 # Item 17: half-precision weights on a CPU run
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only warning")
-def test_half_precision_weights_on_a_cpu_without_its_instructions_warn_with_the_flag(model_dir, tmp_path, monkeypatch):
-    """A finding of the report (`cegppo check` prints it, `cegppo train` logs it before the model loads)."""
-    from transformers import AutoConfig
-
-    from cegppo_trl import preflight
-
-    def warnings_for(path, *extra):
-        _, training_args, model_args = parse_args(
-            ["--model_name_or_path", path, "--dataset_name", "x.jsonl", "--output_dir", str(tmp_path),
-             "--use_cpu", "true", "--bf16", "false", *extra]
-        )  # fmt: skip
-        report = preflight.Report()
-        preflight.inspect_model(report, path, training_args, model_args.dtype)
-        return " ".join(f.text() for f in report.warnings)
-
-    monkeypatch.setattr(preflight, "cpu_computes_natively", lambda dtype: False)  # e.g. AVX2-only CPUs
-    for dtype in ("bfloat16", "float16"):
-        text = warnings_for(model_dir, "--dtype", dtype)
-        assert f"The weights load as {dtype} (`dtype: {dtype}`) on a CPU without {dtype} instructions" in text
-        assert "every matmul is emulated" in text and "Pass `--dtype float32`" in text
-    assert warnings_for(model_dir, "--dtype", "float32") == ""
-    assert warnings_for(model_dir) == ""  # TRL's default dtype is float32
-    # `auto` takes the checkpoint's dtype: a model saved in bfloat16 loads in bfloat16
-    bf16_dir = tmp_path / "bf16-model"
-    config = AutoConfig.from_pretrained(model_dir)
-    config.dtype = "bfloat16"
-    config.save_pretrained(bf16_dir)
-    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        (bf16_dir / name).write_bytes((Path(model_dir) / name).read_bytes())
-    assert "load as bfloat16 (`dtype: auto`)" in warnings_for(str(bf16_dir), "--dtype", "auto")
-    assert warnings_for(model_dir, "--dtype", "auto") == ""  # saved in float32
-    # a CPU with bfloat16 instructions runs it natively, faster than float32 (full fine-tuning and LoRA measured)
-    monkeypatch.setattr(preflight, "cpu_computes_natively", lambda dtype: True)
-    assert warnings_for(model_dir, "--dtype", "bfloat16") == ""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Item 18
-# ----------------------------------------------------------------------------------------------------------------
 def test_schedule_window_empty_for_the_run_length_names_its_field():
     # 600-50% is fine for runs longer than 1200 steps, empty for 1000: refused at config time, naming the field
     with pytest.raises(ValueError, match=r"^`gppo_beta2_schedule`: schedule 'linear:0->1@600-50%'.*empty for "

@@ -171,23 +171,6 @@ def test_each_process_takes_the_slice_process_index_times_local_of_the_gathered_
     assert output["num_items_in_batch"].item() == 2 * output["completion_mask"][:4].sum().item()  # kept groups only
 
 
-@pytest.mark.parametrize(
-    "version, refused", [("1.15.0", True), ("1.15.1", True), ("1.14.0", False), ("1.16.0", False)]
-)
-def test_trl_1_15_on_cpu_is_refused_before_training(make_trainer, monkeypatch, version, refused):
-    # TRL 1.15 computes log-probabilities with a triton (GPU-only) kernel: on CPU its own first step fails.
-    from trl import GRPOTrainer
-
-    monkeypatch.setattr(trl, "__version__", version)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert (trl_compat.missing_trl_kernel() is not None) == refused
-    if refused:
-        monkeypatch.setattr(GRPOTrainer, "__init__", lambda *a, **k: pytest.fail("GRPOTrainer.__init__ ran"))
-        with pytest.raises(ValueError, match=rf"trl {version} computes every log-probability with a triton kernel .*"
-                           r"no GPU in this run.*!=1\.15\.\*"):  # fmt: skip
-            make_trainer()
-
-
 @pytest.mark.parametrize("version", ["1.10.0", "1.13.0", "1.14.0", "1.16.0"])
 def test_use_liger_kernel_is_refused_where_compute_loss_sends_it_to_a_fused_loss(monkeypatch, version):
     # Before TRL 1.14, `compute_loss` sends `use_liger_kernel=True` to Liger's fused GRPO loss (plain GRPO).

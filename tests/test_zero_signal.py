@@ -253,7 +253,10 @@ def test_cegppo_train_stopped_saves_the_final_model_and_card_and_exits_with_the_
     assert code == status
     stderr = capsys.readouterr().err
     assert "cegppo train: stopped at step 3: " in stderr and needle in stderr  # 2 steps per rollout batch
-    assert (out / "model.safetensors").exists() and "CE-GPPO" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert (out / "model.safetensors").exists() and "CE-GPPO" in card
+    # The card says the run was stopped, and why (it read like a finished run's).
+    assert "**Stopped early, for lack of a learning signal**, at step 3: " in card and needle in card
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
-
-from cegppo_trl.distributed import cpu_rehearsal_config
+from helpers.cpu_rehearsal import cpu_rehearsal_config
 
 WORKER = Path(__file__).parent / "mp_train.py"
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ state into checkpoint-s, after creating `OUT_DIR/slow_save_started`, as a slow o
 the first step on, so every checkpoint's `trainer_state.json` says so), `dataset_repeats` (the 4 prompts this many times, default 4), `steps_per_generation` (default
 `gradient_accumulation_steps`, 1), `on_save_writes` (a callback appends a line to
 each checkpoint's `notes.txt` in `on_save`, as an EMA or a README callback does), `kill_after_save` (k: every
-process SIGKILLs itself once checkpoint-k is committed, as a preemption right after a checkpoint would),
-`launch_check` (run `cegppo train`'s engine check, `distributed.check_distributed_engine`, before the trainer). Used by tests/test_multiprocess.py,
+process SIGKILLs itself once checkpoint-k is committed, as a preemption right after a checkpoint would). Used by
+tests/test_multiprocess.py,
 tests/test_deepspeed.py and tests/helpers/chaos.py.
 """
 
@@ -128,10 +128,6 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         eval_strategy="steps" if load_best and save_steps else "no",
         eval_steps=save_steps or 500,
     )
-    if spec.get("launch_check"):  # what `cegppo train` checks before the model loads (the pre-flight's engine)
-        from cegppo_trl.distributed import check_distributed_engine
-
-        check_distributed_engine(args)
     trainer = CEGPPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
         rollout_func=rollout_func, eval_dataset=dataset if args.eval_strategy != "no" else None,
