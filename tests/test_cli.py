@@ -1,6 +1,6 @@
 """The command line as a user meets it: --help of every entry point, CPU launches, bad data and options, safe resume.
 
-Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline.tiny`) and a small `.jsonl` file.
+Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.demos.tiny`) and a small `.jsonl` file.
 """
 
 from __future__ import annotations

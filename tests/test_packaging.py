@@ -229,10 +229,10 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(instal
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip() == str(installed["site"] / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
 
-    # The README's first command after `pip install`: the quickstart and the `cegppo_trl.offline` modules it imports.
-    quickstart = _run_installed(installed, "python -m cegppo_trl.quickstart --help")
+    # The README's first command after `pip install`: the quickstart and the `cegppo_trl.demos` modules it imports.
+    quickstart = _run_installed(installed, "python -m cegppo_trl.demos.quickstart --help")
     assert quickstart.returncode == 0, quickstart.stderr[-2000:]
-    assert quickstart.stdout.startswith("usage: python -m cegppo_trl.quickstart")
+    assert quickstart.stdout.startswith("usage: python -m cegppo_trl.demos.quickstart")
 
 
 @pytest.mark.slow

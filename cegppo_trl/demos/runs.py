@@ -19,7 +19,7 @@ import torch
 from transformers import TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..baselines import method_config
+from ..research.baselines import method_config
 from ..config import CEGPPOConfig
 from ..trainer import CEGPPOTrainer
 from .tasks import Task, evaluate_accuracy
