@@ -73,8 +73,8 @@ def test_sign_flip_p_smallest_value_is_two_to_the_minus_k_and_refuses_monte_carl
 
 @pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
 def test_sign_flip_p_past_max_exact_with_samples_estimates_the_binomial_tail(alternative):
-    # 24 differences of size 1, 18 positive: a signed sum is 2B - 24 with B ~ Bin(24, 1/2) terms positive, the observed
-    # one B = 18, so the exact p-values are P(B >= 18) ("greater"), P(B <= 18) ("less"), P(|2B - 24| >= 12) (two-sided).
+    # 24 differences of size 1, 18 positive: a signed sum is 2B - 24 with B ~ Bin(24, 1/2) terms positive, the
+    # observed one B = 18, so the exact p-values are P(B >= 18) ("greater"), P(B <= 18) ("less"), P(|2B - 24| >= 12).
     n, k = 24, 18
     d = [1.0] * k + [-1.0] * (n - k)
     upper = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n

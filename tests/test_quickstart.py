@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from cegppo_trl.demos.plots import PLOT_FILES
+from cegppo_trl.demos.quickstart import main
 from cegppo_trl.demos.tasks import addition_problems, addition_reward, generate_greedy, numeric_is_correct
 from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 from cegppo_trl.demos.warmup import WarmupSettings, build_default_model
-from cegppo_trl.demos.quickstart import main
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 
@@ -199,8 +199,8 @@ def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path)
 
 @pytest.mark.slow
 def test_the_total_wall_time_counts_the_quickstart_not_what_the_shell_ran_before_it(tmp_path):
-    """`bash -c "pip install ... && python -m cegppo_trl.demos.quickstart"` execs python in the shell's process: its creation
-    time (what the summary counted from) is before the install. Counted from the quickstart's own start, a 3 s command
+    """`bash -c "pip install ... && python -m cegppo_trl.demos.quickstart"` execs python in the shell's process: its
+    creation time (what the summary counted from) is before the install. Counted from the quickstart's own start, a 3 s command
     before it is not in the total."""
     import os
     import shutil

@@ -19,8 +19,8 @@ import torch
 from transformers import TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..research.baselines import method_config
 from ..config import CEGPPOConfig
+from ..research.baselines import method_config
 from ..trainer import CEGPPOTrainer
 from .tasks import Task, evaluate_accuracy
 

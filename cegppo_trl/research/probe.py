@@ -29,8 +29,8 @@ Protocol (`run_probe`), in this order:
 4. The reference arm (the first arm, GRPO's (0, 0) by default) runs last; its end state is the base run's next state
    (not recomputed). Non-branch rollout batches (`branch_every` > 1) are trained with the reference arm.
 5. Per arm: D = its probe-entropy change minus the reference arm's at the same branch point; over the K branch points
-   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.research.stats`), and how often
-   the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
+   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.research.stats`), and how
+   often the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
    reference arm's) had D's sign.
 
 CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py; on a GPU, as far
@@ -725,8 +725,8 @@ def _probe_parser() -> argparse.ArgumentParser:
 
 
 PROBE_HELP = """\
-cegppo probe: the β-response probe (cegppo_trl.research.probe). Takes every `cegppo train` argument (`cegppo train --help`)
-plus:
+cegppo probe: the β-response probe (cegppo_trl.research.probe). Takes every `cegppo train` argument
+(`cegppo train --help`) plus:
   --probe_arms "0,0;0.5,0;1,0;0,1;0.5,1;0.75,1"   arms (beta1,beta2); the first is the reference
   --probe_branch_points 6      K branch points (rollout-batch boundaries)
   --probe_branch_every 1       rollout batches between branch points (the reference arm trains the others)

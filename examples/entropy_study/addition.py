@@ -60,8 +60,8 @@ def arm_overrides() -> dict[str, tuple[str, dict]]:
 
 ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch")
 
-# Shared by every arm, over `cegppo_trl.demos.runs.TINY_MODEL_TRAINING` (lr 1.5e-4 with a 20-step warm-up, 128 completions
-# per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
+# Shared by every arm, over `cegppo_trl.demos.runs.TINY_MODEL_TRAINING` (lr 1.5e-4 with a 20-step warm-up, 128
+# completions per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
 # batch (128 prompts x 8 samples), as in the authors' runs (docs/entropy-study.md, Setup): most updates off-policy.
 STUDY_TRAINING: dict = {"steps_per_generation": 8}
 

@@ -3,8 +3,8 @@
     python -m examples.entropy_study.mechanism run --regime t1 --seed 0 --out docs/entropy-study/mechanism
     python -m examples.entropy_study.mechanism summarize --out docs/entropy-study/mechanism [--write-docs]
 
-The β-response probe (`cegppo_trl.research.probe`) with the Stage A settings of `probe_study` (one-digit chat addition, 4
-prompts × 8 samples, 8 optimizer steps per rollout batch, 48 GRPO steps per seed, a branch point at every rollout
+The β-response probe (`cegppo_trl.research.probe`) with the Stage A settings of `probe_study` (one-digit chat addition,
+4 prompts × 8 samples, 8 optimizer steps per rollout batch, 48 GRPO steps per seed, a branch point at every rollout
 batch) and four arms branched from the same states:
 
 - `(0, 0)`: GRPO, the reference; `(0, 1)`: the paper's rule, β2 = 1 on every right-clipped token (A > 0, r > 1 + ε);

@@ -1,4 +1,5 @@
-"""The first powered β study: the β-response probe (`cegppo_trl.research.probe`) on SmolLM2-135M-Instruct (docs/entropy-study.md).
+"""The first powered β study: the β-response probe (`cegppo_trl.research.probe`) on SmolLM2-135M-Instruct
+(docs/entropy-study.md).
 
     python -m examples.entropy_study.probe_study run --seed 0 --out docs/entropy-study/probe-stage-a   # one seed
     python -m examples.entropy_study.probe_study summarize --out docs/entropy-study/probe-stage-a [--write-docs]
