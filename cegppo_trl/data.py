@@ -1,7 +1,7 @@
 """The run's inputs: a dataset by name or path, its columns mapped onto what TRL and the rewards read (prompt
 template, system prompt, the reference column, from the command line's script arguments), and the model-path check.
 
-Read by the command line (`scripts`), its pre-flight and `offline`; nothing here imports them or the trainer.
+Read by the command line (`scripts`), its pre-flight and the demos; nothing here imports them or the trainer.
 """
 
 from __future__ import annotations
