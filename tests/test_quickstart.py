@@ -121,9 +121,8 @@ def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
     for key in (
         "cegppo/beta1",
         "cegppo/beta2",
-        "cegppo/preserved/left_frac",
-        "cegppo/preserved/right_frac",
-        "cegppo/preserved/grad_share",
+        "clip_ratio/low_mean",  # TRL's: the tokens whose gradient CE-GPPO keeps x beta1 (plot 4, the summary)
+        "clip_ratio/high_mean",  # x beta2
         "entropy",
     ):
         assert all(key in h for h in steps), key
