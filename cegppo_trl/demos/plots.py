@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["PLOT_FILES", "PLOT_INSTALL_HINT", "plot_run"]
 
-# The extras that bring matplotlib (`quickstart` also brings the progress bar and the math rewards).
+# The extras that bring matplotlib (`quickstart` also brings the progress bar).
 PLOT_INSTALL_HINT = 'pip install "cegppo-trl[plot]" or "cegppo-trl[quickstart]"'
 PLOT_FILES = ("reward_accuracy.png", "entropy.png", "betas.png", "preserved_tokens.png")
 
