@@ -2,8 +2,8 @@
 `float16`, `--half float16`).
 
 Runs the training script (`cegppo_trl.scripts.main`, the `cpu_smoke.yaml` recipe) on SmolLM2-135M-Instruct
-(`cegppo_trl.offline.smollm2.smollm2_checkpoint`, offline), cut to its first `--layers` decoder layers so a repetition takes
-seconds rather than minutes; vocabulary, width and tokenizer are the real ones. Each repetition trains once in each
+(`cegppo_trl.demos.smollm2.smollm2_checkpoint`, offline), cut to its first `--layers` decoder layers so a repetition
+takes seconds rather than minutes; vocabulary, width and tokenizer are the real ones. Each repetition trains once in each
 dtype, alternating which goes first, and the reported figure is the median (and range) over repetitions of the
 per-repetition ratio `train_runtime(half) / train_runtime(float32)`.
 
@@ -43,7 +43,7 @@ def truncated_smollm2(layers: int, folder: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cegppo_trl.offline.smollm2 import smollm2_checkpoint
+    from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     source = smollm2_checkpoint()
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)

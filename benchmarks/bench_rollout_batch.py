@@ -43,7 +43,7 @@ def tiny_run(length: int, args, work: str) -> dict:
     from datasets import Dataset
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     out = os.path.join(work, f"tiny-{length}")

@@ -1,6 +1,6 @@
 """Training-step benchmark: `CEGPPOTrainer` against TRL's `GRPOTrainer` (`loss_type="dapo"`), same everything else.
 
-Both trainers get the same tiny local Llama (`cegppo_trl.offline.tiny`, same seed), the same prompts, reward, seed and
+Both trainers get the same tiny local Llama (`cegppo_trl.demos.tiny`, same seed), the same prompts, reward, seed and
 off-policy configuration (`num_iterations=2`: every rollout batch is used for two optimizer steps, so the second
 step has ratios != 1 and CE-GPPO's clipped-token gradients are live). Generation is forced to the full completion
 length (`min_new_tokens`) so both do the same work whatever their policies sample.
@@ -39,7 +39,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 TRAINERS = {"cegppo": (CEGPPOTrainer, CEGPPOConfig), "grpo": (GRPOTrainer, GRPOConfig)}
 
@@ -86,7 +86,7 @@ def build_trainer(
 ):
     """A CE-GPPO or GRPO trainer (`name` in TRAINERS) with identical model, data and off-policy configuration.
 
-    By default a tiny Llama from `cegppo_trl.offline.tiny` on CPU; `model_factory` (a callable returning a fresh
+    By default a tiny Llama from `cegppo_trl.demos.tiny` on CPU; `model_factory` (a callable returning a fresh
     model), `tokenizer` and `config_overrides` (e.g. ``use_cpu=False, bf16=True``) let `gpu_bench.py` reuse the same
     set-up at a real size.
     """
@@ -290,7 +290,7 @@ def main(argv=None):
         choices=["tiny", "smollm2"],
         default="tiny",
         help="tiny: the local tiny Llama; smollm2: SmolLM2-135M-Instruct "
-        "(cegppo_trl.offline.smollm2.smollm2_checkpoint), fp32, 2 reps x 4 steps and 2 threads unless given",
+        "(cegppo_trl.demos.smollm2.smollm2_checkpoint), fp32, 2 reps x 4 steps and 2 threads unless given",
     )
     parser.add_argument("--memory-reps", type=int, default=3, help="paired profiled runs for peak memory")
     args = parser.parse_args(argv)
@@ -346,7 +346,7 @@ def smollm2_main(args) -> dict:
     """The paired comparison on SmolLM2-135M-Instruct: same prompts (plain text), batch, seed and off-policy layout."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cegppo_trl.offline.smollm2 import smollm2_checkpoint
+    from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     quiet()
     torch.set_num_threads(args.threads if args.threads != 1 else 2)

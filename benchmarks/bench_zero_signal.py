@@ -51,7 +51,7 @@ def record(trainer) -> list[bool]:
 
 def trl_layout(out: str) -> int:
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     def constant_reward_1(completions, **kwargs):
         return [1.0] * len(completions)
@@ -116,9 +116,9 @@ def main() -> None:
 
 
 def sparse_start(seed: int, ns, out: str):
-    from cegppo_trl.offline.runs import FAST_MODEL_WARMUP, run_training
-    from cegppo_trl.offline.tasks import addition_task, evaluate_accuracy
-    from cegppo_trl.offline.warmup import WarmupSettings, build_default_model
+    from cegppo_trl.demos.runs import FAST_MODEL_WARMUP, run_training
+    from cegppo_trl.demos.tasks import addition_task, evaluate_accuracy
+    from cegppo_trl.demos.warmup import WarmupSettings, build_default_model
 
     settings = WarmupSettings(**{**FAST_MODEL_WARMUP, "target_accuracy": ns.warmup_accuracy})
     model, tokenizer, info = build_default_model(settings, cache_dir=out, log=None)

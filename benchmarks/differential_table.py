@@ -23,7 +23,7 @@ import test_drop_in as t  # noqa: E402
 from trl import __version__ as trl_version  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
 def extra_cases(model_dir: str) -> dict[str, dict]:

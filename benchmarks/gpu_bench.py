@@ -38,7 +38,7 @@ def qwen25_05b_shaped_llama(device: str, dtype: torch.dtype, seed: int = 0, smok
     """A randomly initialised Llama with Qwen2.5-0.5B's shapes (~494M parameters), built directly on `device`."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from cegppo_trl.offline.tiny import build_char_tokenizer
+    from cegppo_trl.demos.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()  # ids beyond its 100 tokens decode to nothing; rewards use the ids
     if smoke:

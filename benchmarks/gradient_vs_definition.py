@@ -24,8 +24,8 @@ from trl import __version__ as trl_version  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
 from cegppo_trl.aggregation import trl_weights  # noqa: E402
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 from cegppo_trl.loss import cegppo_objective  # noqa: E402
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
 def reward(completions, **kwargs):

@@ -6,7 +6,7 @@ reseeds TRL's repeat sampler with seed + epoch, so its resume in the second epoc
 `GRPOTrainer`'s draws the first epoch's again. Prints
 the largest absolute difference of the logged loss and entropy after the resume (0 means bit-exact on this machine).
 
-The tiny Llama of `cegppo_trl.offline.tiny`, 32 prompts, 2 prompts per rollout batch, num_iterations=2: an epoch is
+The tiny Llama of `cegppo_trl.demos.tiny`, 32 prompts, 2 prompts per rollout batch, num_iterations=2: an epoch is
 32 optimizer steps. Run: ``python benchmarks/resume_exactness.py`` (about a minute on a 2-core CPU).
 """
 
@@ -30,7 +30,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
 def count_ones_reward(completions, **kwargs):

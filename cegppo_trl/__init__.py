@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # Imported on first use: `cegppo --help` and `cegppo rewards` must not pay for importing TRL and torch (~10 s).
 _LAZY = {

@@ -68,13 +68,8 @@ examples:
         "gets them, the columns each reward reads, the batch layout, the output directory, and what it did not check; "
         "no GPU, no model weights; exits 1 on any error; --call_rewards also calls your rewards on real rows",
     )
-    commands.add_parser(
-        "probe",
-        add_help=False,
-        help="the β-response probe: from the model of a `cegppo train` command (same arguments), the change in "
-        "entropy on a fixed probe set that each (β1, β2) arm causes over one rollout batch, against GRPO's, at K "
-        "shared branch points; `cegppo probe --help` lists its own flags",
-    )
+    for name, entry_point in extra_commands().items():  # each parses its own arguments, like `train`
+        commands.add_parser(name, add_help=False, help=f"{_summary(entry_point)} (`cegppo {name} --help`)")
     commands.add_parser(
         "recipes", help="list the shipped recipes (for --config NAME) and accelerate configs, with their folders"
     )
@@ -123,6 +118,41 @@ def _print_table(title: str, entries: dict[str, str], name_width: int) -> None:
     for name, text in entries.items():
         lines = textwrap.wrap(text or "-", width=width - name_width, break_long_words=False)
         print("\n".join([f"{name:<{name_width}}{lines[0]}", *(" " * name_width + line for line in lines[1:])]))
+
+
+# Subcommands of other layers and packages: an entry point `NAME = "module:function"` in this group adds
+# `cegppo NAME ...`, which calls `function(argv_after_NAME)` for its exit status.
+COMMANDS_GROUP = "cegppo.commands"
+BUILT_IN = ("train", "check", "recipes", "config-path", "rewards")
+
+
+def extra_commands() -> dict:
+    """The installed `cegppo.commands` entry points by name (none may shadow a built-in command)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP) if ep.name not in BUILT_IN}
+
+
+def _summary(entry_point) -> str:
+    """The first line of the command module's docstring, read from its file without importing the module or its
+    packages (the probe imports torch: `cegppo --help` would take seconds)."""
+    import ast
+    import importlib.util
+    from importlib.machinery import PathFinder
+    from pathlib import Path
+
+    top, *parts = entry_point.module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name is found without being imported
+        for i in range(len(parts)):
+            spec = PathFinder.find_spec(".".join([top, *parts[: i + 1]]), spec.submodule_search_locations)
+        docstring = ast.get_docstring(ast.parse(Path(spec.origin).read_text()))
+    except (AttributeError, ImportError, OSError, SyntaxError, TypeError, ValueError):
+        docstring = None
+    if not docstring:
+        return entry_point.value
+    line = docstring.splitlines()[0].rstrip(".")
+    return line[:1].lower() + line[1:]  # as the built-in commands' help reads
 
 
 def _recipe_summary(path) -> str:
@@ -286,13 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             return STOP_EXIT_STATUS[trainer.stop_reason]
     elif args.command == "check":
         return check_main(argv[1:])
-    elif args.command == "probe":
-        from .probe import main as probe
-
+    elif args.command not in (None, *BUILT_IN):  # a `cegppo.commands` entry point, e.g. `probe`
         try:
-            return probe(argv[1:])
+            return extra_commands()[args.command].load()(argv[1:])
         except ValueError as error:
-            print(f"cegppo probe: error: {error}", file=sys.stderr)
+            print(f"cegppo {args.command}: error: {error}", file=sys.stderr)
             return 2
     elif args.command == "recipes":
         _list_recipes()

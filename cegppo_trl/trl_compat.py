@@ -12,14 +12,23 @@ from typing import Any
 
 from packaging.version import Version
 
-TESTED_TRL = ("1.10.0", "1.16.0")  # the pin's ends (pyproject.toml); CI runs both (.ci/trl_oldest.sh, main suite)
+TESTED_TRL = ("1.10.0", "1.16.0")  # the releases CI runs (.ci/trl_oldest.sh, main suite): the pin's ends
 GPU_ONLY_LOG_PROBS = "1.15"  # TRL 1.15 computes every log-probability with a triton kernel: no CPU run
 LIGER_FUSED_LOSS_BEFORE = "1.14.0"  # before it, `compute_loss` sends `use_liger_kernel` to Liger's fused GRPO loss
 
 
 def supported_trl_requirement() -> str:
-    """The `pip install` requirement for a supported TRL (the pin in pyproject.toml)."""
-    return f"trl>={TESTED_TRL[0]},!={GPU_ONLY_LOG_PROBS}.*,<={TESTED_TRL[1]}"
+    """The `pip install` requirement for a supported TRL: the package's own pin (pyproject.toml, the one place it is
+    stated), read from the installed package's metadata; plain "trl" for a source tree that is not installed."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        pins = [r for r in map(Requirement, requires("cegppo-trl") or ()) if r.name == "trl" and r.marker is None]
+    except PackageNotFoundError:
+        pins = []
+    return f"trl{pins[0].specifier}" if pins else "trl"
 
 
 def liger_bypass(args: Any) -> str | None:

@@ -1,5 +1,5 @@
 # /// script
-# dependencies = ["cegppo-trl[math]", "peft"]
+# dependencies = ["cegppo-trl"]
 # ///
 """CE-GPPO training script for `accelerate launch` (the counterpart of TRL's `trl/scripts/grpo.py`).
 

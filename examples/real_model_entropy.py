@@ -1,6 +1,6 @@
 """A first real-model look at entropy: GRPO vs CE-GPPO (0.5, 1) on SmolLM2-135M-Instruct, same seed and data.
 
-Both arms: chat additions of two 1-digit numbers (`cegppo_trl.offline.tasks.chat_addition_task`, last-integer
+Both arms: chat additions of two 1-digit numbers (`cegppo_trl.demos.tasks.chat_addition_task`, last-integer
 exact-match reward), `--batch` prompts x 8 samples per rollout batch, 8 optimizer steps of `--batch` completions
 (off-policy, as in the paper), <= 16 new tokens, T = 1, constant learning rate. GRPO is the same trainer with
 β1 = β2 = 0 (PPO-clip's gradient). Each arm writes `<output>/<arm>.json` after every step (so a run stopped by
@@ -45,9 +45,9 @@ def train_arm(
     from transformers import TrainerCallback, set_seed
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.offline.runs import HeldoutAccuracyCallback
-    from cegppo_trl.offline.smollm2 import load_smollm2
-    from cegppo_trl.offline.tasks import chat_addition_task, evaluate_accuracy
+    from cegppo_trl.demos.runs import HeldoutAccuracyCallback
+    from cegppo_trl.demos.smollm2 import load_smollm2
+    from cegppo_trl.demos.tasks import chat_addition_task, evaluate_accuracy
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     set_seed(seed)

@@ -21,7 +21,7 @@ from datasets import Dataset  # noqa: E402
 from helpers.batches import base_config_kwargs, count_ones_reward  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -1,4 +1,4 @@
-"""`cegppo_trl.baselines`: the one map from a method name to `CEGPPOConfig` fields."""
+"""`cegppo_trl.research.baselines`: the one map from a method name to `CEGPPOConfig` fields."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cegppo_trl import CEGPPOConfig
-from cegppo_trl.baselines import METHODS, markdown_table, method_config
+from cegppo_trl.research.baselines import METHODS, markdown_table, method_config
 
 CONFIGURATION_DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -51,6 +51,6 @@ def test_unknown_method_or_recipe_is_rejected_with_the_choices():
 
 
 def test_readme_shows_the_generated_methods_table():
-    # `python -m cegppo_trl.baselines` prints it; the docs must not drift from the code.
+    # `python -m cegppo_trl.research.baselines` prints it; the docs must not drift from the code.
     assert markdown_table() in CONFIGURATION_DOC.read_text()
     assert re.search(r"\| `grpo` \| `gppo_beta1=0\.0`, `gppo_beta2=0\.0` \|", markdown_table())

@@ -1,6 +1,6 @@
 """The command line as a user meets it: --help of every entry point, CPU launches, bad data and options, safe resume.
 
-Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline.tiny`) and a small `.jsonl` file.
+Everything runs offline on a tiny local Llama saved to disk (`cegppo_trl.demos.tiny`) and a small `.jsonl` file.
 """
 
 from __future__ import annotations
@@ -101,6 +101,29 @@ def test_cegppo_check_help_is_checks_own_and_imports_neither_torch_nor_trl():
     assert status == 0 and heavy == [], (status, heavy)
     assert text.startswith("usage: cegppo check [--call_rewards] TRAIN_ARGUMENTS...") and "--call_rewards" in text
     assert "--gppo_beta1" not in text and "cegppo train --help" in text
+
+
+def test_a_cegppo_commands_entry_point_is_a_subcommand_whose_help_is_read_not_imported(tmp_path, monkeypatch, capsys):
+    """`cegppo probe` is the research layer's, found as an entry point: any `cegppo.commands` entry point is a
+    subcommand that gets the arguments after its name, its exit status and its ValueError as one line (status 2);
+    `cegppo --help` shows its module docstring's first line without importing it; it cannot replace a built-in."""
+    from importlib.metadata import EntryPoint
+
+    (tmp_path / "cegppo_hello_command.py").write_text(
+        '"""Say hello to the arguments."""\n\n\ndef main(argv):\n    if argv == ["bad"]:\n'
+        '        raise ValueError("no such greeting")\n    print("hello", *argv)\n    return 7\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "cegppo_hello_command", raising=False)
+    found = [EntryPoint(name, "cegppo_hello_command:main", cli.COMMANDS_GROUP) for name in ("hello", "train")]
+    monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [e for e in found if e.group == group])
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "hello say hello to the arguments (`cegppo hello --help`)" in " ".join(capsys.readouterr().out.split())
+    assert "cegppo_hello_command" not in sys.modules
+    assert cli.main(["hello", "a", "--b"]) == 7 and capsys.readouterr().out == "hello a --b\n"
+    assert cli.main(["hello", "bad"]) == 2 and capsys.readouterr().err == "cegppo hello: error: no such greeting\n"
+    assert list(cli.extra_commands()) == ["hello"]  # `train` stays the built-in one
 
 
 def test_cegppo_rewards_shows_each_score_convention_without_cutting_words(capsys, monkeypatch):

@@ -67,7 +67,7 @@ def test_from_grpo_config_overrides_the_batch_layout_and_names_unknown_fields(tm
 
 
 def test_trainer_given_a_grpo_config_converts_it_as_from_grpo_config_does(tmp_path, tokenizer, prompt_dataset):
-    from cegppo_trl.offline.tiny import build_tiny_llama
+    from cegppo_trl.demos.tiny import build_tiny_llama
 
     grpo = _grpo(tmp_path, beta=0.0)  # no reference model to load (the tiny model has no Hub name)
     trainer = CEGPPOTrainer(model=build_tiny_llama(tokenizer), reward_funcs=lambda completions, **_: [0.0] * len(

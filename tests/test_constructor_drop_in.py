@@ -14,7 +14,7 @@ from test_drop_in import PAIR, differential, run_script, spread_reward
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
 
 def assert_same_acceptance(grpo, cegppo, steps: int | None = None) -> None:

@@ -223,7 +223,7 @@ def test_cpu_rehearsal_of_the_7b_recipe_under_zero3(tmp_path):
     # loaded partition by partition (`zero3_init_flag`), generates through TRL's ZeRO-3 gather, and is saved whole.
     from safetensors.torch import load_file
 
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     build_tiny_llama(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, LlamaForSequenceClassification, T
 from trl import GRPOConfig, GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 # Every metric `CEGPPOTrainer` logs that `GRPOTrainer` does not (docs/configuration.md lists each).

@@ -14,7 +14,7 @@ import torch
 import transformers.trainer
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.demos.tiny import build_tiny_llama
 
 
 class RecordingHubApi:

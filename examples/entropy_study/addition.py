@@ -34,14 +34,14 @@ SWITCH_AT = 0.585  # the paper switches β1 0 -> 0.5 at step 585 of 1000
 
 
 def cegppo_arm(beta1: float, beta2: float) -> dict:
-    from cegppo_trl.baselines import method_config
+    from cegppo_trl.research.baselines import method_config
 
     return {**method_config("cegppo"), "gppo_beta1": beta1, "gppo_beta2": beta2}
 
 
 def arm_overrides() -> dict[str, tuple[str, dict]]:
     """name -> (label, `CEGPPOConfig` overrides). Everything else is `STUDY_TRAINING`, shared by every arm."""
-    from cegppo_trl.baselines import method_config
+    from cegppo_trl.research.baselines import method_config
 
     return {
         "grpo": ("GRPO (ε 0.2/0.2)", method_config("grpo")),
@@ -60,8 +60,8 @@ def arm_overrides() -> dict[str, tuple[str, dict]]:
 
 ARMS = ("grpo", "dapo", "cegppo_0_1", "cegppo_0.5_1", "cegppo_0.75_1", "cegppo_1_0.5", "cegppo_1_1", "switch")
 
-# Shared by every arm, over `cegppo_trl.offline.runs.TINY_MODEL_TRAINING` (lr 1.5e-4 with a 20-step warm-up, 128 completions
-# per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
+# Shared by every arm, over `cegppo_trl.demos.runs.TINY_MODEL_TRAINING` (lr 1.5e-4 with a 20-step warm-up, 128
+# completions per optimizer step, 8 samples per prompt, temperature 1, no KL). The one change: 8 optimizer steps per rollout
 # batch (128 prompts x 8 samples), as in the authors' runs (examples/entropy_study/RESULTS.md, Setup): most updates off-policy.
 STUDY_TRAINING: dict = {"steps_per_generation": 8}
 
@@ -81,8 +81,8 @@ _MODEL_CACHE: dict = {}
 
 def _model(warmup: dict, cache_dir: str | None):
     """The warmed-up model (built once, then loaded from the quickstart's cache), kept per process."""
-    from cegppo_trl.offline.tasks import addition_task
-    from cegppo_trl.offline.warmup import WarmupSettings, build_default_model
+    from cegppo_trl.demos.tasks import addition_task
+    from cegppo_trl.demos.warmup import WarmupSettings, build_default_model
 
     key = (json.dumps(warmup, sort_keys=True), cache_dir)
     if key not in _MODEL_CACHE:
@@ -113,7 +113,7 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
 
     import torch
 
-    from cegppo_trl.offline.runs import quiet_libraries, run_training
+    from cegppo_trl.demos.runs import quiet_libraries, run_training
 
     quiet_libraries()
     torch.set_num_threads(1)
@@ -612,8 +612,8 @@ def _run_study(args: argparse.Namespace, argv: Sequence[str] | None, output_dir:
 
     import torch
 
-    from cegppo_trl.offline.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
-    from cegppo_trl.offline.warmup import WarmupSettings
+    from cegppo_trl.demos.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
+    from cegppo_trl.demos.warmup import WarmupSettings
 
     quiet_libraries()
     torch.set_num_threads(1)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from . import digits
 from .digits import guard_base, guard_name, run_metrics, summarize
-from .stats import ALPHA, paired_verdict, sign_flip_p
+from .stats import ALPHA, one_sided_p, paired_verdict
 
 __all__ = ["CLAIMS", "STAGES", "claim_rows", "confirm_markdown", "main", "run_addition_arm", "warning_leads"]
 
@@ -146,9 +146,9 @@ def run_addition_arm(arm: str, seed: int, *, steps: int, probe_every: int, learn
 
     import torch
 
-    from cegppo_trl.offline.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
-    from cegppo_trl.offline.tasks import evaluate_accuracy
-    from cegppo_trl.offline.warmup import WarmupSettings
+    from cegppo_trl.demos.runs import FAST_MODEL_WARMUP, TINY_MODEL_TRAINING, quiet_libraries
+    from cegppo_trl.demos.tasks import evaluate_accuracy
+    from cegppo_trl.demos.warmup import WarmupSettings
 
     from .addition import _model
     from .runner import run_once
@@ -270,7 +270,7 @@ def warning_summary(leads: list[dict]) -> dict:
     stable = [r for r in leads if not r["collapsed"]]
     hits = [r for r in collapsed if r["warned_at"] is not None]
     values = [r["lead"] for r in collapsed]
-    p = sign_flip_p(values) if values else 1.0
+    p = one_sided_p(values) if values else 1.0
     mean = statistics.fmean(values) if values else math.nan
     return {
         "runs": len(leads), "collapsed": len(collapsed), "hits": len(hits), "misses": len(collapsed) - len(hits),
@@ -468,8 +468,8 @@ def main(argv: Sequence[str] | None = None, *, log=print) -> dict:
         else:
             from dataclasses import asdict
 
-            from cegppo_trl.offline.runs import FAST_MODEL_WARMUP
-            from cegppo_trl.offline.warmup import WarmupSettings
+            from cegppo_trl.demos.runs import FAST_MODEL_WARMUP
+            from cegppo_trl.demos.warmup import WarmupSettings
 
             from .addition import _model
 

@@ -3,7 +3,7 @@
 Testbed (`testbed.py`): "write 4 digits whose sum is S, each followed by the running total" (`4/18:` ->
 `5:5, 4:9, 7:16, 2:18`), 19-23 tokens per completion with 84-670 correct answers per prompt, on the quickstart's
 tiny Llama warmed up on uniformly random correct answers. Every arm is `CEGPPOTrainer` with the same settings;
-only the method fields differ (`cegppo_trl.baselines.method_config`, plus β, the switch or the controller).
+only the method fields differ (`cegppo_trl.research.baselines.method_config`, plus β, the switch or the controller).
 
 Three modes, all from the repository root:
 
@@ -112,7 +112,7 @@ MAIN_SETTING = (3e-4, 8)  # (learning rate, steps per rollout batch) of the swee
 def training_settings(learning_rate: float = MAIN_SETTING[0], steps_per_generation: int = MAIN_SETTING[1]) -> dict:
     """Shared by every arm: the quickstart's tiny-model settings, 64 completions (8 prompts x 8 samples) per
     optimizer step and `steps_per_generation` optimizer steps per rollout batch (off-policy after the first)."""
-    from cegppo_trl.offline.runs import TINY_MODEL_TRAINING
+    from cegppo_trl.demos.runs import TINY_MODEL_TRAINING
 
     return {**TINY_MODEL_TRAINING, "per_device_train_batch_size": 64, "steps_per_generation": steps_per_generation,
             "learning_rate": learning_rate}  # fmt: skip
@@ -154,7 +154,7 @@ def run_arm(arm: str, seed: int, *, steps: int, probe_every: int, learning_rate:
     (`runner.run_once`'s dict plus `arm`, `seed`, `learning_rate`, `steps_per_generation`)."""
     import torch
 
-    from cegppo_trl.offline.runs import quiet_libraries
+    from cegppo_trl.demos.runs import quiet_libraries
 
     from .runner import run_once
     from .testbed import digit_task

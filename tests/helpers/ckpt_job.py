@@ -103,7 +103,7 @@ def build(spec: dict):
     from trl import GRPOConfig, GRPOTrainer
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-    from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+    from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     spec = dict(spec)
     trainer_name, output_dir, callback = spec.pop("trainer"), spec.pop("output_dir"), spec.pop("callback", None)

@@ -35,7 +35,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
-from cegppo_trl.offline.tiny import build_char_tokenizer, build_tiny_llama
+from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
 GLOBAL_BATCH = 8
 NUM_GENERATIONS = 4

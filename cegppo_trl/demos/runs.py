@@ -19,8 +19,8 @@ import torch
 from transformers import TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..baselines import method_config
 from ..config import CEGPPOConfig
+from ..research.baselines import method_config
 from ..trainer import CEGPPOTrainer
 from .tasks import Task, evaluate_accuracy
 
@@ -260,9 +260,10 @@ def summarize(result: RunResult, *, window: int = 10) -> dict:
         "reward_last": last(reward),
         "entropy_first": first(entropy),
         "entropy_last": last(entropy),
-        "preserved_left_frac": _mean(_series(steps, "cegppo/preserved/left_frac")),
-        "preserved_right_frac": _mean(_series(steps, "cegppo/preserved/right_frac")),
-        "preserved_grad_share": _mean(_series(steps, "cegppo/preserved/grad_share")),
+        # TRL's own counts of the clipped tokens: CE-GPPO keeps the gradient of exactly these (x beta1, x beta2)
+        "preserved_left_frac": _mean(_series(steps, "clip_ratio/low_mean")),
+        "preserved_right_frac": _mean(_series(steps, "clip_ratio/high_mean")),
+        "preserved_grad_share": _mean(_series(steps, "cegppo/preserved/grad_share")),  # NaN unless a run logs it
         "clip_region_frac": _mean(_series(steps, "clip_ratio/region_mean")),
         "ratio_max": max(_series(steps, "cegppo/ratio/max"), default=float("nan")),
         "train_seconds": result.train_seconds,
@@ -306,6 +307,7 @@ def format_summary(summary: dict, *, title: str, extra: dict | None = None, wind
         ("optimizer steps", str(summary["steps"])),
         ("RL wall time", f"{summary['train_seconds']:.0f} s"),
     ]
+    rows = [(k, v) for k, v in rows if not (k.startswith("their share") and v == "n/a")]  # not logged by this run
     rows += [(k, str(v)) for k, v in (extra or {}).items()]
     width = max(len(k) for k, _ in rows)
     value_width = max(len(v) for _, v in rows)

@@ -234,7 +234,7 @@ def hub_dataset_task(
     Returns:
         A `Task` with the `gsm8k_01` reward and `numeric_is_correct`.
     """
-    from ..data import load_any_dataset  # the CLI's loader: Hub id, data file or saved dataset
+    from ..scripts import load_any_dataset  # the CLI's loader: Hub id, data file or saved dataset
 
     rows = load_any_dataset(name, config=config, train_split=split)[split]
     missing = {question_column, answer_column} - set(rows.column_names)

@@ -29,8 +29,8 @@ Protocol (`run_probe`), in this order:
 4. The reference arm (the first arm, GRPO's (0, 0) by default) runs last; its end state is the base run's next state
    (not recomputed). Non-branch rollout batches (`branch_every` > 1) are trained with the reference arm.
 5. Per arm: D = its probe-entropy change minus the reference arm's at the same branch point; over the K branch points
-   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.stats`), and how often
-   the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
+   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.research.stats`), and how
+   often the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
    reference arm's) had D's sign.
 
 CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py; on a GPU, as far
@@ -358,7 +358,7 @@ def _restore(trainer, snap: dict) -> None:
 
 
 def _set_betas(trainer, arm: tuple, arm_setup: Callable[[Any, tuple], None] | None = None) -> None:
-    from .schedules import parse_schedule
+    from ..schedules import parse_schedule
 
     trainer.beta1_schedule = parse_schedule(arm[0])
     trainer.beta2_schedule = parse_schedule(arm[1])
@@ -725,8 +725,8 @@ def _probe_parser() -> argparse.ArgumentParser:
 
 
 PROBE_HELP = """\
-cegppo probe: the β-response probe (cegppo_trl.probe). Takes every `cegppo train` argument (`cegppo train --help`)
-plus:
+cegppo probe: the β-response probe (cegppo_trl.research.probe). Takes every `cegppo train` argument
+(`cegppo train --help`) plus:
   --probe_arms "0,0;0.5,0;1,0;0,1;0.5,1;0.75,1"   arms (beta1,beta2); the first is the reference
   --probe_branch_points 6      K branch points (rollout-batch boundaries)
   --probe_branch_every 1       rollout batches between branch points (the reference arm trains the others)
@@ -742,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(PROBE_HELP)
         return 0
-    from .scripts import check_command, parse_args
+    from ..scripts import check_command, parse_args
 
     probe_args, rest = _probe_parser().parse_known_args(argv)
     settings = ProbeSettings(
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
 def _build_trainer(script_args, training_args, model_args, prepared):
     from trl import get_quantization_config
 
-    from .trainer import CEGPPOTrainer
+    from ..trainer import CEGPPOTrainer
 
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
@@ -786,7 +786,7 @@ def _build_trainer(script_args, training_args, model_args, prepared):
 
 def _probe_prompts(script_args, prepared, count: int) -> list:
     """The probe prompts: the test split's first `count` prompts, else (with a warning) the train split's."""
-    from .scripts import load_dataset_dict
+    from ..scripts import load_dataset_dict
 
     dataset = load_dataset_dict(script_args)
     split = script_args.dataset_test_split

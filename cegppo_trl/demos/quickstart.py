@@ -2,38 +2,45 @@
 
 Usage:
 
-    python -m cegppo_trl.quickstart --output_dir outputs/quickstart  # built-in tiny Llama, 2-digit addition, CPU
-    python -m cegppo_trl.quickstart --fast                           # a seconds-long smoke run
-    python -m cegppo_trl.quickstart --baseline grpo                  # a baseline, same model and task
-    python -m cegppo_trl.quickstart --model smollm2                  # SmolLM2-135M-Instruct on chat additions
+    python -m cegppo_trl.demos.quickstart --output_dir outputs/quickstart  # built-in tiny Llama, 2-digit addition
+    python -m cegppo_trl.demos.quickstart --fast                           # a seconds-long smoke run
+    python -m cegppo_trl.demos.quickstart --baseline grpo                  # a baseline, same model and task
+    python -m cegppo_trl.demos.quickstart --model smollm2                  # SmolLM2-135M-Instruct on chat additions
 
 `main` reads the arguments, builds or loads the model and the task, trains with `CEGPPOTrainer` (through
-`cegppo_trl.offline.runs.run_training`, which builds the `CEGPPOConfig`), writes `metrics.json` and `summary.json`,
+`cegppo_trl.demos.runs.run_training`, which builds the `CEGPPOConfig`), writes `metrics.json` and `summary.json`,
 prints a summary table, then draws the PNG plots (skipped with the install line when matplotlib is missing: the
-numbers are already on disk). The models, tasks and harness live in `cegppo_trl.offline`; what is here is the demo.
+numbers are already on disk). The models, tasks and harness live beside it in `cegppo_trl.demos`.
 """
 
 from __future__ import annotations
 
+import time
+
+# When the quickstart started (before its imports): the summary's "total wall time" counts from here. Not the
+# process's creation time: `bash -c "pip install ... && python -m cegppo_trl.demos.quickstart"` execs python in the
+# shell's own process, whose creation time is before the install.
+STARTED_AT = time.time()
+# ruff: noqa: E402 (the imports below come after STARTED_AT on purpose)
+
 import argparse
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from ..baselines import METHODS, method_config
-from ..offline.plots import PLOT_INSTALL_HINT, plot_run
-from ..offline.runs import FAST_MODEL_WARMUP, format_summary, quiet_libraries, run_training, summarize
-from ..offline.smollm2 import load_smollm2
-from ..offline.tasks import addition_task, chat_addition_task, hub_dataset_task
-from ..offline.warmup import WarmupSettings, build_default_model
+from ..research.baselines import METHODS, method_config
+from .plots import PLOT_INSTALL_HINT, plot_run
+from .runs import FAST_MODEL_WARMUP, format_summary, quiet_libraries, run_training, summarize
+from .smollm2 import load_smollm2
+from .tasks import addition_task, chat_addition_task, hub_dataset_task
+from .warmup import WarmupSettings, build_default_model
 
-__all__ = ["HUB_MODEL_TRAINING", "SMOLLM2_STEPS", "SMOLLM2_TRAINING", "main"]
+__all__ = ["HUB_MODEL_TRAINING", "STARTED_AT", "SMOLLM2_STEPS", "SMOLLM2_TRAINING", "main"]
 
 # ----------------------------------------------------------------------------------------------------------------
-# Demo settings (the built-in model's are `cegppo_trl.offline.runs.TINY_MODEL_TRAINING`)
+# Demo settings (the built-in model's are `cegppo_trl.demos.runs.TINY_MODEL_TRAINING`)
 # ----------------------------------------------------------------------------------------------------------------
 # Starting point for a real Hub model (`--model`): the paper's lr and rollouts, smaller batches.
 HUB_MODEL_TRAINING: dict = {
@@ -81,7 +88,7 @@ FAST_HUB_MODEL_TRAINING = {"per_device_train_batch_size": 4, "num_generations": 
 # ----------------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m cegppo_trl.quickstart",
+        prog="python -m cegppo_trl.demos.quickstart",
         description="Train a small model with CE-GPPO on a verifiable task, measure held-out accuracy before and "
         "after, and plot reward, accuracy, entropy, beta1/beta2 and the preserved-gradient tokens. With no options: "
         "a built-in tiny Llama (built and cached at first run) on 2-digit addition, on CPU, in about a minute or two.",
@@ -104,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=[m for m in METHODS if m != "cegppo"],
         default=None,
         help="run this baseline instead of CE-GPPO on the same task and model (fields from "
-        "`cegppo_trl.baselines.method_config`)",
+        "`cegppo_trl.research.baselines.method_config`)",
     )
     add("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
     add("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
@@ -156,7 +163,7 @@ def _load_hub_model(name: str):
 
 
 def main(argv: Sequence[str] | None = None, *, started_at: float | None = None) -> dict:
-    """Run the quickstart from the command line (see `python -m cegppo_trl.quickstart --help`).
+    """Run the quickstart from the command line (see `python -m cegppo_trl.demos.quickstart --help`).
 
     Args:
         argv: arguments (default: `sys.argv[1:]`).
@@ -319,3 +326,7 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     summary["plots"] = [str(p) for p in plots]
     write_summary()
     return summary
+
+
+if __name__ == "__main__":
+    main(started_at=STARTED_AT)  # the wall time reported includes the quickstart's imports, not what ran before it

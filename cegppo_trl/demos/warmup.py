@@ -1,7 +1,7 @@
 """The quickstart's default policy: a seeded tiny Llama, warmed up with supervised learning on part of the task.
 
 An RL run on a distilled model starts from a policy that solves some prompts but far from all. The default model
-copies that: a randomly initialised character-level Llama (`cegppo_trl.offline.tiny`) is trained with plain teacher
+copies that: a randomly initialised character-level Llama (`cegppo_trl.demos.tiny`) is trained with plain teacher
 forcing on a subset of the addition problems, and the warm-up stops as soon as its greedy accuracy on a dev set
 (train-split problems outside the warm-up subset, never the held-out split) reaches `target_accuracy`. Nothing is
 committed: the model is rebuilt at first run from its settings and cached under a hash of them.

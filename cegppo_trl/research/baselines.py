@@ -13,7 +13,7 @@ dynamic sampling) are identical across the arms of a comparison:
 CISPO runs TRL's own objective, which takes none of the three additions, so it gets them off in both cases (a
 documented exception, not an unfair one: the CE-GPPO additions are not defined for it).
 
-`python -m cegppo_trl.baselines` prints the table that README.md shows (a test keeps the two equal).
+`python -m cegppo_trl.research.baselines` prints the table that README.md shows (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def method_config(name: str, recipe: str = "paper") -> dict:
 
 def markdown_table() -> str:
     """The methods table of README.md: each method's fields that differ from CE-GPPO's (plus CE-GPPO's own)."""
-    rows = ["| method | `CEGPPOConfig` fields (`cegppo_trl.baselines.method_config`) |", "|---|---|"]
+    rows = ["| method | `CEGPPOConfig` fields (`cegppo_trl.research.baselines.method_config`) |", "|---|---|"]
     reference = method_config("cegppo")
     for name in METHODS:
         config = method_config(name)

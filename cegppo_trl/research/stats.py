@@ -1,12 +1,13 @@
-"""Paired statistics over branch points: an exact sign-flip p-value, a t confidence interval, Holm's correction.
+"""Paired statistics over branch points or seeds: a sign-flip p-value, a t confidence interval, Holm's correction.
 
-Pure numbers, no trainer state and no scipy (not a dependency). The β-response probe (`cegppo_trl.probe`) gives one
-paired difference per branch point (an arm's probe-entropy change minus the reference arm's); these functions turn
-K of them into the figures it prints:
+Pure numbers, no trainer state and no scipy (not a dependency). The β-response probe (`cegppo_trl.research.probe`)
+gives one paired difference per branch point (an arm's probe-entropy change minus the reference arm's), the entropy
+studies (examples/entropy_study) one per seed; these functions turn K of them into the figures they print:
 
-- `sign_flip_p`: the exact p-value of the paired sign-flip (permutation) test on the sum of the differences, from all
-  2^K sign vectors (exact, never Monte Carlo; refused past `MAX_EXACT` = 20 differences). With K differences the
-  smallest attainable one-sided p is 2^-K, two-sided 2^(1-K).
+- `sign_flip_p`: the p-value of the paired sign-flip (permutation) test on the sum of the differences, one- or
+  two-sided: exact from all 2^K sign vectors up to `MAX_EXACT` = 20 differences; past that a seeded Monte Carlo
+  estimate when asked for (`samples`), else refused. With K differences the smallest attainable exact p-value is
+  2^-K one-sided, 2^(1-K) two-sided.
 - `t_interval`: the two-sided Student-t interval for the mean difference (mean ± t_{1-α/2, K-1} · sd / √K), with the
   t quantile computed here by bisection on the t distribution function (Simpson's rule on the density).
 - `holm`: Holm's step-down adjusted p-values for a family of claims.
@@ -16,17 +17,18 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import statistics
 from collections.abc import Sequence
 
 __all__ = ["MAX_EXACT", "holm", "sign_flip_p", "t_cdf", "t_interval", "t_quantile"]
 
-MAX_EXACT = 20  # 2^20 sign vectors (~1 s in pure Python); more would need sampling, which is not exact
+MAX_EXACT = 20  # 2^20 sign vectors (~1 s in pure Python); past it only a Monte Carlo estimate (`samples`)
 ALTERNATIVES = ("greater", "less", "two-sided")
 
 
-def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") -> float:
-    """Exact p-value of the paired sign-flip test on the sum (equivalently the mean) of `differences`.
+def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided", *, samples: int | None = None) -> float:
+    """P-value of the paired sign-flip test on the sum (equivalently the mean) of `differences`.
 
     Under the null each difference is symmetric about 0, so each of the 2^K sign vectors s is equally likely; the
     p-value is the share of them whose statistic is at least as extreme as the observed one:
@@ -34,33 +36,51 @@ def sign_flip_p(differences: Sequence[float], alternative: str = "two-sided") ->
     (a tolerance of 1e-12 relative absorbs float rounding). Example: K = 3 positive differences give 1/8 one-sided
     ("greater") and 2/8 two-sided.
 
+    Up to `MAX_EXACT` differences every sign vector is enumerated (exact). Past it, with `samples` given, the share
+    is estimated from that many random sign vectors (a generator seeded with 0, so the same data give the same
+    p-value), counting the observed vector once: (hits + 1) / (samples + 1). Without `samples` that is refused.
+
     Args:
-        differences: the K paired differences (K <= `MAX_EXACT`).
+        differences: the K paired differences, oriented so that "greater" is the claim's direction.
         alternative: "greater", "less" or "two-sided".
+        samples: the number of random sign vectors past `MAX_EXACT` differences (None: refuse).
 
     Returns:
         The p-value in (0, 1]; 1.0 for no differences.
+
+    Raises:
+        ValueError: an unknown `alternative`, a NaN difference, or more than `MAX_EXACT` differences without
+            `samples`.
     """
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}.")
     d = [float(x) for x in differences]
     if any(math.isnan(x) for x in d):
         raise ValueError("sign_flip_p: a difference is NaN.")
-    if len(d) > MAX_EXACT:
-        raise ValueError(f"sign_flip_p enumerates all 2^K sign vectors; K = {len(d)} > {MAX_EXACT} is too many.")
+    if len(d) > MAX_EXACT and samples is None:
+        raise ValueError(
+            f"sign_flip_p enumerates all 2^K sign vectors; K = {len(d)} > {MAX_EXACT} is too many "
+            "(pass `samples` for a seeded Monte Carlo estimate)."
+        )
     if not d:
         return 1.0
     observed = sum(d)
     tolerance = 1e-12 * max(1.0, sum(abs(x) for x in d))
-    hits = 0
-    for signs in itertools.product((1.0, -1.0), repeat=len(d)):
-        total = sum(s * x for s, x in zip(signs, d))
+
+    def extreme(total: float) -> bool:
         if alternative == "greater":
-            hits += total >= observed - tolerance
-        elif alternative == "less":
-            hits += total <= observed + tolerance
-        else:
-            hits += abs(total) >= abs(observed) - tolerance
+            return total >= observed - tolerance
+        if alternative == "less":
+            return total <= observed + tolerance
+        return abs(total) >= abs(observed) - tolerance
+
+    if len(d) > MAX_EXACT:
+        rng = random.Random(0)
+        hits = sum(extreme(sum(x if rng.random() < 0.5 else -x for x in d)) for _ in range(samples))
+        return (hits + 1) / (samples + 1)
+    hits = sum(
+        extreme(sum(s * x for s, x in zip(signs, d))) for signs in itertools.product((1.0, -1.0), repeat=len(d))
+    )
     return hits / 2 ** len(d)
 
 
