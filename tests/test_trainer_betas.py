@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from cegppo_trl.controller import EntropyController, parse_controller
@@ -140,8 +142,9 @@ def test_resume_reproduces_betas_and_losses(make_trainer, tmp_path):
     )  # fmt: skip
     full = make_trainer(**kwargs)
     full.train()
-    assert (tmp_path / "checkpoint-4" / "cegppo_state.json").exists()
-    # Into a folder of its own: beside the full run's later checkpoint-8, a resume of checkpoint-4 is refused.
+    saved = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert set(saved["EntropyControllerState"]["attributes"]) == set(full.entropy_controller.state_dict())
+    # Into a folder of its own, as a copy of the checkpoint is resumed
     resumed = make_trainer(**kwargs, output_dir=str(tmp_path / "resumed"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
 
