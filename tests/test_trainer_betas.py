@@ -143,7 +143,9 @@ def test_resume_reproduces_betas_and_losses(make_trainer, tmp_path):
     full = make_trainer(**kwargs)
     full.train()
     saved = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())["stateful_callbacks"]
-    assert set(saved["EntropyControllerState"]["attributes"]) == set(full.entropy_controller.state_dict())
+    assert {type(c).__name__ for c in full._run_state_callbacks} <= set(
+        saved
+    )  # the run state, as transformers keeps it
     # Into a folder of its own, as a copy of the checkpoint is resumed
     resumed = make_trainer(**kwargs, output_dir=str(tmp_path / "resumed"))
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))

@@ -154,7 +154,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
 
         trainer._save_rng_state = stalled
     resume = spec.get("resume")
-    trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
+    trainer.train(resume_from_checkpoint=resume)  # "last": the newest committed checkpoint, or a fresh start
     if spec.get("zero3"):
         # Each rank holds a shard of every parameter (ZeRO-3), not a replica: the module's tensors are empty.
         params = list(trainer.model.parameters())
