@@ -168,8 +168,9 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         torch.save(params, os.path.join(out_dir, f"params_{loss_type}.pt"))
         with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-        with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
-            json.dump(trainer.entropy_controller.state_dict(), f)
+        if trainer.entropy_controller is not None:  # (the controller is moving to a research layer)
+            with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
+                json.dump(trainer.entropy_controller.state_dict(), f)
         plugin = trainer.accelerator.state.deepspeed_plugin
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper, if any
         with open(os.path.join(out_dir, f"engine_{loss_type}.json"), "w") as f:
