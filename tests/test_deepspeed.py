@@ -165,11 +165,11 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
             assert numel == 0 and shard == math.ceil(full_numel / 2)
     same_training("zero3", ddp_two_process_run["dapo"], full["dapo"], atol=LAYOUT_ATOL, metric_rtol=METRIC_RTOL)
 
-    # Resume from the rollout-batch boundary: the same parameters, metrics and controller state, bit for bit.
+    # Resume from the rollout-batch boundary: the same parameters, metrics and run state, bit for bit. (The entropy
+    # controller's state, an `ExportableState` callback's, is tested with the controller in its research layer.)
     checkpoint = tmp_path / "dapo" / "checkpoint-2"
     callbacks = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
-    saved_controller = callbacks["EntropyControllerState"]["attributes"]
-    assert saved_controller["num_updates"] == 2 and saved_controller["offset_beta1"] != 0
+    assert callbacks["StopWhenNothingToLearn"]["attributes"]["learned"] is True
     unsafe = {g for f in (checkpoint / "global_step2").iterdir() for g in get_unsafe_globals_in_checkpoint(f)}
     assert unsafe == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum"}
     resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
@@ -178,8 +178,6 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     after = [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(resumed["dapo"][1])[2:]]
     assert len(after) == 2
     assert after == [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(full["dapo"][1])[2:]]
-    controller = [json.loads((d / "controller_dapo.json").read_text()) for d in (tmp_path, tmp_path / "resumed")]
-    assert controller[0] == controller[1] and controller[0]["num_updates"] == 4
 
     # The same checkpoint with rank 0's model states replaced by a pickle that runs code: refused, nothing runs
     # (cegppo_trl.safe_load; the other engines are in tests/test_safe_load.py).
