@@ -1,12 +1,12 @@
 """Cost of the checkpoint protocol at a stated size: the marker written at each save, and a resume's start-up.
 
 Builds a fake checkpoint of `--gib` GiB (`model.safetensors` one third, `optimizer.pt` two thirds, real bytes, fsynced;
-small `trainer_state.json` and `cegppo_state.json`) in `--dir`, then times, `--reps` times each:
+a small `trainer_state.json`) in `--dir`, then times, `--reps` times each:
 
 - `commit`: what the owner of a folder does after the barrier (`checkpoints.commit`): fsync of every file (already on
-  disk: nothing left to write), a stat per file, the SHA-256 of the two JSON state files, the marker by atomic rename.
-- `plan`: a resume's start-up on the main process (`checkpoints.plan_resume(..., "last")`): the newest marked
-  folder, a stat per file against its marker, the two JSON files hashed and read.
+  disk: nothing left to write), a stat per file, the marker by atomic rename.
+- `plan`: a resume's start-up (`checkpoints.resolve(..., "last")`): the newest committed folder, a stat per file
+  against its marker.
 - `crc32`: cegppo-trl 0.4's check for comparison, a CRC-32 read of every file (`zlib.crc32` in 4 MiB chunks), which
   its `last` resume did twice and its fresh run once per old checkpoint. Page-cache warm after the first read, so it
   is a lower bound for a cold or network file system.
@@ -27,8 +27,7 @@ import tempfile
 import time
 import zlib
 
-from cegppo_trl import CEGPPOConfig
-from cegppo_trl.checkpoints import CEGPPO_STATE_FILE, commit, plan_resume
+from cegppo_trl.checkpoints import commit, resolve
 
 
 def _write(path: str, size: int) -> None:
@@ -72,15 +71,12 @@ def main() -> None:
         total = int(args.gib * (1 << 30))
         _write(os.path.join(folder, "model.safetensors"), total // 3)
         _write(os.path.join(folder, "optimizer.pt"), total - total // 3)
-        config = CEGPPOConfig(output_dir=out, use_cpu=True, report_to="none", max_steps=1000)
         with open(os.path.join(folder, "trainer_state.json"), "w") as f:
             json.dump(
                 {"global_step": 100, "epoch": 0.5, "log_history": [{"loss": 0.1, "step": s} for s in range(100)]}, f
             )
-        with open(os.path.join(folder, CEGPPO_STATE_FILE), "w") as f:
-            json.dump({"format": 2, "settings": {}}, f)
-        commit_s = _median(lambda: commit(folder, True, "bench", lambda: None), args.reps)
-        plan_s = _median(lambda: plan_resume(out, "last", config), args.reps)
+        commit_s = _median(lambda: commit(folder, True, lambda: None), args.reps)
+        plan_s = _median(lambda: resolve(out, "last"), args.reps)
         crc_s = _median(lambda: _crc32_all(folder), args.reps)
         scale = args.extrapolate_gb / (total / 1e9)
         print(json.dumps({

@@ -2,8 +2,8 @@
 
 For each trainer, one uninterrupted run saves a checkpoint at every rollout-batch end (every 2 steps); runs resumed from
 a checkpoint in the first epoch and from one in the second epoch are compared with it step by step. `CEGPPOTrainer`
-reseeds TRL's repeat sampler with seed + epoch, so its resume in the second epoch draws the uninterrupted order;
-`GRPOTrainer`'s draws the first epoch's again. Prints
+puts TRL's repeat sampler's generator where the uninterrupted run had it, so its resume in the second epoch draws the
+uninterrupted order; `GRPOTrainer`'s draws the first epoch's again. Prints
 the largest absolute difference of the logged loss and entropy after the resume (0 means bit-exact on this machine).
 
 The tiny Llama of `cegppo_trl.demos.tiny`, 32 prompts, 2 prompts per rollout batch, num_iterations=2: an epoch is

@@ -18,39 +18,6 @@ logger = logging.getLogger(__name__)
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
 PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
-# Config fields a resume may change without changing the run (where and how it reports, saves and loads); a resume
-# names every other field that differs from the checkpoint's (`changed_settings`).
-SAFE_TO_CHANGE = (
-    "output_dir", "resume_from_checkpoint", "local_rank", "run_name", "project", "report_to", "disable_tqdm",
-    "push_to_hub", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
-    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "skip_memory_metrics", "do_train", "do_eval",
-    "do_predict", "include_num_input_tokens_seen", "num_completions_to_print", "enable_jit_checkpoint", "ddp_timeout",
-)  # fmt: skip
-SAFE_PREFIXES = ("logging_", "log_", "save_", "hub_", "trackio_", "vllm_server_")
-
-
-def run_settings(args: Any) -> dict[str, Any]:
-    """Every config field that changes the run (all but `SAFE_TO_CHANGE`), as JSON, plus the world size."""
-    import json
-
-    values = args.to_dict() if hasattr(args, "to_dict") else dict(vars(args))
-    values["world_size"] = getattr(args, "world_size", 1)
-    safe = {k for k in values if k in SAFE_TO_CHANGE or k.startswith(SAFE_PREFIXES)} - {"save_only_model"}
-    values = {k: v for k, v in values.items() if k not in safe}
-    return json.loads(json.dumps(values, default=str))
-
-
-def changed_settings(state: dict[str, Any] | None, args: Any) -> dict[str, list]:
-    """The settings of `args` that differ from those a checkpoint's `state` recorded, as `{name: [old, new]}`.
-
-    Fields one side lacks (another cegppo-trl version) are not compared. A controller state that the new settings
-    drop (no `entropy_controller` now) counts as a change.
-    """
-    saved, now = (state or {}).get("settings") or {}, run_settings(args)
-    changes = {k: [saved[k], now[k]] for k in saved if k in now and saved[k] != now[k]}
-    if getattr(args, "entropy_controller", None) is None and "controller" in (state or {}):
-        changes.setdefault("entropy_controller", ["(state in the checkpoint)", None])
-    return changes
 
 
 def is_on_policy(args: Any) -> bool:
@@ -236,7 +203,6 @@ class CEGPPOConfig(GRPOConfig):
             "consecutive rollout batches without any reward (all None/NaN). Fewer only warn, as TRL does. 0: never."
         },
     )
-
 
     max_zero_signal_batches: int = field(
         default=100,

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from .config import CEGPPO_LOSS_TYPES
 from .loss import CEGPPORegions
@@ -133,6 +134,7 @@ class RewardSignalMonitor:
         self.unscorable_batches = 0  # consecutive training rollout batches without any reward
         self.zero_signal_batches = 0  # consecutive training rollout batches without reward spread in any group
         self.zero_signal_kind: str | None = None  # kind of the last zero-signal batch
+        self.last_values: list[float] = []  # its distinct group values (`end_of_run`'s message)
         self.observed_min: float | None = None  # extremes of the total reward seen in training (finite ones)
         self.observed_max: float | None = None
         # Whether a training rollout batch of this run got a reward / had a learning signal (`end_of_run`)
@@ -240,7 +242,7 @@ class RewardSignalMonitor:
             return None
         self.zero_signal_batches += 1
         kind, values = ("masked", []) if masked else self.classify(rewards, num_generations)
-        self._last_values = values
+        self.last_values = values
         first = self.zero_signal_batches == 1 or kind != self.zero_signal_kind
         self.zero_signal_kind = kind
         limit = self.max_zero_signal_batches
@@ -286,7 +288,7 @@ class RewardSignalMonitor:
                 "returned None or NaN for every completion, so no optimizer step had a gradient. Check that they can "
                 "score this task (`cegppo check --call_rewards` calls them on real rows).",
             )
-        kind, values = self.zero_signal_kind or "equal", getattr(self, "_last_values", [])
+        kind, values = self.zero_signal_kind or "equal", self.last_values
         return self._stop(
             "zero_signal",
             "No optimizer step of this run had a learning signal: in every rollout batch all completions of each "
@@ -338,6 +340,7 @@ class RewardSignalMonitor:
             "unscorable_batches": self.unscorable_batches,
             "zero_signal_batches": self.zero_signal_batches,
             "zero_signal_kind": self.zero_signal_kind,
+            "last_values": self.last_values,
             "observed_min": self.observed_min,
             "observed_max": self.observed_max,
             "scored": self.scored,
@@ -346,22 +349,30 @@ class RewardSignalMonitor:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what `state_dict` returned (missing keys keep their fresh values)."""
-        for key in ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "observed_min", "observed_max"):
+        keys = ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "last_values", "observed_min")
+        for key in (*keys, "observed_max"):
             if key in state:
                 setattr(self, key, state[key])
         # A checkpoint written before these were saved came from a run that was not stopped: assume it learned.
         self.scored, self.learned = state.get("scored", True), state.get("learned", True)
 
 
-class StopWhenNothingToLearn(TrainerCallback):
+class StopWhenNothingToLearn(TrainerCallback, ExportableState):
     """Ends training at the end of the optimizer step in which `monitor` reached a stop (`monitor.stop_reason`).
 
     `control.should_training_stop` is transformers' own early stop: the step finishes, the save strategy saves as it
-    would, `on_train_end` runs and `train()` returns normally.
+    would, `on_train_end` runs and `train()` returns normally. The monitor's counts are this callback's state in
+    `trainer_state.json` (`ExportableState`, as `EarlyStoppingCallback`'s), restored on resume.
     """
 
-    def __init__(self, monitor: RewardSignalMonitor):
+    def __init__(self, monitor: RewardSignalMonitor | None = None):
         self.monitor = monitor
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": self.monitor.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.monitor.load_state_dict(state)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.monitor.stop_reason = self.monitor.stop_message = None  # a second `train()` starts without a stop
@@ -434,7 +445,7 @@ def statistics_metrics(
 # ----------------------------------------------------------------------------------------------------------------
 # The left-drift early warning
 # ----------------------------------------------------------------------------------------------------------------
-class LeftDriftAlarm:
+class LeftDriftAlarm(TrainerCallback, ExportableState):
     """Once-per-episode alarm on the mean left-clipped log-ratio of each optimizer step.
 
     Fires on the first step of an episode of drift (a value below `threshold`), stays silent while the drift lasts,
@@ -452,6 +463,9 @@ class LeftDriftAlarm:
     def state_dict(self) -> dict:
         """The alarm's state as JSON: whether the next drift fires (False within an episode of drift)."""
         return {"armed": self.armed}
+
+    def state(self) -> dict:  # `ExportableState`: in `trainer_state.json`, restored on resume
+        return {"args": {"threshold": self.threshold}, "attributes": self.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.armed = bool(state["armed"])

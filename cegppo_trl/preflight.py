@@ -458,9 +458,9 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
 
 
 def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan: bool = True) -> None:
-    """Fresh, holds checkpoints, or a file; and (`plan`) the resume `cegppo train` will plan (`checkpoints.plan_resume`,
-    without its lock or deletions): what it refuses is refused here."""
-    from .checkpoints import checkpoint_folders, plan_resume, refusal
+    """Fresh, holds checkpoints, or a file; and (`plan`) the checkpoint `cegppo train` will resume
+    (`checkpoints.resolve`): what the trainer refuses is refused here."""
+    from .checkpoints import checkpoint_folders, other_runs, refusal, resolve
 
     path = args.output_dir
     if os.path.isfile(path):
@@ -470,18 +470,18 @@ def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan:
     names = [os.path.basename(f) for f in checkpoint_folders(path)] if os.path.isdir(path) else []
     state = "fresh (will be created)" if not os.path.isdir(path) else "exists, no checkpoints"
     report.info("output_dir", f"{path}: " + (f"holds checkpoints ({', '.join(names[-3:])})" if names else state))
-    planned = report.collect("output_dir", plan_resume, path, args.resume_from_checkpoint, args) if plan else None
+    planned = report.collect("output_dir", resolve, path, args.resume_from_checkpoint) if plan else None
     if planned is None:
         return
-    plan, blocking = planned
-    if (missing := missing_checkpoint(plan.checkpoint)) is not None:
+    checkpoint, messages = planned
+    if (missing := missing_checkpoint(checkpoint)) is not None:
         report.error("output_dir", missing)
-    elif blocking and not overwrite:
-        report.error("output_dir", refusal(plan, blocking, path))
-    elif plan.checkpoint is not None:
-        report.info("output_dir", f"resumes {plan.checkpoint}" + (" (nothing left to train)" if plan.finished else ""))
+    elif checkpoint is None and (others := other_runs(path, set())) and not overwrite:
+        report.error("output_dir", refusal(path, others))
+    elif checkpoint is not None:
+        report.info("output_dir", f"resumes {checkpoint}")
     else:
-        for message in plan.messages:  # `last` with no checkpoint yet: the fresh start's notice
+        for message in messages:  # `last` with no checkpoint yet: the fresh start's notice
             report.info("output_dir", message)
 
 

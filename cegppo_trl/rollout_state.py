@@ -1,20 +1,15 @@
 """The rollout batch a checkpoint falls inside, saved with it: what TRL keeps only in memory, as tensors.
 
-TRL's `GRPOTrainer` generates a rollout batch every `steps_per_generation * num_iterations` micro-batches (its counter
-`_step`) and serves the buffered micro-batches (`_buffered_inputs`) in between; a checkpoint holds neither, so a
-resume inside a batch would generate another. The protocol, in the order the code follows:
+TRL generates a rollout batch every `steps_per_generation * num_iterations` micro-batches (its counter `_step`) and
+serves the buffered micro-batches (`_buffered_inputs`) in between; a checkpoint holds neither. The protocol:
 
-1. Save. At a checkpoint inside a rollout batch each process writes `rollout_batch_<rank>.safetensors` into the
-   checkpoint folder, before the commit (the marker then lists it): every tensor of every buffered micro-batch
-   (TRL's and the masks CE-GPPO adds), and in the safetensors metadata (JSON text) TRL's counter, the batch layout
-   and, per micro-batch, the kind of each value. At a rollout-batch end nothing is written.
-2. Data only. The file is read with `safetensors`, which holds raw tensor bytes and a JSON header and cannot run
-   code; a file that is not such a file, or does not describe the micro-batches it holds, is refused naming it.
-3. Restore as saved or not at all. A file whose layout differs from the resumed run's (the settings that size and
-   split the batch, the world size) is not used: the caller then lets TRL generate, and says so.
-
-Values that are neither tensors, None, lists of ints nor lists of tensors (none in TRL 1.16's rollout batch) cannot be
-saved as tensors: the file then records their names instead of the batch, and a resume generates (rule 3).
+1. Save. At a checkpoint inside a rollout batch each process writes `rollout_batch_<rank>.safetensors` before the
+   commit: every tensor of every buffered micro-batch, and in the metadata (JSON) TRL's counter, the batch layout and
+   the kind of each value. Values that are no tensor, None, list of ints or list of tensors (none in TRL 1.16's
+   batch) cannot be saved: the file then names them instead, and a resume generates (rule 3).
+2. Data only. The file is read with `safetensors` (tensor bytes and a JSON header: no code); a file that is not such
+   a file, or does not describe the micro-batches it holds, is refused naming it.
+3. Restore as saved or not at all. A file whose layout differs from the resumed run's is not used: TRL generates.
 """
 
 from __future__ import annotations
@@ -41,12 +36,12 @@ class RolloutBatchError(ValueError):
 
 @dataclass
 class RolloutBatch:
-    """What a rollout-batch file holds: TRL's micro-batch counter, the buffered micro-batches and the layout."""
+    """What a rollout-batch file holds: TRL's counter, the buffered micro-batches, the layout, what rule 1 left out."""
 
     step: int
     layout: dict[str, Any]
     micro_batches: list[dict[str, Any]] = field(default_factory=list)
-    unsaved: list[str] = field(default_factory=list)  # values rule 1 could not save (then no micro-batches)
+    unsaved: list[str] = field(default_factory=list)
 
 
 def _encode(micro_batches: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor], list[dict[str, str]], list[str]]:
@@ -80,11 +75,8 @@ def _encode(micro_batches: list[dict[str, Any]]) -> tuple[dict[str, torch.Tensor
 
 
 def save_rollout_batch(path: str, micro_batches: list[dict[str, Any]], step: int, layout: dict[str, Any]) -> None:
-    """Rule 1: write `micro_batches` (TRL's `_buffered_inputs`), the counter `step` and `layout` to `path`.
-
-    Written under a temporary name and renamed, so a process killed meanwhile leaves no file of that name (the
-    commit marker, written after, is then missing too). `layout` is JSON: the settings rule 3 compares.
-    """
+    """Rule 1: `micro_batches` (TRL's `_buffered_inputs`), the counter `step` and `layout` (JSON) to `path`, written
+    under a temporary name and renamed (a process killed meanwhile leaves no file of that name)."""
     from safetensors.torch import save_file
 
     tensors, kinds, unsaved = _encode(micro_batches)
@@ -114,15 +106,10 @@ def load_rollout_batch(path: str, device: torch.device | str = "cpu") -> Rollout
     except Exception as error:  # safetensors' own error types differ between releases
         raise refuse(f"not a safetensors file with its record: {type(error).__name__}: {error}") from None
     tensors = {name: tensor.to(device) for name, tensor in tensors.items()}
-    if not (
-        isinstance(record, dict)
-        and record.get("format") == ROLLOUT_BATCH_FORMAT
-        and type(record.get("step")) is int
-        and isinstance(record.get("layout"), dict)
-        and isinstance(record.get("kinds"), list)
-        and all(isinstance(k, dict) for k in record["kinds"])
-        and isinstance(record.get("unsaved"), list)
-    ):
+    types = {"step": int, "layout": dict, "kinds": list, "unsaved": list}
+    if not isinstance(record, dict) or record.get("format") != ROLLOUT_BATCH_FORMAT or not all(
+        type(record.get(key)) is kind for key, kind in types.items()
+    ) or not all(isinstance(k, dict) for k in record["kinds"]):  # fmt: skip
         raise refuse(f"its record is not format {ROLLOUT_BATCH_FORMAT}'s")
     micro_batches, used = [], set()
     for i, kinds in enumerate(record["kinds"]):

@@ -9,7 +9,6 @@ could score.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -141,41 +140,3 @@ def rollout_batch_masks(
         outputs["sft_mask"] = correct
         outputs["num_sft_items_in_batch"] = gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
     return outputs, metrics
-
-
-def resume_offset(
-    global_step: int,
-    *,
-    gradient_accumulation_steps: int,
-    steps_per_generation: int,
-    num_iterations: int,
-    num_prompts: int | None,
-    generation_batch_size: int,
-    num_generations: int,
-) -> int:
-    """Micro-batches into its rollout batch at which a run resumed at `global_step` continues; 0 at a boundary.
-
-    TRL's `GRPOTrainer._prepare_inputs` generates a rollout batch when its micro-batch counter is a multiple of
-    ``steps_per_generation * num_iterations`` and serves the buffered batch's micro-batches in between. Without both
-    in the checkpoint (`rollout_state`), a resumed run counts from 0 and generates at its first micro-batch,
-    which transformers takes at ``(global_step % updates per epoch) * gradient_accumulation_steps`` micro-batches
-    into the epoch (it skips the ones already trained). An epoch holds ``num_prompts // (generation_batch_size //
-    num_generations)`` rollout batches of ``steps_per_generation * num_iterations`` micro-batches each (TRL's
-    `RepeatSampler`), so the uninterrupted run generates at multiples of that within every epoch.
-
-    Args:
-        global_step: the checkpoint's optimizer step.
-        gradient_accumulation_steps, steps_per_generation, num_iterations, generation_batch_size, num_generations:
-            the run's settings.
-        num_prompts: prompts in the training set, None for a dataset without a length (one endless epoch).
-
-    Returns:
-        The offset in micro-batches, in ``[0, steps_per_generation * num_iterations)``.
-    """
-    generate_every = steps_per_generation * num_iterations
-    position = global_step * gradient_accumulation_steps
-    if num_prompts is not None:
-        micro_batches = num_prompts // (generation_batch_size // num_generations) * generate_every
-        updates_per_epoch = max(math.ceil(micro_batches / gradient_accumulation_steps), 1)
-        position = global_step % updates_per_epoch * gradient_accumulation_steps
-    return position % generate_every

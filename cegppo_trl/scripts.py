@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
-from .checkpoints import LOCK_FILE, start_run
+from .checkpoints import COMMIT_FILE, other_runs, resolve
 from .config import CEGPPOConfig
 from .preflight import (
     CEGPPOUsageError,
@@ -363,7 +363,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                   call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
     """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared, as
     `cegppo train` hands them to the trainer. `call_rewards`: `--call_rewards`; `plan_resume`: `cegppo check` makes
-    the resume plan `cegppo train` makes once, in `start_run`."""
+    the resume `cegppo train` plans (`checkpoints.resolve`)."""
     from trl import get_peft_config
 
     report, prepared = Report(), Prepared()
@@ -434,28 +434,19 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
         for finding in report.warnings:
             if finding.code != "trainer":  # the trainer gives those itself
                 logger.warning(finding.message)
-    output_dir, trained = training_args.output_dir, False
-    created = not os.path.exists(output_dir)
-    try:
-        # The launch's one resume plan, before the model loads; it holds the `output_dir` lock until the run ends.
-        try:
-            plan = start_run(training_args, training_args.resume_from_checkpoint, logger.warning,
-                             overwrite=script_args.overwrite_output_dir,
-                             script={**vars(model_args), **vars(script_args)})  # fmt: skip
-        except (ValueError, RuntimeError) as error:  # its refusals: a resume that does not fit, a folder in use
-            raise CEGPPOUsageError(str(error)) from error
-        training_args.resume_from_checkpoint = plan.checkpoint
-        try:
-            if (missing := missing_checkpoint(plan.checkpoint)) is not None:  # transformers' words, before the load
-                raise CEGPPOUsageError(missing)
-            trainer = _train(script_args, training_args, model_args, prepared, plan)
-            trained = True
-            return trainer
-        finally:
-            plan.release()
-    finally:
-        if created and not trained and os.path.isdir(output_dir) and set(os.listdir(output_dir)) <= {LOCK_FILE}:
-            shutil.rmtree(output_dir, ignore_errors=True)  # refused before anything was written: leave no trace
+    from accelerate import PartialState
+
+    output_dir, requested = training_args.output_dir, training_args.resume_from_checkpoint
+    checkpoint, _ = resolve(output_dir, requested)  # the trainer resolves it again, saying what it passed over
+    if checkpoint is None and script_args.overwrite_output_dir and PartialState().is_main_process:
+        for folder in other_runs(output_dir, set()):
+            os.remove(os.path.join(folder, COMMIT_FILE))  # the marker first: a kill mid-delete leaves no checkpoint
+            shutil.rmtree(folder)
+            logger.warning(f"`overwrite_output_dir`: deleted {folder}.")
+    PartialState().wait_for_everyone()
+    if (missing := missing_checkpoint(checkpoint)) is not None:  # transformers' words, before the load
+        raise CEGPPOUsageError(missing)
+    return _train(script_args, training_args, model_args, prepared, requested)
 
 
 def named_failures(funcs: list, names: list[str]) -> list:
@@ -493,7 +484,7 @@ def named_failures(funcs: list, names: list[str]) -> list:
     return [wrap(func, name) for func, name in zip(funcs, names, strict=True)]
 
 
-def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrainer:
+def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTrainer:
     import torch
     import transformers
     from packaging.version import Version
@@ -514,9 +505,8 @@ def _train(script_args, training_args, model_args, prepared, plan) -> CEGPPOTrai
         quantization_config=get_quantization_config(model_args),
         peft_config=prepared.peft_config,
     )
-    trainer.train(resume_from_checkpoint=plan)
-    if not plan.finished:  # else `train()` wrote it from the checkpoint, if it was missing
-        trainer.save_model(training_args.output_dir)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)

@@ -15,8 +15,7 @@ from accelerate.logging import get_logger
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from .checkpoint_hooks import CheckpointHooks, CommitAfterCallbacks, EpochSeededRepeatSampler  # noqa: F401 (re-exported)
-from .checkpoints import CEGPPO_STATE_FILE  # noqa: F401 (re-exported)
+from .checkpoint_hooks import CheckpointHooks
 from .config import CEGPPO_LOSS_TYPES, CEGPPOConfig, on_policy_message, vanishing_term_messages
 from .loss import cegppo_regions, preserved_advantages, preserved_weight, sft_loss
 from .modelcard import PAPER, cegppo_settings, finish_trainer_card, write_model_card
@@ -53,11 +52,6 @@ class CEGPPOTrainer(CheckpointHooks, GRPOTrainer):
     _tag_names = ["trl", "grpo", "cegppo"]
     _name = "CE-GPPO"
     _paper = PAPER  # TRL's card: its paper link and citation
-    entropy_controller = None  # TODO(merge): research layer
-    # Objects that carry state from one optimizer step to the next (`state_dict` / `load_state_dict`, JSON-able),
-    # saved in `cegppo_state.json` and restored on resume (`CheckpointHooks`). The step's own windows (`_sft_nll_window`,
-    # the drift alarm's step window) are empty at every checkpoint (it is saved after the step ends).
-    _RUN_STATE_COMPONENTS = ("left_drift_alarm", "reward_monitor")
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         # CE-GPPO's own fields were checked by `CEGPPOConfig`; everything else is GRPOTrainer's to take or refuse.
@@ -70,11 +64,15 @@ class CEGPPOTrainer(CheckpointHooks, GRPOTrainer):
         self.beta2_schedule = parse_schedule(args.gppo_beta2_schedule or args.gppo_beta2)
         self._schedules_checked_for = None
         self.reward_monitor = RewardSignalMonitor.for_trainer(self)  # unscorable / zero-signal streaks and stops
-        self.add_callback(StopWhenNothingToLearn(self.reward_monitor))
         self._last_rewards_per_func = None  # set by `_calculate_rewards`, read by `_generate_and_score_completions`
         # Early warning of the beta1 drift (docs/entropy-study.md): the optimizer step's left-clipped log r sums.
         self.left_drift_alarm = None if args.left_drift_warning is None else LeftDriftAlarm(args.left_drift_warning)
-        self._init_checkpoint_state()
+        # What carries state from one optimizer step to the next: `ExportableState` callbacks (`CheckpointHooks`). The
+        # step's own windows (`_sft_nll_window`, the drift alarm's) are empty at every checkpoint (a step's end).
+        stop = StopWhenNothingToLearn(self.reward_monitor)
+        self._run_state_callbacks = tuple(c for c in (stop, self.left_drift_alarm) if c is not None)
+        for callback in self._run_state_callbacks:
+            self.add_callback(callback)
         self._micro_batch: dict | None = None  # the copy TRL's `_compute_loss` reads, until its policy forward pass
         self._window: dict[str, torch.Tensor] = {}  # per mode: this optimizer step's local `loss_statistics` sums
         self._sft_window: dict[str, torch.Tensor] = {}  # per mode: the step's [NLL sum, tokens] of correct completions
@@ -144,10 +142,7 @@ class CEGPPOTrainer(CheckpointHooks, GRPOTrainer):
     def save_model(self, output_dir=None, _internal_call=False):
         folder = self.args.output_dir if output_dir is None else output_dir
         write_model_card(self, folder)  # before the weights: PEFT's `save_pretrained` then updates it
-        held = {name: getattr(self.args, name) for name in self._held}  # training_args.bin records the real ones
-        self.args.__dict__.update(self._held)
         super().save_model(output_dir, _internal_call)
-        self.args.__dict__.update(held)
         finish_trainer_card(self, folder)
 
     # ------------------------------------------------------------------------------------------------------------

@@ -189,43 +189,42 @@ def test_cpu_smoke_recipe_trains_and_saves(model_dir, data_file, tmp_path):
 def test_resume_true_or_last_means_the_latest_checkpoint_and_new_runs_do_not_overwrite(
     model_dir, data_file, tmp_path, caplog
 ):
-    from cegppo_trl.checkpoints import plan_resume
-
-    def resolve_checkpoint(args, overwrite_output_dir=False):
-        plan, refused = plan_resume(args.output_dir, args.resume_from_checkpoint, args)
-        return None if refused and not overwrite_output_dir else plan.checkpoint
+    from cegppo_trl.checkpoints import resolve
 
     save = ["--save_strategy", "steps", "--save_steps", "2"]
     train(*smoke_args(model_dir, data_file, tmp_path, *save))
     assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]  # saves at rollout-batch ends only
 
-    # A new run into the same folder is refused, naming the flags; told to overwrite, it starts fresh.
+    # A new run into the same folder is refused, naming the flags; told to overwrite, it deletes them and trains.
     refused = r"A new run into .* \(checkpoint-2\).*--overwrite_output_dir true"
     with pytest.raises(ValueError, match=refused):
         train(*smoke_args(model_dir, data_file, tmp_path, *save))
-    _, fresh, _ = smoke_args(model_dir, data_file, tmp_path)
-    assert resolve_checkpoint(fresh, overwrite_output_dir=True) is None
 
     # `true` and `last` name the latest checkpoint (transformers would look for a folder called "true").
     for value in ("true", "True", "last"):
-        _, args, _ = smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", value)
-        assert resolve_checkpoint(args) == str(tmp_path / "checkpoint-2")
+        assert resolve(str(tmp_path), value)[0] == str(tmp_path / "checkpoint-2")
 
     script_args, training_args, model_args = smoke_args(
         model_dir, data_file, tmp_path, "--max_steps", "3", "--resume_from_checkpoint", "last",
         "--gppo_beta1_schedule", "linear:0->0.5",
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+    with caplog.at_level(logging.WARNING):
         trainer = train(script_args, training_args, model_args)
-    assert training_args.resume_from_checkpoint == str(tmp_path / "checkpoint-2")
+    assert f"Resuming from {tmp_path / 'checkpoint-2'} (global step 2)." in caplog.text
     assert trainer.state.global_step == 3  # resumed at 2, one more step
-    assert "gppo_beta1_schedule: None -> 'linear:0->0.5'" in caplog.text and "max_steps: 2 -> 3" in caplog.text
+
+    trainer = train(*smoke_args(model_dir, data_file, tmp_path, *save, "--overwrite_output_dir", "true"))
+    assert (
+        trainer.state.global_step == 2
+        and f"`overwrite_output_dir`: deleted {tmp_path / 'checkpoint-2'}" in caplog.text
+    )
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-2"]  # the new run's only
 
 
 @pytest.mark.slow
 def test_resume_last_without_a_checkpoint_starts_fresh_and_says_so(model_dir, data_file, tmp_path, caplog):
     # The first launch of a requeued command line (tests/test_preemption.py::test_item10_...).
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
+    with caplog.at_level(logging.WARNING):
         trainer = train(*smoke_args(model_dir, data_file, tmp_path, "--resume_from_checkpoint", "last"))
     assert trainer.state.global_step == 2 and "holds no committed checkpoint: a fresh start" in caplog.text
 

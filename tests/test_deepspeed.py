@@ -123,7 +123,8 @@ def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run
     # The reviewer's scenario: a genuine checkpoint-2 whose trainer_state.json names checkpoint-1 as
     # the best model, beside a decoy checkpoint-1 (a DeepSpeed `latest` file and a pickled model-states file that
     # creates a marker). `last` resumes checkpoint-2; with `load_best_model_at_end` transformers then hands
-    # checkpoint-1 to DeepSpeed's engine at the end of training, after the resume.
+    # checkpoint-1 to DeepSpeed's engine at the end of training, after the resume: refused, once the run trained
+    # to its end (its checkpoints, had it saved any, committed: a requeue resumes them).
     config = cpu_accelerate_config("deepspeed_zero2.yaml", tmp_path)
     run(_accelerate_launch(config), tmp_path, {**DAPO, "save_steps": 2, "max_steps": 2, "claim_best_step": 1})
     output_dir = tmp_path / "dapo"
@@ -142,11 +143,10 @@ def test_zero2_best_model_named_by_a_resumed_checkpoint_runs_nothing_and_the_run
     proc.wait(timeout=900)
     output = proc.log_path.read_text()
     assert not marker.exists(), "the best-model load ran code from the decoy checkpoint"
-    assert proc.returncode == 0, output[-3000:]  # the run ends: the unsafe best load is skipped, not the run
-    for needle in ("`load_best_model_at_end`: the best model was not loaded", "Refusing to load ",
-                   "checkpoint-1/global_step1/mp_rank_00_model_states.pt", "io.open", TRUST_ENV):  # fmt: skip
+    assert proc.returncode != 0, output[-3000:]
+    for needle in ("Refusing to load ", "checkpoint-1/global_step1/mp_rank_00_model_states.pt", "io.open", TRUST_ENV):
         assert needle in output, (needle, output[-3000:])
-    assert json.loads((tmp_path / "log_history_dapo.json").read_text())[-1]["step"] == 4
+    assert "train_runtime" in output  # transformers' end-of-training metrics, logged before the best-model load
 
 
 @pytest.mark.slow
@@ -163,10 +163,11 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
             assert numel == 0 and shard == math.ceil(full_numel / 2)
     same_training("zero3", ddp_two_process_run["dapo"], full["dapo"], atol=LAYOUT_ATOL, metric_rtol=METRIC_RTOL)
 
-    # Resume from the rollout-batch boundary: the same parameters, metrics and controller state, bit for bit.
+    # Resume from the rollout-batch boundary: the same parameters, metrics and run state, bit for bit. (The entropy
+    # controller's state, an `ExportableState` callback's, is tested with the controller in its research layer.)
     checkpoint = tmp_path / "dapo" / "checkpoint-2"
-    saved_controller = json.loads((checkpoint / "cegppo_state.json").read_text())["controller"]
-    assert saved_controller["num_updates"] == 2 and saved_controller["offset_beta1"] != 0
+    callbacks = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert callbacks["StopWhenNothingToLearn"]["attributes"]["learned"] is True
     unsafe = {g for f in (checkpoint / "global_step2").iterdir() for g in get_unsafe_globals_in_checkpoint(f)}
     assert unsafe == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum"}
     resumed = run(_accelerate_launch(config), tmp_path / "resumed", {**DAPO, "resume": str(checkpoint)})
@@ -175,8 +176,6 @@ def test_zero3_partitions_trains_what_ddp_trains_and_resumes_exactly(tmp_path, d
     after = [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(resumed["dapo"][1])[2:]]
     assert len(after) == 2
     assert after == [{k: v for k, v in h.items() if k.startswith("cegppo/")} for h in _steps(full["dapo"][1])[2:]]
-    controller = [json.loads((d / "controller_dapo.json").read_text()) for d in (tmp_path, tmp_path / "resumed")]
-    assert controller[0] == controller[1] and controller[0]["num_updates"] == 4
 
     # The same checkpoint with rank 0's model states replaced by a pickle that runs code: refused, nothing runs
     # (cegppo_trl.safe_load; the other engines are in tests/test_safe_load.py).

@@ -80,10 +80,9 @@ def test_pushed_checkpoint_holds_the_controller_state(make_trainer, hub):
     assert len(checkpoint_pushes) == 2
     for _, _, files, _ in checkpoint_pushes:
         assert "trainer_state.json" in files
-        assert "cegppo_state.json" in files, sorted(files)
-        assert "cegppo_commit.json" in files, sorted(files)  # pushed after the commit: the copy is resumable
-    pushed = json.loads(checkpoint_pushes[-1][2]["cegppo_state.json"])
-    assert pushed["controller"] == trainer.entropy_controller.state_dict()
+        assert not any("pending" in name for name in files)  # the copy resumes as another trainer's checkpoint
+    pushed = json.loads(checkpoint_pushes[-1][2]["trainer_state.json"])["stateful_callbacks"]
+    assert pushed["EntropyControllerState"]["attributes"] == trainer.entropy_controller.state_dict()
 
 
 def _assert_cegppo_card(card: str) -> None:

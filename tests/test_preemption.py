@@ -1,7 +1,7 @@
-"""The checkpoint protocol (`cegppo_trl.checkpoints`): a marker written last, `last`, one run per folder, the lock.
+"""The checkpoint protocol (`cegppo_trl.checkpoints`): a marker written last, `last`, the refusal, the lock.
 
-`test_item<k>_...` pins defect k of cegppo-trl 0.4's checkpoint layer (each failed on 0.4); the other tests pin the
-protocol's rules.
+`test_item<k>_...` pins defect k of cegppo-trl 0.4's checkpoint layer where its rule is still the protocol's; the
+other tests pin the protocol's rules.
 """
 
 from __future__ import annotations
@@ -14,48 +14,39 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
 
-from cegppo_trl import CEGPPOConfig
 from cegppo_trl import checkpoints as cp
 from cegppo_trl.checkpoints import (
-    CEGPPO_STATE_FILE,
     COMMIT_FILE,
+    LEGACY_STATE_FILE,
     LOCK_FILE,
     acquire_lock,
-    begin_checkpoint,
+    begin,
     checkpoint_folders,
     commit,
     damage,
-    plan_resume,
+    other_runs,
     release_lock,
-    rotate,
-    start_run,
+    resolve,
 )
-from cegppo_trl.config import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _args(output_dir: Path, **kw) -> CEGPPOConfig:
-    return CEGPPOConfig(output_dir=str(output_dir), use_cpu=True, report_to="none", max_steps=100, **kw)
-
-
-def _checkpoint(output_dir: Path, step: int, run: str | None = "run-a", *, mark: bool = True, name: str = "",
-                args: CEGPPOConfig | None = None, save_only_model: bool = False) -> Path:  # fmt: skip
-    """A checkpoint folder as the trainer writes it (tiny stand-in files), marked (committed) or not."""
+def _checkpoint(output_dir: Path, step: int, *, mark: bool = True, name: str = "", save_only_model: bool = False
+                ) -> Path:  # fmt: skip
+    """A checkpoint folder as the trainer writes it (tiny stand-in files), committed or not."""
     folder = output_dir / (name or f"checkpoint-{step}")
-    settings = run_settings(args) if args is not None else {}
-    begin_checkpoint(str(folder), {"format": 2, "settings": settings})
+    begin(str(folder))
     (folder / "model.safetensors").write_bytes(b"w" * 64)
     (folder / "optimizer.pt").write_bytes(b"o" * 32)
     (folder / "rng_state.pth").write_bytes(b"r" * 16)
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.1, "max_steps": 100}))
     if mark:
-        commit(str(folder), True, run, lambda: None, save_only_model)
+        commit(str(folder), True, lambda: None, save_only_model)
     return folder
 
 
@@ -63,21 +54,14 @@ def _names(output_dir: Path) -> list[str]:
     return [Path(folder).name for folder in checkpoint_folders(str(output_dir))]
 
 
-def _start(output_dir: Path, requested, messages: list | None = None, **kw) -> cp.ResumePlan:
-    plan = start_run(_args(output_dir), requested, (messages if messages is not None else []).append, **kw)
-    plan.release()
-    return plan
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Rule 1: the marker, written last; resumable iff marked and matching
 # ----------------------------------------------------------------------------------------------------------------
-def test_the_marker_names_every_file_with_its_size_and_hashes_the_state_files(tmp_path):
+def test_the_marker_names_every_file_with_its_size(tmp_path):
     folder = _checkpoint(tmp_path, 2)
     record = json.loads((folder / COMMIT_FILE).read_text())
     assert record["files"] == {n: (folder / n).stat().st_size for n in sorted(os.listdir(folder)) if n != COMMIT_FILE}
-    assert set(record["state"]) == {"trainer_state.json", CEGPPO_STATE_FILE} and record["run"] == "run-a"
-    assert damage(str(folder)) is None
+    assert damage(str(folder)) is None and os.listdir(tmp_path) == ["checkpoint-2"]  # the pending mark is gone
     (folder / "optimizer.pt").write_bytes(b"o" * 31)  # truncated
     assert "optimizer.pt is 31 bytes, its marker says 32 bytes" in damage(str(folder))
 
@@ -85,143 +69,95 @@ def test_the_marker_names_every_file_with_its_size_and_hashes_the_state_files(tm
 def test_a_folder_without_its_marker_is_not_a_checkpoint_and_last_passes_over_it_with_its_reason(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4, mark=False)  # killed before the marker (or while a callback still wrote): torn
-    messages = []
-    assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
-    assert messages[0] == (f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library "
-                           "began it and did not commit it).")  # fmt: skip
+    checkpoint, messages = resolve(str(tmp_path), "last")
+    assert checkpoint == str(tmp_path / "checkpoint-2")
+    assert messages == [f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library "
+                        "began it and did not finish it)", f"Resuming from {checkpoint} (global step 2)."]  # fmt: skip
     with pytest.raises(ValueError, match=r"checkpoint-4 cannot be resumed \(it has no cegppo_commit.json: a run of"):
-        _start(tmp_path, str(tmp_path / "checkpoint-4"))
+        resolve(str(tmp_path), str(tmp_path / "checkpoint-4"))
+    # `True` as transformers treats it: the newest checkpoint, or its error when there is none
+    assert resolve(str(tmp_path), True)[0] == checkpoint
+    with pytest.raises(ValueError, match=r"No valid checkpoint found in output directory"):
+        resolve(str(tmp_path / "empty"), True)
+
+
+def test_checkpoints_of_earlier_cegppo_trl_resume_unless_their_save_did_not_finish(tmp_path):
+    old = _checkpoint(tmp_path, 2)
+    (old / LEGACY_STATE_FILE).write_text(
+        "{}"
+    )  # earlier cegppo-trl wrote it first, its run state in it; its marker (format 3)
+    record = json.loads((old / COMMIT_FILE).read_text())
+    files = {**record["files"], LEGACY_STATE_FILE: 2}
+    (old / COMMIT_FILE).write_text(json.dumps({"format": 3, "run": "x", "files": files, "state": {}}))
+    torn = _checkpoint(tmp_path, 4, mark=False)
+    os.remove(tmp_path / "_cegppo_pending-checkpoint-4")
+    (torn / LEGACY_STATE_FILE).write_text("{}")  # begun by earlier cegppo-trl, killed before its marker
+    assert resolve(str(tmp_path), True)[0] == str(old)
+    assert "began it and did not finish it" in damage(str(torn))
 
 
 def test_the_marker_waits_for_every_process_at_the_barrier(tmp_path):
     folder = tmp_path / "checkpoint-1"
     folder.mkdir()
     seen = []
-    commit(str(folder), True, "r", lambda: seen.append((folder / COMMIT_FILE).exists()))
+    commit(str(folder), True, lambda: seen.append((folder / COMMIT_FILE).exists()))
     assert seen == [False] and (folder / COMMIT_FILE).exists()
     other = tmp_path / "checkpoint-2"
     other.mkdir()
-    commit(str(other), False, "r", lambda: None)  # not the folder's owner: fsyncs only
+    commit(str(other), False, lambda: None)  # not the folder's owner: fsyncs only
     assert not (other / COMMIT_FILE).exists()
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The twelve defects of cegppo-trl 0.4's checkpoint layer
+# The defects of cegppo-trl 0.4's checkpoint layer whose rules remain
 # ----------------------------------------------------------------------------------------------------------------
-def test_item1_a_resume_from_outside_output_dir_into_another_runs_checkpoints_is_refused_and_never_deletes_them(
-    tmp_path,
-):
-    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
-    _checkpoint(out, 2, run="other")
-    _checkpoint(out, 6, run="other")
-    source = _checkpoint(elsewhere, 4, run="mine")
-    with pytest.raises(ValueError, match=r"holds committed checkpoints of another run "
-                       r"\(checkpoint-2, checkpoint-6\).*--overwrite_output_dir"):  # fmt: skip
-        _start(out, str(source))
-    # Rotation only ever counts this run's marked checkpoints, whatever lies beside them.
-    mine = _checkpoint(out, 8, run="mine")
-    assert rotate(str(out), 1, None, "mine") == [] and _names(out) == ["checkpoint-2", "checkpoint-6", "checkpoint-8"]
-    _checkpoint(out, 10, run="mine")
-    assert rotate(str(out), 1, None, "mine") == [os.path.normpath(mine)]
-    assert _names(out) == ["checkpoint-2", "checkpoint-6", "checkpoint-10"]
-
-
-def an_explicit_older_checkpoint_of_the_run_resumes_and_its_later_ones_are_moved_aside(tmp_path):
-    _checkpoint(tmp_path, 2)
-    _checkpoint(tmp_path, 4)
-    _checkpoint(tmp_path, 6)
-    messages = []
-    plan = _start(tmp_path, str(tmp_path / "checkpoint-2"), messages)
-    assert (plan.checkpoint, plan.run) == (str(tmp_path / "checkpoint-2"), "run-a")  # the run goes on from step 2
-    assert _names(tmp_path) == ["checkpoint-2"]  # `last` cannot bring the later ones back
-    moved = sorted(p.name for p in tmp_path.glob("superseded-*"))
-    assert [name.rsplit("-", 1)[0] for name in moved] == ["superseded-checkpoint-4", "superseded-checkpoint-6"]
-    assert messages[-2:] == [f"Moved checkpoint-{step}, a later checkpoint of this run, aside: {tmp_path / name}."
-                             for step, name in zip((4, 6), moved)]  # fmt: skip
-    assert all((tmp_path / name / COMMIT_FILE).exists() for name in moved)  # nothing deleted
-    assert _start(tmp_path, str(tmp_path / "checkpoint-2")).run == "run-a"  # nothing left to move
-
-
-def last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_over(tmp_path):
+def test_last_falls_back_to_the_newest_resumable_checkpoint_naming_each_one_passed_over(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4, save_only_model=True)
     (_checkpoint(tmp_path, 6) / "optimizer.pt").write_bytes(b"o" * 5)  # damaged after its commit
-    messages = []
-    assert _start(tmp_path, "last", messages).checkpoint == str(tmp_path / "checkpoint-2")
+    checkpoint, messages = resolve(str(tmp_path), "last")
+    assert checkpoint == str(tmp_path / "checkpoint-2")
     assert messages[0] == (
-        f"{tmp_path}: passed over checkpoint-4 (it was saved with `save_only_model=True`: no optimizer, learning-rate "
-        "schedule or RNG state to resume. To train on from its weights, start a new run with it as the model); "
-        "checkpoint-6 (optimizer.pt is 5 bytes, its marker says 32 bytes)."
+        f"{tmp_path}: passed over checkpoint-4 (it was saved with `save_only_model=True`: no optimizer, schedule or "
+        "RNG state to resume); checkpoint-6 (optimizer.pt is 5 bytes, its marker says 32 bytes)"
     )
     assert _names(tmp_path) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]  # passed over, not moved
 
 
-def test_item4_the_repeat_sampler_draws_seed_plus_epoch_so_a_resumed_epoch_gets_the_uninterrupted_order():
+def test_item4_the_repeat_sampler_draws_trls_order_and_a_resumed_epoch_gets_the_uninterrupted_order():
     from trl.trainer.utils import RepeatSampler
 
-    from cegppo_trl.checkpoint_hooks import EpochSeededRepeatSampler
+    from cegppo_trl.checkpoint_hooks import ResumableRepeatSampler
 
-    def sampler():
-        s = RepeatSampler(list(range(16)), mini_repeat_count=1, batch_size=4, shuffle=True, seed=7)
-        s.__class__ = EpochSeededRepeatSampler
-        return s
-
-    uninterrupted, orders = sampler(), []
-    for epoch in range(3):
-        uninterrupted.set_epoch(epoch)
-        orders.append(list(uninterrupted))
-    assert orders[0] == list(RepeatSampler(list(range(16)), 1, 4, shuffle=True, seed=7))  # epoch 0: TRL's own
+    epoch = [0]
+    args = dict(data_source=list(range(16)), mini_repeat_count=1, batch_size=4, shuffle=True, seed=7)
+    trl, ours = RepeatSampler(**args), ResumableRepeatSampler(**args, epoch_of=lambda: epoch[0])
+    orders = []
+    for epoch[0] in range(3):  # one generator seeded once, one permutation an epoch: TRL's order in every epoch
+        orders.append(list(ours))
+        assert orders[-1] == list(trl)
     assert orders[1] != orders[0]
-    resumed = sampler()
-    resumed.set_epoch(2)  # a fresh process resuming in epoch 3
-    assert list(resumed) == orders[2]
+    for epoch[0] in (2, 1):  # a fresh process resuming in epoch 3, then one in epoch 2
+        assert list(ResumableRepeatSampler(**args, epoch_of=lambda: epoch[0])) == orders[epoch[0]]
 
 
 def test_item5_a_save_only_model_checkpoint_is_not_resumed_and_the_refusal_names_what_it_lacks(tmp_path):
     _checkpoint(tmp_path, 2, save_only_model=True)
-    with pytest.raises(ValueError, match=r"save_only_model=True`: no optimizer, learning-rate schedule or RNG state"):
-        _start(tmp_path, str(tmp_path / "checkpoint-2"))
-    messages = []  # a run saved model-only from the start: every requeue is a fresh start, saying why
-    assert _start(tmp_path, "last", messages).checkpoint is None
+    with pytest.raises(ValueError, match=r"save_only_model=True`: no optimizer, schedule or RNG state"):
+        resolve(str(tmp_path), str(tmp_path / "checkpoint-2"))
+    checkpoint, messages = resolve(str(tmp_path), "last")  # saved model-only from the start: a fresh start, saying why
+    assert checkpoint is None
     assert f"{tmp_path}: passed over checkpoint-2 (it was saved with `save_only_model=True`" in messages[0]
-
-
-@pytest.mark.parametrize("name", ["trainer_state.json", CEGPPO_STATE_FILE])
-def test_item6_a_same_size_edit_of_a_state_file_after_the_commit_is_seen(tmp_path, name):
-    folder = _checkpoint(tmp_path, 2)
-    text = (folder / name).read_text()
-    edited = text.replace('"global_step": 2', '"global_step": 4') if name == "trainer_state.json" else text[:-1] + " "
-    (folder / name).write_text(edited)
-    assert edited != text and len(edited) == len(text)
-    with pytest.raises(ValueError, match=rf"{name} changed after the commit"):
-        _start(tmp_path, str(folder))
-
-
-def test_item7_a_resume_names_every_changed_field_but_the_safe_ones_also_into_a_new_folder(tmp_path):
-    old = _args(tmp_path / "k", learning_rate=5e-3, seed=0, reward_weights=[1.0], warmup_steps=0)
-    source = _checkpoint(tmp_path / "k", 4, args=old)
-    new_dir = tmp_path / "new"
-    args = _args(new_dir, learning_rate=1e-4, seed=1, reward_weights=[2.0], warmup_steps=3, weight_decay=0.1,
-                 max_grad_norm=0.5, logging_steps=7, save_steps=9, dataloader_num_workers=2)  # fmt: skip
-    plan, blocking = plan_resume(str(new_dir), str(source), args)
-    message = plan.messages[0]
-    for changed in ("learning_rate: 0.005 -> 0.0001", "seed: 0 -> 1", "reward_weights: [1.0] -> [2.0]",
-                    "warmup_steps: 0 -> 3", "weight_decay: 0.0 -> 0.1", "max_grad_norm: 1.0 -> 0.5"):  # fmt: skip
-        assert changed in message, message
-    for safe in ("logging_steps", "save_steps", "dataloader_num_workers", "output_dir"):
-        assert f"{safe}:" not in message
-    assert blocking == []
 
 
 def test_item8_non_numbered_folders_are_ignored_by_every_rule(tmp_path):
     _checkpoint(tmp_path, 2)
     _checkpoint(tmp_path, 4)
     _checkpoint(tmp_path, 4, name="last-checkpoint")  # transformers' `hub_strategy="checkpoint"` copy
-    _checkpoint(tmp_path, 9, run="x", name="checkpoint-best")
-    assert _start(tmp_path, "last").checkpoint == str(tmp_path / "checkpoint-4")
-    assert _start(tmp_path, str(tmp_path / "last-checkpoint")).checkpoint == str(tmp_path / "last-checkpoint")
-    assert rotate(str(tmp_path), 1, None, "run-a") == [os.path.normpath(tmp_path / "checkpoint-2")]
-    assert (tmp_path / "last-checkpoint").is_dir() and (tmp_path / "checkpoint-best").is_dir()
+    _checkpoint(tmp_path, 9, name="checkpoint-best")
+    assert resolve(str(tmp_path), "last")[0] == str(tmp_path / "checkpoint-4")
+    assert resolve(str(tmp_path), str(tmp_path / "last-checkpoint"))[0] == str(tmp_path / "last-checkpoint")
+    assert other_runs(str(tmp_path), set()) == [str(tmp_path / "checkpoint-2"), str(tmp_path / "checkpoint-4")]
 
 
 def _open_fds() -> int:
@@ -236,20 +172,20 @@ def test_item9_a_file_system_without_flock_warns_once_naming_the_path_and_the_ru
 
     monkeypatch.setattr(fcntl, "flock", refuse)
     before, messages = _open_fds(), []
-    plan = _start(tmp_path, "last", messages)
-    assert plan.checkpoint is None and plan.lock is None and _open_fds() == before  # no descriptor leaks
-    refusals = [m for m in messages if "refuses `flock`" in m]
-    assert len(refusals) == 1 and str(tmp_path / LOCK_FILE) in refusals[0] and "second run" in refusals[0]
-    assert any("a fresh start" in m for m in messages)  # the lock file is no "run began here" mark
+    fd, created = acquire_lock(str(tmp_path / "out"), messages.append)
+    assert fd is None and created and _open_fds() == before  # no descriptor leaks
+    assert len(messages) == 1 and str(tmp_path / "out" / LOCK_FILE) in messages[0] and "second run" in messages[0]
+    assert resolve(str(tmp_path / "out"), "last")[0] is None  # the lock file is no "run began here" mark
 
 
-def test_item10_last_on_a_first_launch_starts_fresh_with_a_notice_and_a_missing_path_is_refused(tmp_path):
-    messages = []
-    assert _start(tmp_path / "new", "last", messages).checkpoint is None
-    assert messages == [f"`resume_from_checkpoint=last`: {tmp_path / 'new'} holds no committed checkpoint: a fresh "
-                        "start. (The first launch of a requeued command line.)"]  # fmt: skip
-    with pytest.raises(ValueError, match="Can.t find a valid checkpoint at .*: no such folder"):
-        _start(tmp_path / "new", str(tmp_path / "new" / "checkpoint-9"))
+def test_item10_last_on_a_first_launch_starts_fresh_with_a_notice_and_a_missing_path_is_transformers_to_refuse(
+    tmp_path,
+):
+    assert resolve(str(tmp_path / "new"), "last") == (
+        None, [f"`resume_from_checkpoint=last`: {tmp_path / 'new'} holds no committed checkpoint: a fresh start."]
+    )  # fmt: skip
+    missing = str(tmp_path / "new" / "checkpoint-9")
+    assert resolve(str(tmp_path / "new"), missing) == (missing, [])  # transformers says it cannot find it
 
 
 def test_item11_a_forked_child_does_not_keep_the_lock_after_its_parent_is_killed(tmp_path):
@@ -257,7 +193,7 @@ def test_item11_a_forked_child_does_not_keep_the_lock_after_its_parent_is_killed
     holder = os.fork()
     if holder == 0:  # the run's main process: takes the lock, forks a long-lived child (a loader worker)
         try:
-            fd = acquire_lock(str(tmp_path))
+            fd, _ = acquire_lock(str(tmp_path))
             child = os.fork()
             if child == 0:
                 time.sleep(60)
@@ -273,13 +209,13 @@ def test_item11_a_forked_child_does_not_keep_the_lock_after_its_parent_is_killed
             acquire_lock(str(tmp_path))
         os.kill(holder, signal.SIGKILL)
         os.waitpid(holder, 0)
-        fd = acquire_lock(str(tmp_path))  # the child lives on, without the lock
-        release_lock(fd)
+        fd, _ = acquire_lock(str(tmp_path))  # the child lives on, without the lock
+        release_lock(fd, str(tmp_path))
     finally:
         os.kill(child, signal.SIGKILL)
-    fd = acquire_lock(str(tmp_path))
+    fd, _ = acquire_lock(str(tmp_path))
     assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC  # and an exec'd program never holds it
-    release_lock(fd)
+    release_lock(fd, str(tmp_path))
 
 
 def test_item12_choosing_and_committing_a_checkpoint_reads_no_weight_or_optimizer_byte(tmp_path, monkeypatch):
@@ -292,107 +228,37 @@ def test_item12_choosing_and_committing_a_checkpoint_reads_no_weight_or_optimize
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(cp, "open", spy, raising=False)
-    commit(str(folder), True, "run-a", lambda: None)
-    assert _start(tmp_path, "last").checkpoint == str(folder)
-    assert set(opened) <= {"trainer_state.json", CEGPPO_STATE_FILE, COMMIT_FILE} | {
+    commit(str(folder), True, lambda: None)
+    assert resolve(str(tmp_path), "last")[0] == str(folder)
+    assert set(opened) <= {"trainer_state.json", COMMIT_FILE, "_cegppo_pending-checkpoint-4"} | {
         n for n in opened if n.endswith(".tmp")
     }
 
 
 def test_the_lock_is_the_kernels_and_a_second_holder_is_refused_until_the_first_lets_go(tmp_path):
-    fd = acquire_lock(str(tmp_path))
+    fd, created = acquire_lock(str(tmp_path / "out"))
     with pytest.raises(RuntimeError, match="written by another live run"):
-        acquire_lock(str(tmp_path))  # another open file description: flock refuses it, in this process too
-    release_lock(fd)
-    release_lock(acquire_lock(str(tmp_path)))
+        acquire_lock(str(tmp_path / "out"))  # another open file description: flock refuses it, in this process too
+    release_lock(fd, str(tmp_path / "out"), created)
+    assert not (tmp_path / "out").exists()  # nothing was saved: neither the lock file nor the folder made for it stay
+    fd, created = acquire_lock(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    release_lock(fd, str(tmp_path), created)
+    assert (tmp_path / LOCK_FILE).exists()  # beside what a run saved, the lock file stays (removing it would race)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Rule 3: one run per folder; the plan is the main process's, broadcast
+# Rule 3: a fresh run into another run's committed checkpoints
 # ----------------------------------------------------------------------------------------------------------------
-def test_a_new_run_into_a_folder_with_checkpoints_is_refused_and_overwrite_deletes_exactly_those(tmp_path):
-    _checkpoint(tmp_path, 2)
-    _checkpoint(tmp_path, 4, mark=False)
+def test_a_fresh_run_is_refused_only_beside_committed_checkpoints_it_did_not_write(make_trainer, tmp_path):
+    _checkpoint(tmp_path, 4, mark=False)  # torn: not a checkpoint `last` would resume
+    assert other_runs(str(tmp_path), set()) == []
+    trainer = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2)
+    trainer.train()  # beside a torn folder: trains
+    trainer.train()  # again, beside its own checkpoints (as in TRL)
     with pytest.raises(ValueError, match=r"A new run into .* \(checkpoint-2\).*--resume_from_checkpoint last.*"
                        r"--output_dir.*--overwrite_output_dir true"):  # fmt: skip
-        _start(tmp_path, None)
-    messages = []
-    plan = _start(tmp_path, None, messages, overwrite=True)
-    assert plan.checkpoint is None and _names(tmp_path) == ["checkpoint-4"]  # the torn folder is not a checkpoint
-    assert messages == [  # the unmarked folder is named
-        f"{tmp_path}: passed over checkpoint-4 (it has no cegppo_commit.json: a run of this library began it and did "
-        "not commit it).", f"`overwrite_output_dir`: deleted checkpoint-2 from {tmp_path}."]  # fmt: skip
-
-
-def test_a_second_fresh_train_of_the_same_run_is_allowed_beside_its_own_checkpoints(tmp_path):
-    _checkpoint(tmp_path, 2)
-    assert _start(tmp_path, None, run="run-a").run == "run-a"
-    with pytest.raises(ValueError, match="another run"):
-        _start(tmp_path, None, run="run-b")
-
-
-@pytest.mark.slow
-def test_nothing_the_safety_layer_writes_reaches_the_hub(make_trainer, tmp_path, monkeypatch):
-    """transformers' own push (`_push_from_checkpoint` after the commit, then `push_to_hub`) with the upload
-    recorded: the files it would send, filtered by huggingface_hub's own rule, hold no lock file; the pushed
-    checkpoint holds its marker (the `last-checkpoint` copy is resumable)."""
-    import transformers.trainer
-    from huggingface_hub.utils import filter_repo_objects
-
-    uploads = []
-
-    class Recorder:
-        def upload_folder(self, folder_path, ignore_patterns=None, path_in_repo=None, **kwargs):
-            root = Path(folder_path)
-            names = [p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
-            uploads.append((path_in_repo, list(filter_repo_objects(names, ignore_patterns=ignore_patterns))))
-            return types.SimpleNamespace(is_done=lambda: True, done=lambda: True)
-
-        def __getattr__(self, name):
-            return lambda *args, **kwargs: types.SimpleNamespace(repo_id="me/run", commit_url="", oid="")
-
-    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: Recorder(), raising=False)
-    hub = dict(push_to_hub=True, hub_model_id="me/run", hub_strategy="checkpoint")
-    trainer = make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2, **hub)
-    trainer.train()
-    trainer.push_to_hub()  # the end-of-run push of the whole `output_dir`
-    assert (tmp_path / LOCK_FILE).exists()
-    sent = [name for _, names in uploads for name in names]
-    assert "model.safetensors" in sent
-    assert [COMMIT_FILE in names for where, names in uploads if where == "last-checkpoint"] == [True]
-    assert not [name for name in sent if name.startswith("_") or "lock" in name], sent
-
-
-def _as_process(monkeypatch, main: bool, broadcast):
-    import accelerate
-    import accelerate.utils
-
-    state = types.SimpleNamespace(is_main_process=main, num_processes=2)
-    monkeypatch.setattr(accelerate, "PartialState", lambda: state)
-    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast)
-
-
-def test_every_process_resumes_the_checkpoint_and_run_the_main_process_planned(tmp_path, monkeypatch):
-    _checkpoint(tmp_path, 2)
-    _checkpoint(tmp_path, 4)  # written by a job still running when this rank looked, after the main process did
-
-    def broadcast(objects, from_process=0):
-        objects[:] = [str(tmp_path / "checkpoint-2"), False, "run-a", None]  # the main process's answer
-
-    _as_process(monkeypatch, False, broadcast)
-    plan = start_run(_args(tmp_path), True, print)
-    assert (plan.checkpoint, plan.run, plan.lock) == (str(tmp_path / "checkpoint-2"), "run-a", None)
-    assert not (tmp_path / LOCK_FILE).exists()  # only the main process takes the lock
-
-
-def test_an_oserror_in_the_main_processs_planning_still_reaches_the_broadcast(tmp_path, monkeypatch):
-    sent = []
-    _as_process(monkeypatch, True, lambda objects, from_process=0: sent.append(list(objects)))
-    blocked = tmp_path / "a-file"
-    blocked.write_text("not a folder")
-    with pytest.raises(OSError, match="Not a directory"):
-        start_run(_args(blocked / "out"), None, print)
-    assert sent and sent[0][3][0] == "OSError" and "Not a directory" in sent[0][3][1]
+        make_trainer(num_iterations=2, max_steps=2, save_strategy="steps", save_steps=2).train()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -406,11 +272,11 @@ for line in sys.stdin:  # "<start time> <output_dir>": try the lock at that inst
     start, output_dir = line.split()
     time.sleep(max(0.0, float(start) - time.time()))
     try:
-        fd, got = acquire_lock(output_dir), "held"
+        (fd, _), got = acquire_lock(output_dir), "held"
     except RuntimeError:
         fd, got = None, "refused"
     time.sleep(max(0.0, float(start) + 0.3 - time.time()))
-    release_lock(fd)
+    release_lock(fd, output_dir)
     print(got, flush=True)
 """
 
@@ -462,7 +328,7 @@ def test_the_lock_excludes_a_run_in_another_pid_namespace_and_dies_with_its_hold
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    release_lock(acquire_lock(str(tmp_path)))  # the kernel released it with its holder: no stale-owner rule
+    release_lock(acquire_lock(str(tmp_path))[0], str(tmp_path))  # the kernel released it: no stale-owner rule
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -471,11 +337,13 @@ def test_the_lock_excludes_a_run_in_another_pid_namespace_and_dies_with_its_hold
 @pytest.mark.slow
 @pytest.mark.campaign
 def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_nor_is_resumed(tmp_path):
-    """In a real 2-process DDP job with `save_total_limit=1`, process 1 stalls before writing its RNG state into
-    checkpoint-2 while process 0 has finished its part; the job is then killed, as a preempted one is."""
+    """In a real 2-process DDP job with `save_total_limit=2`, process 1 stalls before writing its RNG state into
+    checkpoint-2 while process 0 has finished its part; the job is then killed, as a preempted one is. (With
+    `save_total_limit=1` transformers' rotation deletes checkpoint-1 once process 0's files are written: then `last`
+    passes over checkpoint-2 and starts fresh.)"""
     from helpers.mp_launch import TORCHRUN, free_port, start
 
-    spec = {"loss_types": ["dapo"], "save_steps": 1, "save_total_limit": 1, "max_steps": 3, "num_iterations": 1,
+    spec = {"loss_types": ["dapo"], "save_steps": 1, "save_total_limit": 2, "max_steps": 3, "num_iterations": 1,
             "pid_files": True, "slow_save": {"rank": 1, "step": 2}}  # fmt: skip
     torchrun = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", str(free_port())]
     proc = start(torchrun, tmp_path, spec, ACCELERATE_USE_CPU="1")
@@ -500,10 +368,8 @@ def test_a_slow_process_in_a_two_process_save_neither_loses_the_old_checkpoint_n
         proc.wait()
     assert not (output_dir / "checkpoint-2" / "rng_state_1.pth").exists()
     assert not (output_dir / "checkpoint-2" / COMMIT_FILE).exists()  # process 0 waits at the barrier: no marker
-    last = plan_resume(str(output_dir), "last", _args(output_dir))[
-        0
-    ].checkpoint  # (the killed job may still be exiting)
-    assert last == str(output_dir / "checkpoint-1")  # the older one was not rotated away before the commit
+    last = resolve(str(output_dir), "last")[0]
+    assert last == str(output_dir / "checkpoint-1")  # kept by the rotation, the newest committed
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(json.loads((Path(last) / COMMIT_FILE).read_text())["files"])
 
 
@@ -527,4 +393,4 @@ def test_two_nodes_with_their_own_local_disks_each_commit_their_checkpoints(tmp_
             assert f"rng_state_{node}.pth" in files and f"rng_state_{1 - node}.pth" not in files
             on_disk = {p.name for p in (output_dir / f"checkpoint-{step}").iterdir()} - {COMMIT_FILE}
             assert set(files) == on_disk  # what this node's process wrote, as its owner listed it
-        assert _start(output_dir, "last").checkpoint == str(output_dir / "checkpoint-2")
+        assert resolve(str(output_dir), "last")[0] == str(output_dir / "checkpoint-2")

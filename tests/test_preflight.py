@@ -349,21 +349,6 @@ def test_check_and_train_give_the_same_verdict(
     assert re.search(message, lines[0]), lines[0]
 
 
-@pytest.mark.slow
-def test_check_and_train_refuse_a_resume_below_the_checkpoints_step(capsys, model_dir, data_file, tmp_path):
-    """`--resume_from_checkpoint <path>` with `--max_steps` below its step: `train` refuses before the model loads
-    (the resume plan), and `check` makes the same plan."""
-    out = tmp_path / "out"
-    base = cli_args(model_dir, data_file, out, "--reward_funcs", "format", "--save_strategy", "steps",
-                    "--save_steps", "2", "--max_steps", "2")  # fmt: skip
-    assert cegppo(["train", *base]) in (0, 3)  # 3: the tiny model's completions all score 0 (no signal)
-    argv = [*base[:-2], "--max_steps", "1", "--resume_from_checkpoint", str(out / "checkpoint-2")]
-    status, text, train_status, err = _check_then_train(capsys, argv)
-    message = r"`max_steps=1` but .*checkpoint-2 is at global step 2"
-    assert status == 1 and re.search(message, text), text
-    assert train_status == 2 and re.search(message, err) and "Traceback" not in err, err
-
-
 def test_check_plans_the_resume_as_train_does_a_requeue_before_the_first_checkpoint_starts_fresh(
     capsys, model_dir, data_file, tmp_path
 ):

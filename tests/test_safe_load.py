@@ -10,7 +10,6 @@ tests/test_deepspeed.py, beside the exact ZeRO-2/3 resumes, whose saves they sha
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import pickle
 
@@ -119,19 +118,6 @@ def test_a_sharded_fsdp_checkpoint_with_a_pickled_index_is_refused_before_anythi
         pass
 
 
-def test_the_window_is_where_transformers_loads_the_checkpoint():
-    # `CEGPPOTrainer._prepare_for_training` wraps transformers' method: the DeepSpeed, FSDP, optimizer and scheduler
-    # loads of a resume must still happen inside it, or the guard silently guards nothing.
-    from transformers import Trainer
-
-    from cegppo_trl import CEGPPOTrainer
-
-    source = inspect.getsource(Trainer._prepare_for_training)
-    for call in ("deepspeed_load_checkpoint(", "self._load_from_checkpoint(", "self._load_optimizer_and_scheduler("):
-        assert call in source, call
-    assert "safe_resume_loads" in inspect.getsource(CEGPPOTrainer._prepare_for_training)
-
-
 class _EngineReadingThroughDeepSpeed:
     """Stands in for a DeepSpeed engine in one process: `load_checkpoint` reads the tag's model states through
     DeepSpeed's own `TorchCheckpointEngine.load` (`torch.load(weights_only=False)`), as `DeepSpeedEngine` does."""
@@ -150,60 +136,39 @@ def _decoy(folder, marker):
 
 
 @pytest.mark.parametrize("trainer_class", ["GRPOTrainer", "CEGPPOTrainer"])
-def test_the_best_model_load_at_the_end_reads_data_only_and_a_refusal_keeps_the_trained_model(
-    make_trainer, tmp_path, caplog, monkeypatch, trainer_class
-):
-    # `load_best_model_at_end` under DeepSpeed: transformers' `_load_best_model` hands `best_model_checkpoint` (which
-    # a resumed trainer_state.json names) to DeepSpeed, after the resume. GRPOTrainer runs the decoy's pickle; the
-    # CE-GPPO trainer's guard refuses it, warns, and the model keeps its weights.
-    import logging
-
+def test_a_resumed_deepspeed_train_reads_every_checkpoint_file_as_data(make_trainer, tmp_path, monkeypatch,
+                                                                        trainer_class):  # fmt: skip
+    # Under DeepSpeed transformers hands the resume and `load_best_model_at_end`'s folder (which a resumed
+    # trainer_state.json names) to DeepSpeed's engine, which unpickles them. GRPOTrainer runs the decoy's pickle; the
+    # CE-GPPO trainer's `train()` of a resumed DeepSpeed (or FSDP) run is inside the guard, which refuses it.
     import trl
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
-    marker = tmp_path / "PWNED"
+    marker, resumed = tmp_path / "PWNED", tmp_path / "out" / "checkpoint-2"
     cls = CEGPPOTrainer if trainer_class == "CEGPPOTrainer" else type("Plain", (trl.GRPOTrainer,), {})
     config_cls = CEGPPOConfig if trainer_class == "CEGPPOTrainer" else trl.GRPOConfig
     trainer = make_trainer(trainer_cls=cls, config_cls=config_cls, output_dir=str(tmp_path / "out"))
-    trainer.state.best_model_checkpoint = str(_decoy(tmp_path / "out" / "checkpoint-1", marker))
+    decoy = _decoy(tmp_path / "out" / "checkpoint-1", marker)
+    resumed.mkdir()
+    (resumed / "trainer_state.json").write_text("{}")
     monkeypatch.setattr(trainer, "is_deepspeed_enabled", True)
-    monkeypatch.setattr(trainer, "model_wrapped", _EngineReadingThroughDeepSpeed())
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    engine = _EngineReadingThroughDeepSpeed()
+    monkeypatch.setattr(trl.GRPOTrainer, "train", lambda self, *a, **k: engine.load_checkpoint(decoy))
     if trainer_class == "GRPOTrainer":
         with contextlib.suppress(RuntimeError):  # torch fails on the file after the pickle ran
-            trainer._load_best_model()
+            trainer.train(resume_from_checkpoint=str(resumed))
         assert marker.exists()  # the hole: TRL and transformers load it as a pickle
         return
-    with caplog.at_level(logging.WARNING):
-        trainer._load_best_model()
+    with pytest.raises(UnsafeCheckpointError, match=REFUSED):
+        trainer.train(resume_from_checkpoint=str(resumed))
     assert not marker.exists()
-    assert (
-        "`load_best_model_at_end`: the best model was not loaded, and the model keeps the weights it has"
-        in caplog.text
-    )
-    assert "Refusing to load " in caplog.text and "global_step1/mp_rank_00_model_states.pt" in caplog.text
-    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
-
-
-def test_every_method_that_reads_a_checkpoint_folder_reads_it_inside_the_guard(make_trainer, tmp_path, monkeypatch):
-    # The resume's weights (`_load_from_checkpoint`, one process and DDP) and the RNG state (read inside the training
-    # loop, after `_prepare_for_training`) too: a `torch.load(weights_only=False)` in them is refused.
-    from transformers import Trainer
-
-    monkeypatch.delenv(TRUST_ENV, raising=False)
-    marker, folder = tmp_path / "PWNED", tmp_path / "checkpoint-1"
-    folder.mkdir()
-    (folder / "payload.pt").write_bytes(hostile_bytes(marker))
-    trainer = make_trainer()
-    for method in ("_load_from_checkpoint", "_load_rng_state"):
-        monkeypatch.setattr(Trainer, method, lambda self, path, *a: torch.load(os.path.join(path, "payload.pt"),
-                                                                               weights_only=False))  # fmt: skip
-        with pytest.raises(UnsafeCheckpointError, match=REFUSED):
-            getattr(trainer, method)(str(folder))
-    assert not marker.exists()
-    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # the guard ends with the method
+    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # the guard ends with `train()`
+    monkeypatch.setattr(trainer, "is_deepspeed_enabled", False)  # DDP: transformers reads weights-only itself
+    with contextlib.suppress(RuntimeError):
+        trainer.train(resume_from_checkpoint=str(resumed))
+    assert marker.exists()  # no guard: a reward's or callback's own `torch.load` is left as it is
 
 
 # ----------------------------------------------------------------------------------------------------------------

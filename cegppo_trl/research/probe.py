@@ -339,7 +339,7 @@ def _snapshot(trainer) -> dict:
         "step": trainer._step,
         "buffered": trainer._buffered_inputs,  # replaced, never mutated, by TRL: a reference is enough
         "vllm_loaded_step": getattr(trainer, "_last_loaded_step", None),  # vLLM: when its weights were last synced
-        "run_state": _clone(trainer.cegppo_run_state()),
+        "run_state": [_clone(c.state()["attributes"]) for c in trainer._run_state_callbacks],
     }
 
 
@@ -353,7 +353,8 @@ def _restore(trainer, snap: dict) -> None:
     trainer._buffered_inputs = snap["buffered"]
     if snap["vllm_loaded_step"] is not None:
         trainer._last_loaded_step = snap["vllm_loaded_step"]
-    trainer.load_cegppo_run_state(_clone(snap["run_state"]))
+    for callback, state in zip(trainer._run_state_callbacks, snap["run_state"], strict=True):
+        callback.load_state_dict(_clone(state))
     trainer.model.zero_grad(set_to_none=True)
 
 

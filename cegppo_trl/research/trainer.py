@@ -106,7 +106,7 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
 
 class EntropyControllerState(TrainerCallback, ExportableState):
     """The entropy controller, kept where transformers keeps callback state: `state()` goes into
-    `trainer_state.json` at every checkpoint, and a resume rebuilds the callback from it (`_load_callback_state`)."""
+    `trainer_state.json` at every checkpoint, and a resume restores it (`CheckpointHooks._load_rng_state`)."""
 
     def __init__(self, spec: str | dict, beta1: float, beta2: float):
         self.spec, self.initial = spec, (beta1, beta2)
@@ -115,15 +115,10 @@ class EntropyControllerState(TrainerCallback, ExportableState):
     def state(self) -> dict:
         return {
             "args": {"spec": self.spec, "beta1": self.initial[0], "beta2": self.initial[1]},
-            "attributes": {"controller_state": self.controller.state_dict()},
+            "attributes": self.controller.state_dict(),
         }
 
-    @property
-    def controller_state(self) -> dict:
-        return self.controller.state_dict()
-
-    @controller_state.setter
-    def controller_state(self, state: dict) -> None:  # transformers sets the saved attributes on resume
+    def load_state_dict(self, state: dict) -> None:  # `CheckpointHooks` restores the run-state callbacks with it
         self.controller.load_state_dict(state)
 
 
@@ -137,7 +132,9 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
         self._entropy_window: list[float] = []  # TRL's logged entropy of this step's micro-batches
         if self.args.entropy_controller is not None:
             initial = (self.beta1_schedule.initial, self.beta2_schedule.initial)
-            self.add_callback(EntropyControllerState(self.args.entropy_controller, *map(float, initial)))
+            state = EntropyControllerState(self.args.entropy_controller, *map(float, initial))
+            self._run_state_callbacks = (*self._run_state_callbacks, state)  # saved and restored with the run
+            self.add_callback(state)
 
     @property
     def entropy_controller(self) -> EntropyController | None:

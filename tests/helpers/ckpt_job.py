@@ -84,18 +84,25 @@ class KilledWhileWriting(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SigtermAtStep3(TrainerCallback):
-    """Sends the process SIGTERM at the end of step 3, as a scheduler does, and waits past transformers' 3 s grace
-    (`enable_jit_checkpoint`), so its checkpoint request lands at the start of step 4."""
+class SigtermAtStep4(TrainerCallback):
+    """Sends the process SIGTERM at the end of step 4, as a scheduler does, and waits past transformers' 3 s grace
+    (`enable_jit_checkpoint`), so its checkpoint request is raised before that step's end is agreed."""
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 3:
+        if state.global_step == 4:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(4.5)
 
 
+class SlowSteps(TrainerCallback):
+    """Sleeps 0.25 s after each step: a job slow enough for a test to signal it while it trains."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.25)
+
+
 CALLBACKS = {"peft": PeftSavingCallback, "readme": AppendsToReadme, "ema": EmaWriter, "kill": KilledWhileWriting,
-             "sigterm": SigtermAtStep3}  # fmt: skip
+             "sigterm": SigtermAtStep4, "slow": SlowSteps}  # fmt: skip
 
 
 def build(spec: dict):
@@ -108,7 +115,7 @@ def build(spec: dict):
     spec = dict(spec)
     trainer_name, output_dir, callback = spec.pop("trainer"), spec.pop("output_dir"), spec.pop("callback", None)
     betas, lora = spec.pop("betas", (0.0, 0.0)), spec.pop("lora", False)
-    for key in ("resume", "params"):
+    for key in ("resume", "params", "pid_dir"):
         spec.pop(key, None)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     config = {**JOB, "per_device_train_batch_size": JOB["per_device_train_batch_size"] // world, **spec}
@@ -136,8 +143,9 @@ def params(trainer) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
 
 
-def torchrun(spec: dict, processes: int = 2, timeout: float = 600):
-    """This job as `processes` real CPU processes under torchrun (gloo); it must exit 0. Returns the finished process."""
+def torchrun(spec: dict, processes: int = 2, timeout: float = 600, wait: bool = True):
+    """This job as `processes` real CPU processes under torchrun (gloo); it must exit 0. Returns the finished process
+    (`wait=False`: the running launcher, its output in `<output_dir>.log`)."""
     import subprocess
     from pathlib import Path
 
@@ -148,6 +156,9 @@ def torchrun(spec: dict, processes: int = 2, timeout: float = 600):
            "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "ACCELERATE_USE_CPU": "1"}  # fmt: skip
     cmd = [str(TORCHRUN), "--nproc_per_node", str(processes), "--master_port", str(free_port()), __file__,
            json.dumps(spec, default=str)]  # fmt: skip
+    if not wait:
+        with open(f"{spec['output_dir']}.log", "w") as log:
+            return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
@@ -156,6 +167,9 @@ def torchrun(spec: dict, processes: int = 2, timeout: float = 600):
 def main(spec: dict) -> None:
     torch.set_num_threads(1)
     trainer = build(spec)
+    if spec.get("pid_dir"):  # for a test that signals this process
+        with open(os.path.join(spec["pid_dir"], f"pid_{trainer.args.process_index}"), "w") as f:
+            f.write(str(os.getpid()))
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     if trainer.accelerator.is_main_process and spec.get("params"):
         torch.save(params(trainer), spec["params"])

@@ -35,5 +35,5 @@ def crafted_copy(checkpoint: Path, destination: Path, relative: str, marker: Pat
     target.write_bytes(hostile_bytes(marker, target.stat().st_size))
     if (destination / COMMIT_FILE).exists():
         record = json.loads((destination / COMMIT_FILE).read_text())
-        commit(str(destination), True, record.get("run"), lambda: None, bool(record.get("save_only_model")))
+        commit(str(destination), True, lambda: None, bool(record.get("save_only_model")))
     return destination

@@ -150,7 +150,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
 
         trainer._save_rng_state = stalled
     resume = spec.get("resume")
-    trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
+    trainer.train(resume_from_checkpoint=resume)  # "last": the newest committed checkpoint, or a fresh start
     if spec.get("zero3"):
         # Each rank holds a shard of every parameter (ZeRO-3), not a replica: the module's tensors are empty.
         params = list(trainer.model.parameters())
@@ -164,8 +164,9 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         torch.save(params, os.path.join(out_dir, f"params_{loss_type}.pt"))
         with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-        with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
-            json.dump(trainer.entropy_controller.state_dict(), f)
+        if trainer.entropy_controller is not None:  # (the controller is moving to a research layer)
+            with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
+                json.dump(trainer.entropy_controller.state_dict(), f)
         plugin = trainer.accelerator.state.deepspeed_plugin
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper, if any
         with open(os.path.join(out_dir, f"engine_{loss_type}.json"), "w") as f:
