@@ -32,12 +32,12 @@ def test_from_grpo_config_keeps_every_grpo_field_and_adds_the_cegppo_ones(tmp_pa
     grpo = _grpo(tmp_path, **layout)
     with pytest.raises(ValueError, match="can not be both configured"):  # what the old advice led to
         CEGPPOConfig(**grpo.to_dict())
-    config = CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.75, entropy_controller="band=0.3-0.6")
+    config = CEGPPOConfig.from_grpo_config(grpo, gppo_beta1=0.75, delta_low=0.5)
     assert type(config) is CEGPPOConfig
     kept = _grpo_fields()
     assert {n: getattr(config, n) for n in kept} == {n: getattr(grpo, n) for n in kept}  # save_steps 500 too
     assert config.hub_token == "hf_secret"  # not to_dict()'s "<HUB_TOKEN>" mask
-    assert (config.gppo_beta1, config.gppo_beta2, config.entropy_controller) == (0.75, 1.0, "band=0.3-0.6")
+    assert (config.gppo_beta1, config.gppo_beta2, config.delta_low) == (0.75, 1.0, 0.5)
     # And back: a CEGPPOConfig converts to itself, CE-GPPO fields included.
     again = CEGPPOConfig.from_grpo_config(config)
     assert {f.name: getattr(again, f.name) for f in dataclasses.fields(CEGPPOConfig) if f.init} == {

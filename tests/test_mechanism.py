@@ -1,4 +1,4 @@
-"""The trainer's `preserved_gradient_coefficient` hook, `gppo_beta_rule`, and the mechanism study's token-class arms
+"""The trainer's `preserved_weight` hook, `gppo_beta_rule`, and the mechanism study's token-class arms
 (examples/entropy_study/mechanism.py), on the tiny Llama, off-policy (4 optimizer steps per rollout batch).
 
 - The hook is the one the loss reads: a subclass returning zeros trains GRPO's parameters at β = (0.5, 1), bit for bit.
@@ -20,10 +20,11 @@ import torch
 from datasets import Dataset
 from helpers.batches import base_config_kwargs, count_ones_reward, loss_and_grads, make_offpolicy_batch
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl import CEGPPOTrainer
 from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.loss import cegppo_regions
 from cegppo_trl.research.probe import ProbeSettings, run_probe
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig
 from cegppo_trl.schedules import parse_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,14 +41,13 @@ def _trainer(tmp_path, tokenizer, cls=CEGPPOTrainer, **kw):
                     lr_scheduler_type="constant", learning_rate=1e-2, max_steps=4, bf16=False)  # fmt: skip
     settings.update(kw)
     return cls(model=build_tiny_llama(tokenizer, seed=0), reward_funcs=count_ones_reward,
-               args=CEGPPOConfig(**base_config_kwargs(tmp_path, **settings)),
+               args=ResearchCEGPPOConfig(**base_config_kwargs(tmp_path, **settings)),
                train_dataset=Dataset.from_dict({"prompt": PROMPTS}), processing_class=tokenizer)  # fmt: skip
 
 
 class NothingPreserved(CEGPPOTrainer):
-    def preserved_gradient_coefficient(self, log_ratio, advantages, coefficients, regions, logps, entropies):
-        return torch.zeros_like(super().preserved_gradient_coefficient(
-            log_ratio, advantages, coefficients, regions, logps, entropies))  # fmt: skip
+    def preserved_weight(self, log_ratio, advantages, regions, **kwargs):
+        return torch.zeros_like(super().preserved_weight(log_ratio, advantages, regions, **kwargs))
 
 
 @pytest.mark.slow
@@ -59,8 +59,8 @@ def test_a_hook_that_preserves_nothing_trains_grpos_parameters_off_policy(tmp_pa
         trainer.train()
         ends[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         if name == "cegppo":  # the run was off-policy and clipped: β had something to act on
-            history = [h for h in trainer.state.log_history if "cegppo/preserved/right_frac" in h]
-            assert max(h["cegppo/preserved/right_frac"] + h["cegppo/preserved/left_frac"] for h in history) > 0
+            history = [h for h in trainer.state.log_history if "clip_ratio/region_mean" in h]
+            assert max(h["clip_ratio/region_mean"] for h in history) > 0
     assert all(torch.equal(ends["grpo"][k], ends["hook"][k]) for k in ends["grpo"])
     assert not all(torch.equal(ends["grpo"][k], ends["cegppo"][k]) for k in ends["grpo"])
 
@@ -79,9 +79,9 @@ def test_the_entropy_rule_is_the_papers_at_equal_betas_and_another_update_otherw
 
 def test_the_entropy_rule_is_refused_with_sequence_level_ratios_and_an_unknown_rule_by_name(tmp_path):
     with pytest.raises(ValueError, match="`gppo_beta_rule='entropy'`.*importance_sampling_level='token'"):
-        CEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="entropy", importance_sampling_level="sequence")
+        ResearchCEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="entropy", importance_sampling_level="sequence")
     with pytest.raises(ValueError, match=r"`gppo_beta_rule` must be one of \['paper', 'entropy'\]"):
-        CEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="side")
+        ResearchCEGPPOConfig(output_dir=str(tmp_path), gppo_beta_rule="side")
 
 
 def _preserved_grads(trainer, inputs, right_tokens):
@@ -132,19 +132,19 @@ def test_the_probe_refuses_a_labelled_arm_without_its_setup(tmp_path, tokenizer)
 def test_the_rule_arms_run_through_the_probe_with_the_rule_each_names(tmp_path, tokenizer):
     trainer = _trainer(tmp_path, tokenizer, mechanism.RightTokenTrainer)
     rules = []
-    original = trainer.preserved_gradient_coefficient
+    original = trainer.preserved_weight
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         rules.append(trainer.args.gppo_beta_rule)
-        return original(*args)
+        return original(*args, **kwargs)
 
-    trainer.preserved_gradient_coefficient = spy
+    trainer.preserved_weight = spy
     settings = ProbeSettings(arms=mechanism.RULE_ARMS, branch_points=1, probe_prompts=2)
     result = run_probe(trainer, PROMPTS[:2], settings, log=None, arm_setup=mechanism.set_beta_rule)
     arms = result["branches"][0]["arms"]
     assert list(arms) == [mechanism.B1_PAPER, mechanism.B2_ENTROPY, mechanism.B1_ENTROPY, mechanism.REF]
-    # Each arm's 4 micro-batches under its own rule, in the probe's order (the reference last).
-    assert rules == ["paper"] * 4 + ["entropy"] * 8 + ["paper"] * 4
+    # Each arm's 4 micro-batches under its own rule, in the probe's order (the reference, at β = 0, keeps nothing).
+    assert rules == ["paper"] * 4 + ["entropy"] * 8
     assert arms[mechanism.B1_ENTROPY]["delta"] != arms[mechanism.B1_PAPER]["delta"]
 
 

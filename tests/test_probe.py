@@ -20,7 +20,6 @@ import torch
 from datasets import Dataset
 from helpers.batches import base_config_kwargs, count_ones_reward
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.research.probe import (
     ProbeSettings,
@@ -39,6 +38,7 @@ from cegppo_trl.research.probe import (
     summarize_probe,
 )
 from cegppo_trl.research.stats import holm, sign_flip_p, t_interval, t_quantile
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -119,8 +119,9 @@ def _trainer(tmp_path, tokenizer, model=None, reward=count_ones_reward, **kw):
     settings = dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4, loss_type="dapo",
                     lr_scheduler_type="constant", learning_rate=1e-2)  # fmt: skip
     settings.update(kw)
-    args = CEGPPOConfig(**base_config_kwargs(tmp_path, **settings))
-    return CEGPPOTrainer(
+    # the probe's trainer, as `cegppo probe` builds it: the research trainer with the per-step predictor on
+    args = ResearchCEGPPOConfig(**base_config_kwargs(tmp_path, **settings), log_predictor=True)
+    return ResearchCEGPPOTrainer(
         model=model if model is not None else build_tiny_llama(tokenizer, seed=0),
         reward_funcs=reward,
         args=args,

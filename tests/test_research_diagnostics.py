@@ -1,4 +1,4 @@
-"""`cegppo_diagnostics`: the per-region statistics the trainer logs, checked against hand-derived values.
+"""`cegppo_diagnostics` (research layer): the per-region statistics `log_predictor` logs, checked against hand-derived values.
 
 Unless a test says otherwise: epsilon 0.2 both sides (clip range [0.8, 1.2]), beta1 = 0.5, beta2 = 0.75, delta = 2.5.
 """
@@ -6,14 +6,12 @@ Unless a test says otherwise: epsilon 0.2 both sides (clip range [0.8, 1.2]), be
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from cegppo_trl.loss import cegppo_diagnostics
-from cegppo_trl.monitoring import LeftDriftAlarm, cegppo_metrics, combine_diagnostics, diagnostics_metrics
+from cegppo_trl.research.diagnostics import cegppo_diagnostics, combine_diagnostics, diagnostics_metrics
 
 KWARGS = dict(epsilon_low=0.2, epsilon_high=0.2, beta1=0.5, beta2=0.75, delta=2.5)
 
@@ -121,68 +119,6 @@ def test_grad_share_weighs_tokens_by_the_factors_the_loss_is_multiplied_by():
     assert not math.isclose(unweighted.sums["preserved_grad_weight"] / unweighted.sums["grad_weight"], share.item())
 
 
-def test_trainer_grad_share_is_that_of_the_loss_with_entropy_mask_off_policy_mask_and_is_ratio(make_trainer):
-    # `cegppo/preserved/grad_share` through `_compute_loss` with the three weighting features on, against autograd on
-    # the loss they define (the definition of the objective, times TRL's entropy mask, off-policy mask and IS ratio).
-    from helpers.batches import loss_and_grads, make_offpolicy_batch
-    from helpers.reference import reference_per_token_loss
-
-    trainer = make_trainer(gppo_beta1=0.5, gppo_beta2=1.0, top_entropy_quantile=0.5, off_policy_mask_threshold=0.05)
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the loss path only; no vLLM needed
-    batch = make_offpolicy_batch(trainer, seed=1)
-    is_ratio = torch.rand(batch["completion_mask"].shape, generator=torch.Generator().manual_seed(2))
-    batch["importance_sampling_ratio"] = 0.5 + is_ratio  # pi_train / pi_vllm, in [0.5, 1.5)
-    loss_and_grads(trainer, batch)
-    logged = trainer._metrics["train"]["cegppo/preserved/grad_share"][-1]
-
-    mask = batch["completion_mask"]
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    att = torch.cat([batch["prompt_mask"], mask], 1)
-    with torch.no_grad():
-        logp, entropies, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, att, 7, compute_entropy=True
-        )
-    logp.requires_grad_()
-    old, adv = batch["old_per_token_logps"], batch["advantages"]
-    entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 0.5)
-    off_policy_mask = trainer.get_off_policy_mask(
-        advantages=adv[:, None], per_token_logps=logp.detach(), sampling_per_token_logps=old, mask=mask,
-        off_policy_threshold=0.05,
-    )  # fmt: skip
-    assert 0 < off_policy_mask.sum() < off_policy_mask.numel() and 0 < entropy_mask.sum() < mask.sum()
-    per_token, left, right = reference_per_token_loss(logp, old, adv, 0.5, 1.0)
-    weights = off_policy_mask * entropy_mask * batch["importance_sampling_ratio"]
-    valid, preserved = mask.bool(), (left | right) & mask.bool()
-
-    def share(loss: torch.Tensor) -> float:
-        (grad,) = torch.autograd.grad(loss, logp, retain_graph=True)
-        return (grad.abs()[preserved].sum() / grad.abs()[valid].sum()).item()
-
-    assert logged == pytest.approx(share((per_token * weights * mask).sum()), rel=1e-5)
-    assert logged != pytest.approx(share((per_token * mask).sum()), rel=1e-3)  # what the metric used to report
-
-
-def test_trainer_combines_the_diagnostics_with_one_host_transfer(make_trainer, monkeypatch):
-    # Each transfer of a device tensor to the host is a synchronisation on a GPU: the combined diagnostics of a
-    # micro-batch take one (it made two: one `.tolist()` for the sums, one for the extremes).
-    trainer = make_trainer()
-    diag = cegppo_diagnostics(torch.tensor([[-1.0, 0.0, 1.0]]), torch.tensor([-1.0]), torch.ones(1, 3), **KWARGS)
-    transfers = []
-    for name in ("tolist", "item", "cpu", "numpy", "__float__"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            transfers.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    sums, minima, maxima = combine_diagnostics(diag, trainer.accelerator.gather)
-    monkeypatch.undo()
-    assert transfers == ["tolist"]
-    assert sums == named(diag.sums) and minima["ratio"] == diag.minima["ratio"].item()
-    assert maxima["right_share"] == diag.maxima["right_share"].item()
-
-
 def test_combine_diagnostics_adds_the_sums_and_takes_the_extremes_over_processes():
     # Process 0: one left-clipped token (log r = -1, A = -1); process 1: one right-clipped token (log r = 1, A = +1).
     mine = cegppo_diagnostics(torch.tensor([[-1.0]]), torch.tensor([-1.0]), torch.ones(1, 1), **KWARGS)
@@ -192,45 +128,6 @@ def test_combine_diagnostics_adds_the_sums_and_takes_the_extremes_over_processes
     assert sums["tokens"] == 2.0 and sums["left"] == 1.0 and sums["right"] == 1.0
     assert minima["ratio"] == pytest.approx(math.exp(-1)) and maxima["ratio"] == pytest.approx(math.e)
     assert minima["left_share"] == 0.0 and maxima["right_share"] == 1.0  # per-sequence shares: 1, 0 and 0, 1
-
-
-def test_diagnostics_metrics_are_shares_of_the_combined_tokens_and_nothing_for_an_empty_micro_batch():
-    # Two tokens over the processes: one left-clipped (log r = -1), one right-clipped; no dual clip.
-    left = cegppo_diagnostics(torch.tensor([[-1.0, 1.0]]), torch.tensor([-1.0]), torch.ones(1, 2), **KWARGS)
-    sums, minima, maxima = combine_diagnostics(left, lambda local: local)
-    assert sums["left"] == 1.0 and sums["right"] == 0.0  # A < 0: r = e is beyond delta 2.5, the dual clip
-    metrics = diagnostics_metrics(sums, minima, maxima, left_guard=False)
-    assert metrics["cegppo/preserved/left_frac"] == 0.5 and metrics["cegppo/preserved/right_frac"] == 0.0
-    assert metrics["cegppo/dual_clip_frac"] == 0.5 and not any(k.startswith("clip_ratio/") for k in metrics)  # TRL's
-    assert metrics["cegppo/preserved/left_log_ratio"] == -1.0
-    assert metrics["cegppo/ratio/mean"] == pytest.approx((math.exp(-1) + math.e) / 2)
-    assert "cegppo/preserved/left_guard_frac" not in metrics
-    assert "cegppo/preserved/left_guard_frac" in diagnostics_metrics(sums, minima, maxima, left_guard=True)
-    empty = {name: 0.0 for name in sums}
-    assert diagnostics_metrics(empty, minima, maxima, left_guard=True) == {}
-
-
-def test_cegppo_metrics_adds_the_betas_and_the_controller_and_the_drift_alarm_reads_its_sums():
-    # One left-clipped token (log r = -2, A = -1) beside one inside the range: left share 1/2, left log r -2.
-    coefficients = dict(KWARGS, delta_low=None, delta_low_mode="cutoff")
-    controller = SimpleNamespace(target=(0.3, 0.6), last_entropy=0.45)
-    args = (torch.tensor([[-2.0, 0.0]]), torch.tensor([-1.0]), torch.ones(1, 2), coefficients, lambda local: local)
-    metrics, sums = cegppo_metrics(*args, controller=controller)
-    assert list(metrics)[:5] == ["cegppo/beta1", "cegppo/beta2", "cegppo/controller/target_low",
-                                 "cegppo/controller/target_high", "cegppo/controller/entropy"]  # fmt: skip
-    assert [metrics[k] for k in list(metrics)[:5]] == [0.5, 0.75, 0.3, 0.6, 0.45]
-    assert metrics["cegppo/preserved/left_frac"] == 0.5 and metrics["cegppo/preserved/left_log_ratio"] == -2.0
-    assert sums["left_log_ratio"] == -2.0 and sums["left"] == 1.0
-    without, _ = cegppo_metrics(*args)
-    assert "cegppo/controller/target_low" not in without and without["cegppo/beta1"] == 0.5
-    config = SimpleNamespace(
-        steps_per_generation=4, num_iterations=1, gradient_accumulation_steps=1, learning_rate=0.01
-    )
-    alarm = LeftDriftAlarm(-1.5)
-    assert alarm.warning(sums, False, 3, config, coefficients) is None  # within the optimizer step
-    warning = alarm.warning(sums, True, 3, config, coefficients)  # the step's mean (-2 - 2) / 2 = -2 < -1.5
-    assert warning.startswith("cegppo/preserved/left_log_ratio = -2.00 at step 3 is below `left_drift_warning` = -1.5")
-    assert alarm.warning(sums, True, 4, config, coefficients) is None  # the same episode
 
 
 def test_entropy_predictor_counts_the_tokens_whose_push_raises_entropy_and_sums_the_leading_term():
@@ -255,7 +152,7 @@ def test_entropy_predictor_counts_the_tokens_whose_push_raises_entropy_and_sums_
     expected = term(0.9, 0.1) + term(-0.4, 0.8) + term(-0.4, 0.05)
     assert math.isclose(sums["entropy_change"], expected, rel_tol=1e-5)
     assert sums["entropy"] == 4.0 and sums["entropy_tokens"] == 4.0
-    metrics = diagnostics_metrics(*combine_diagnostics(diag, lambda local: local), left_guard=False)
+    metrics = diagnostics_metrics(*combine_diagnostics(diag, lambda local: local))
     assert metrics["cegppo/predictor/right_raise_frac"] == 1.0 and metrics["cegppo/predictor/left_raise_frac"] == 0.5
     assert math.isclose(metrics["cegppo/predictor/entropy_change"], expected, rel_tol=1e-5)
     # At beta = 0 nothing is preserved: no entropy change is predicted, whatever the shares.

@@ -371,14 +371,14 @@ def _set_betas(trainer, arm: tuple, arm_setup: Callable[[Any, tuple], None] | No
 class _Recorder:
     """Hooks the trainer's per-micro-batch metric call to count the four clip regions and hash the batch trained on.
 
-    `CEGPPOTrainer._compute_loss` hands its log-ratio, advantages and mask to `_log_cegppo_metrics` on every
-    micro-batch; the recorder wraps that call (an instance attribute, so the class is untouched) and adds up token
-    counts per region, weighted by the completion mask.
+    `CEGPPOTrainer` hands every micro-batch and the policy's log-probabilities to `_preserve_gradient` at TRL's
+    forward pass; the recorder wraps that call (an instance attribute, so the class is untouched) and adds up token
+    counts per region, weighted by the loss mask.
     """
 
     def __init__(self, trainer):
         self.trainer = trainer
-        self.original = trainer._log_cegppo_metrics
+        self.original = trainer._preserve_gradient
         self.arm: tuple[float, float] | None = None  # the arm being trained: its name heads the drift warning
         self.reset()
 
@@ -389,10 +389,14 @@ class _Recorder:
     def __enter__(self):
         trainer = self.trainer
 
-        def hooked(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs):  # the rest: passed through
-            if mode == "train":
-                low, high = math.log(1 - coefficients["epsilon_low"]), math.log1p(coefficients["epsilon_high"])
-                lr, adv, m = log_ratio.detach(), advantages.detach().expand_as(log_ratio), mask.detach().float()
+        def hooked(batch, logps, entropies):
+            if trainer.model.training and batch.get("old_per_token_logps") is not None:
+                low, high = math.log(1 - trainer.epsilon_low), math.log1p(trainer.epsilon_high)
+                mask = batch["completion_mask"] * batch.get("tool_mask", 1.0)
+                log_ratio = logps.detach() - batch["old_per_token_logps"]
+                advantages = batch["advantages"]
+                advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+                lr, adv, m = log_ratio, advantages.detach().expand_as(log_ratio), mask.detach().float()
                 for name, region in (
                     ("pos_below", (adv > 0) & (lr < low)),
                     ("pos_above", (adv > 0) & (lr > high)),
@@ -401,9 +405,9 @@ class _Recorder:
                 ):
                     self.counts[name] += float((region.float() * m).sum())
                 self.tokens += float(m.sum())
-            return self.original(mode, log_ratio, advantages, mask, coefficients, *rest, **kwargs)
+            return self.original(batch, logps, entropies)
 
-        trainer._log_cegppo_metrics = hooked
+        trainer._preserve_gradient = hooked
         alarm = trainer.left_drift_alarm
         if alarm is not None:
             # The warning's β is the loss's (the arm's schedules); it says it is a probe arm, not the configured run.
@@ -417,7 +421,7 @@ class _Recorder:
         return self
 
     def __exit__(self, *exc):
-        del self.trainer._log_cegppo_metrics  # back to the class's method
+        del self.trainer._preserve_gradient  # back to the class's method
         if self.trainer.left_drift_alarm is not None:
             self.trainer.left_drift_alarm.__dict__.pop("warning", None)
         return False
@@ -499,7 +503,7 @@ def _check_trainer(trainer) -> tuple[int, int]:
     args = trainer.args
     if trainer.accelerator.num_processes != 1:
         raise ValueError("`cegppo probe` runs in one process (no DDP / DeepSpeed launch).")
-    if trainer.entropy_controller is not None:
+    if getattr(trainer, "entropy_controller", None) is not None:
         raise ValueError("`cegppo probe` sets β per arm; drop `--entropy_controller`.")
     ga = args.gradient_accumulation_steps
     per_batch = args.steps_per_generation * trainer.num_iterations
@@ -772,14 +776,15 @@ def main(argv: list[str] | None = None) -> int:
 def _build_trainer(script_args, training_args, model_args, prepared):
     from trl import get_quantization_config
 
-    from ..trainer import CEGPPOTrainer
+    from .trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
 
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-    return CEGPPOTrainer(
-        model=model_args.model_name_or_path, reward_funcs=prepared.reward_funcs, args=training_args,
+    args = ResearchCEGPPOConfig.from_grpo_config(training_args, log_predictor=True)  # the per-step predictor
+    return ResearchCEGPPOTrainer(
+        model=model_args.model_name_or_path, reward_funcs=prepared.reward_funcs, args=args,
         train_dataset=prepared.train_dataset, quantization_config=get_quantization_config(model_args),
         peft_config=prepared.peft_config,
     )  # fmt: skip

@@ -53,8 +53,8 @@ from pathlib import Path
 
 import torch
 
-from cegppo_trl import CEGPPOTrainer
-from cegppo_trl.loss import push_up_raises_entropy
+from cegppo_trl.research.diagnostics import push_up_raises_entropy
+from cegppo_trl.research.trainer import ResearchCEGPPOTrainer
 
 from .probe_study import PROBE_PROMPTS, STEPS, STEPS_PER_BATCH, study_config
 
@@ -75,16 +75,15 @@ STAGE_A = DOCS.parent / "results" / "probe-stage-a"
 BEGIN, END = "<!-- mechanism results: begin -->", "<!-- mechanism results: end -->"
 
 
-class RightTokenTrainer(CEGPPOTrainer):
-    """`CEGPPOTrainer` whose β2 acts on one class of right-clipped tokens: `right_tokens` is `"all"` (the paper's
+class RightTokenTrainer(ResearchCEGPPOTrainer):
+    """`ResearchCEGPPOTrainer` whose β2 acts on one class of right-clipped tokens: `right_tokens` is `"all"` (the paper's
     rule), `"raise"` (log p < -H: the push up raises entropy) or `"rest"` (log p >= -H). β1 is untouched."""
 
     right_tokens = "all"
 
-    def preserved_gradient_coefficient(self, log_ratio, advantages, coefficients, regions, logps, entropies):
-        coefficient = super().preserved_gradient_coefficient(
-            log_ratio, advantages, coefficients, regions, logps, entropies
-        )
+    def preserved_weight(self, log_ratio, advantages, regions, *, beta1, beta2, logps, entropies, mask):
+        coefficient = super().preserved_weight(log_ratio, advantages, regions, beta1=beta1, beta2=beta2, logps=logps,
+                                               entropies=entropies, mask=mask)  # fmt: skip
         if self.right_tokens not in RIGHT_TOKENS:
             raise ValueError(f"right_tokens must be one of {RIGHT_TOKENS}, got {self.right_tokens!r}.")
         if self.right_tokens == "all":

@@ -52,8 +52,8 @@ LABELS = {
 # Logged metric -> series name, one value per optimizer step (the trainer's own logs).
 SERIES = {
     "entropy": "entropy",
-    "left_frac": "cegppo/preserved/left_frac",  # A<0, r<1-ε: gradient scaled by β1
-    "right_frac": "cegppo/preserved/right_frac",  # A>0, r>1+ε: gradient scaled by β2
+    "left_frac": "clip_ratio/low_mean",  # A<0, r<1-ε: gradient scaled by β1 (TRL's metric)
+    "right_frac": "clip_ratio/high_mean",  # A>0, r>1+ε: gradient scaled by β2 (TRL's metric)
     "guard_frac": "cegppo/preserved/left_guard_frac",  # A<0, r<delta_low: no gradient (guarded arm only)
     "dual_frac": "cegppo/dual_clip_frac",  # A<0, r>delta (dual clip; 0 here, delta is off)
     "grad_share": "cegppo/preserved/grad_share",
@@ -118,7 +118,8 @@ def train_run(arm: str, seed: int, output_dir: Path, settings: dict) -> dict:
     import torch
     from transformers import TrainerCallback, set_seed
 
-    from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from cegppo_trl.research.trainer import ResearchCEGPPOConfig as CEGPPOConfig
+    from cegppo_trl.research.trainer import ResearchCEGPPOTrainer as CEGPPOTrainer
     from cegppo_trl.demos.tasks import chat_addition_task
 
     torch.set_num_threads(1)
@@ -137,6 +138,7 @@ def train_run(arm: str, seed: int, output_dir: Path, settings: dict) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         args = CEGPPOConfig(
+            log_predictor=True,  # the gradient share and the mean ratio
             output_dir=tmp,
             use_cpu=True,
             bf16=False,
