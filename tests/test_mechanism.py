@@ -24,7 +24,7 @@ from cegppo_trl import CEGPPOTrainer
 from cegppo_trl.demos.tiny import build_tiny_llama
 from cegppo_trl.loss import cegppo_regions
 from cegppo_trl.research.probe import ProbeSettings, run_probe
-from cegppo_trl.research.trainer import ResearchCEGPPOConfig
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
 from cegppo_trl.schedules import parse_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ from examples.entropy_study import mechanism  # noqa: E402
 PROMPTS = [f"{i % 4}+{i % 4}=" for i in range(32)]
 
 
-def _trainer(tmp_path, tokenizer, cls=CEGPPOTrainer, **kw):
+def _trainer(tmp_path, tokenizer, cls=ResearchCEGPPOTrainer, **kw):
     settings = dict(per_device_train_batch_size=4, num_generations=4, steps_per_generation=4, loss_type="dapo",
                     lr_scheduler_type="constant", learning_rate=1e-2, max_steps=4, bf16=False)  # fmt: skip
     settings.update(kw)
@@ -113,7 +113,7 @@ def test_the_two_token_classes_split_the_right_clipped_gradient(tmp_path, tokeni
     for f, a, b in zip(full, raise_, rest, strict=True):
         torch.testing.assert_close(a + b, f, atol=1e-7, rtol=1e-5)
     assert not all(torch.allclose(a, f) for a, f in zip(raise_, full, strict=True))
-    trainer.right_tokens = "some"
+    trainer.right_tokens, trainer.beta2_schedule = "some", parse_schedule(1.0)  # at beta = 0 the hook is not called
     with pytest.raises(ValueError, match="right_tokens must be one of"):
         loss_and_grads(trainer, inputs)
 

@@ -44,7 +44,7 @@ def test_grid_writes_each_runs_series_and_skips_finished_runs(tmp_path):
         record = json.loads(study.run_path(out, arm, 0).read_text())
         assert record["complete"] and [s["step"] for s in record["steps"]] == [1, 2, 3, 4]
         for s in record["steps"]:
-            for key in ("entropy", "left_frac", "right_frac", "dual_frac", "ratio_min", "ratio_max"):
+            for key in ("entropy", "left_frac", "right_frac", "ratio_min", "ratio_max"):
                 assert isinstance(s[key], float), (arm, key)
         # Off-policy: the second step of each rollout batch sees a ratio that moved off 1.
         assert record["steps"][0]["ratio_max"] == pytest.approx(1.0, abs=1e-5)

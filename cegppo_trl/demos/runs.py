@@ -137,6 +137,9 @@ class RunResult:
     model: torch.nn.Module | None = None
 
 
+RESEARCH_FIELDS = {"entropy_controller", "gppo_beta_rule", "log_predictor"}
+
+
 def run_training(
     config_overrides: dict,
     *,
@@ -187,8 +190,12 @@ def run_training(
         "max_completion_length": task.max_completion_length,
         **config_overrides,
     }
-    args = CEGPPOConfig(output_dir=str(output_dir), max_steps=max_steps, seed=seed, data_seed=seed, **settings)
-    trainer = CEGPPOTrainer(
+    config_cls, trainer_cls = CEGPPOConfig, CEGPPOTrainer
+    if RESEARCH_FIELDS & set(settings):  # the entropy studies' options: `cegppo_trl.research`'s trainer
+        from ..research.trainer import ResearchCEGPPOConfig as config_cls
+        from ..research.trainer import ResearchCEGPPOTrainer as trainer_cls
+    args = config_cls(output_dir=str(output_dir), max_steps=max_steps, seed=seed, data_seed=seed, **settings)
+    trainer = trainer_cls(
         model=model,
         reward_funcs=task.reward_fn,
         args=args,

@@ -118,7 +118,7 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
     quiet_libraries()
     torch.set_num_threads(1)
     model, tokenizer, task, _ = _model(warmup, cache_dir)
-    overrides = {**STUDY_TRAINING, **arm_overrides()[arm][1]}
+    overrides = {**STUDY_TRAINING, **arm_overrides()[arm][1], "log_predictor": True}  # grad_share
     with tempfile.TemporaryDirectory() as trainer_dir:  # TRL's output_dir; nothing is saved there
         result = run_training(
             overrides, model=copy.deepcopy(model), tokenizer=tokenizer, task=task, max_steps=steps, seed=seed,
@@ -130,11 +130,12 @@ def run_arm(arm: str, seed: int, *, steps: int, eval_every: int, warmup: dict, c
         ("entropy", "entropy"),
         ("beta1", "cegppo/beta1"),
         ("beta2", "cegppo/beta2"),
-        ("left_frac", "cegppo/preserved/left_frac"),
-        ("right_frac", "cegppo/preserved/right_frac"),
+        ("left_frac", "clip_ratio/low_mean"),
+        ("right_frac", "clip_ratio/high_mean"),
         ("grad_share", "cegppo/preserved/grad_share"),
     ):
-        curves[name] = [float(h.get(key, math.nan)) for h in per_step]
+        # grad_share is logged where something is preserved: 0 at beta = 0 and under TRL's other objectives
+        curves[name] = [float(h.get(key, 0.0 if name == "grad_share" else math.nan)) for h in per_step]
     reward_steps, reward = _values(per_step, "reward")
     heldout_steps, heldout = _values(result.history, "heldout/accuracy")
     curves["reward"] = {"steps": reward_steps, "values": reward}

@@ -55,7 +55,6 @@ SERIES = {
     "left_frac": "clip_ratio/low_mean",  # A<0, r<1-ε: gradient scaled by β1 (TRL's metric)
     "right_frac": "clip_ratio/high_mean",  # A>0, r>1+ε: gradient scaled by β2 (TRL's metric)
     "guard_frac": "cegppo/preserved/left_guard_frac",  # A<0, r<delta_low: no gradient (guarded arm only)
-    "dual_frac": "cegppo/dual_clip_frac",  # A<0, r>delta (dual clip; 0 here, delta is off)
     "grad_share": "cegppo/preserved/grad_share",
     "left_log_ratio": "cegppo/preserved/left_log_ratio",
     "ratio_min": "cegppo/ratio/min",
@@ -118,9 +117,9 @@ def train_run(arm: str, seed: int, output_dir: Path, settings: dict) -> dict:
     import torch
     from transformers import TrainerCallback, set_seed
 
+    from cegppo_trl.demos.tasks import chat_addition_task
     from cegppo_trl.research.trainer import ResearchCEGPPOConfig as CEGPPOConfig
     from cegppo_trl.research.trainer import ResearchCEGPPOTrainer as CEGPPOTrainer
-    from cegppo_trl.demos.tasks import chat_addition_task
 
     torch.set_num_threads(1)
     set_seed(seed)

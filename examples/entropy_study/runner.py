@@ -21,7 +21,8 @@ import torch
 from transformers import TrainerCallback, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig as CEGPPOConfig
+from cegppo_trl.research.trainer import ResearchCEGPPOTrainer as CEGPPOTrainer
 
 from .testbed import probe
 
@@ -33,8 +34,8 @@ PER_STEP_KEYS = {
     "reward": "reward",
     "beta1": "cegppo/beta1",
     "beta2": "cegppo/beta2",
-    "left_frac": "cegppo/preserved/left_frac",
-    "right_frac": "cegppo/preserved/right_frac",
+    "left_frac": "clip_ratio/low_mean",
+    "right_frac": "clip_ratio/high_mean",
     "grad_share": "cegppo/preserved/grad_share",
     "left_logratio": "study/left_logratio_mean",
     "neg_logratio_min": "study/neg_logratio_min",
@@ -199,7 +200,9 @@ def run_once(
         **overrides,
     }
     with tempfile.TemporaryDirectory() as output_dir:
-        args = CEGPPOConfig(output_dir=output_dir, max_steps=steps, seed=seed, data_seed=seed, **settings)
+        args = CEGPPOConfig(
+            output_dir=output_dir, max_steps=steps, seed=seed, data_seed=seed, log_predictor=True, **settings
+        )
         trainer = StudyTrainer(
             model=copy.deepcopy(model), reward_funcs=task.reward_fn, args=args, train_dataset=task.train,
             processing_class=tokenizer,
