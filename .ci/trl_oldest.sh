@@ -31,6 +31,6 @@ export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 # Left to the main suite, as GRPOTrainer fails them too on transformers 5.6: test_push_to_hub_offline patches
 # `transformers.trainer.hf_api` (not in 5.6); test_tools_and_environments's offline tokenizer has no `response_schema`
 # for 5.6's response parsing.
-python -m pytest -p no:cacheprovider tests/test_trl_seam.py tests/test_aggregation.py tests/test_trainer.py \
+python -m pytest -p no:cacheprovider tests/test_trl_seam.py tests/test_loss.py tests/test_trainer.py \
   tests/test_trainer_betas.py tests/test_drop_in.py tests/test_resume.py tests/test_mechanism.py \
   --deselect tests/test_drop_in.py::test_push_to_hub_offline --deselect tests/test_drop_in.py::test_tools_and_environments

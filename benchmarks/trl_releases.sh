@@ -11,7 +11,7 @@ export PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 for v in ${releases[@]}; do
   "$venv/bin/python" -m pip install -q --no-deps "trl==$v" >/dev/null 2>&1 || { echo "trl $v: install failed"; continue; }
   start=$(date +%s)
-  "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider tests/test_trl_seam.py tests/test_aggregation.py \
+  "$venv/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider tests/test_trl_seam.py tests/test_loss.py \
     tests/test_trainer.py tests/test_drop_in.py > "/tmp/trl_releases-$v.log" 2>&1
   rc=$?
   echo "trl $v: exit $rc, $(( $(date +%s) - start )) s, $(grep -cE '^(FAILED|ERROR)' "/tmp/trl_releases-$v.log") failed"

@@ -34,25 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 CEGPPO_METRICS = {
     "cegppo/beta1",
     "cegppo/beta2",
-    "cegppo/preserved/left_frac",
     "cegppo/preserved/left_log_ratio",
-    "cegppo/preserved/right_frac",
-    "cegppo/preserved/grad_share",
     "cegppo/preserved/left_guard_frac",
     "cegppo/dual_clip_frac",
     "cegppo/ratio/min",
-    "cegppo/ratio/mean",
     "cegppo/ratio/max",
     "cegppo/sft_loss",
-    "cegppo/predictor/right_raise_frac",
-    "cegppo/predictor/left_raise_frac",
-    "cegppo/predictor/entropy_change",
     "cegppo/sft_frac",
     "cegppo/dynamic_sampling/kept_groups",
     "cegppo/dynamic_sampling/dropped_groups",
-    "cegppo/controller/entropy",
-    "cegppo/controller/target_low",
-    "cegppo/controller/target_high",
 }
 PAIR = [(GRPOTrainer, GRPOConfig), (CEGPPOTrainer, CEGPPOConfig)]
 # Off-policy and clipping by default: a rollout batch of 4 prompts x 4 completions, two optimizer steps on it (one

@@ -133,7 +133,6 @@ def test_ratio_and_clip_metrics(run):
         left = ((adv < 0) & (ratio < 1 - eps_low))[mask].float()
         right = ((adv > 0) & (ratio > 1 + eps_high))[mask].float()
         # The PPO ratio is policy vs the training model's own old log-probs; the vLLM IS ratio is separate.
-        assert math.isclose(row["cegppo/ratio/mean"], ratio[mask].mean().item(), rel_tol=1e-5)
         assert math.isclose(row["cegppo/ratio/min"], ratio[mask].min().item(), rel_tol=1e-5)
         assert math.isclose(row["cegppo/ratio/max"], ratio[mask].max().item(), rel_tol=1e-5)
         assert math.isclose(row["clip_ratio/low_mean"], left.mean().item(), abs_tol=1e-7)

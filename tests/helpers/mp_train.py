@@ -34,8 +34,11 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
+
+# the research trainer: the entropy controller's state is part of what every resume must restore
+from cegppo_trl.research.trainer import ResearchCEGPPOConfig as CEGPPOConfig
+from cegppo_trl.research.trainer import ResearchCEGPPOTrainer as CEGPPOTrainer
 
 GLOBAL_BATCH = 8
 NUM_GENERATIONS = 4
@@ -164,7 +167,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         torch.save(params, os.path.join(out_dir, f"params_{loss_type}.pt"))
         with open(os.path.join(out_dir, f"log_history_{loss_type}.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-        if trainer.entropy_controller is not None:  # (the controller is moving to a research layer)
+        if trainer.entropy_controller is not None:
             with open(os.path.join(out_dir, f"controller_{loss_type}.json"), "w") as f:
                 json.dump(trainer.entropy_controller.state_dict(), f)
         plugin = trainer.accelerator.state.deepspeed_plugin
