@@ -23,13 +23,23 @@ from helpers.batches import base_config_kwargs, loss_and_grads, make_offpolicy_b
 from trl import __version__ as trl_version  # noqa: E402
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
-from cegppo_trl.aggregation import trl_weights  # noqa: E402
 from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 from cegppo_trl.loss import cegppo_objective  # noqa: E402
 
 
 def reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
+
+
+def _weights(loss_type: str, mask: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """d loss / d per-token loss of each loss type's definition (TRL's docs), one process, no accumulation."""
+    if loss_type == "grpo":
+        return mask / mask.sum(-1, keepdim=True).clamp(min=1) / mask.size(0)
+    if loss_type in ("bnpo", "dapo"):
+        return mask / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        return mask / (mask.size(0) * max_completion_length)
+    return mask / mask.size(0)  # luspo
 
 
 def largest_difference(loss_type: str, delta: float | None, dtype: torch.dtype) -> tuple[float, float]:
@@ -51,9 +61,7 @@ def largest_difference(loss_type: str, delta: float | None, dtype: torch.dtype) 
         logp, batch["old_per_token_logps"], batch["advantages"], epsilon_low=0.2, epsilon_high=0.2, beta1=0.5,
         beta2=1.0, delta=delta,
     )  # fmt: skip
-    layout = dict(num_processes=1, steps_per_generation=trainer.args.steps_per_generation,
-                  gradient_accumulation_steps=1, max_completion_length=trainer.max_completion_length, train=True)  # fmt: skip
-    weights = trl_weights(loss_type, mask, num_items_in_batch=batch["num_items_in_batch"], **layout)
+    weights = _weights(loss_type, mask, trainer.max_completion_length)
     reference = torch.autograd.grad((per_token * weights).sum(), [p for p in trainer.model.parameters()])
     diff = max((a - b).abs().max().item() for a, b in zip(grads, reference, strict=True))
     scale = max(b.abs().max().item() for b in reference)

@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # headless: no display on CI machines
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cegppo_trl.controller import EntropyController, parse_controller  # noqa: E402
+from cegppo_trl.research.controller import EntropyController, parse_controller  # noqa: E402
 from cegppo_trl.schedules import parse_schedule  # noqa: E402
 
 TOTAL = 1000

@@ -1,4 +1,4 @@
-"""Entropy controller (`cegppo_trl.controller`): direction, bounded steps, deadband, bounds, state, composition."""
+"""Entropy controller (`cegppo_trl.research.controller`): direction, bounded steps, deadband, bounds, state, composition."""
 
 from __future__ import annotations
 
@@ -438,7 +438,7 @@ def _step_logs(trainer):
 def documented_controller_rule(
     entropies, *, low, high, step, damping, ema, beta1, beta2, bounds1, bounds2, raise_beta1=False
 ):
-    """The update rule of the `cegppo_trl.controller` docstring (mode both, bang-bang push), written out from the
+    """The update rule of the `cegppo_trl.research.controller` docstring (mode both, bang-bang push), written out from the
     docs without the library: the applied (beta1, beta2) before each update, for constant nominal betas."""
     if not raise_beta1:  # 7. beta1 never above its nominal
         bounds1 = (bounds1[0], min(bounds1[1], beta1))
