@@ -58,8 +58,12 @@ def preserved_coefficient(log_ratio, advantages, regions, *, epsilon_low, epsilo
     """``|d loss / d logp| / |A|`` on preserved tokens: `loss.preserved_weight` times its side's bound."""
     weight = preserved_weight(log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta1=beta1,
                               beta2=beta2, delta_low=delta_low, delta_low_mode=delta_low_mode, regions=regions)  # fmt: skip
-    bound = torch.where(regions.left, log_ratio.new_tensor(1 - epsilon_low), log_ratio.new_tensor(1 + epsilon_high))
-    return weight * bound
+    return weight * side_bound(log_ratio, regions, epsilon_low, epsilon_high)
+
+
+def side_bound(log_ratio, regions, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
+    """The clip bound of each token's side: ``1 - eps_l`` where left-clipped, ``1 + eps_h`` elsewhere."""
+    return torch.where(regions.left, log_ratio.new_tensor(1 - epsilon_low), log_ratio.new_tensor(1 + epsilon_high))
 
 
 class CEGPPODiagnostics(NamedTuple):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
@@ -23,7 +22,13 @@ from ..config import CEGPPOConfig
 from ..schedules import parse_schedule
 from ..trainer import CEGPPOTrainer
 from .controller import EntropyController, parse_controller
-from .diagnostics import cegppo_diagnostics, combine_diagnostics, diagnostics_metrics, entropy_rule_weight
+from .diagnostics import (
+    cegppo_diagnostics,
+    combine_diagnostics,
+    diagnostics_metrics,
+    entropy_rule_weight,
+    side_bound,
+)
 
 BETA_RULES = ("paper", "entropy")
 
@@ -165,8 +170,7 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
 
     def _log_predictor(self, log_ratio, advantages, regions, weight, logps, entropies, mask, beta1, beta2) -> None:
         mode = "train" if self.model.training else "eval"
-        bound = torch.where(regions.left, log_ratio.new_tensor(1 - self.epsilon_low),
-                            log_ratio.new_tensor(1 + self.epsilon_high))  # fmt: skip
+        bound = side_bound(log_ratio, regions, self.epsilon_low, self.epsilon_high)
         settings = dict(
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
