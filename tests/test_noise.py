@@ -35,7 +35,9 @@ def test_a_cpu_smoke_run_prints_no_package_caused_noise_and_saves_the_card(model
     # One step of an untrained tiny model scores nothing: the documented "nothing to learn" status, not a success.
     assert result.returncode == 3, output[-3000:]
     for line in result.stderr.replace("\r", "\n").splitlines():  # none of ours written into the progress bar's line
-        assert "it/s]" not in line or line.rstrip().endswith("]") or "cegppo" not in line.lower(), line
+        # The interpreter's own prefix (CI's venv is `/tmp/cegppo-ci-venv`) in a host warning's path is not ours.
+        ours = "cegppo" in line.replace(sys.prefix, "").lower()
+        assert "it/s]" not in line or line.rstrip().endswith("]") or not ours, line
     assert "No learning signal in this rollout batch" in result.stderr  # the trainer's warning, on its own line
     card = (tmp_path / "out" / "README.md").read_text()  # the final save writes the card without any checkpoint
     assert "## CE-GPPO settings" in card and "fine-tuned version of a local model" in card
