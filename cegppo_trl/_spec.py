@@ -1,18 +1,16 @@
-"""Number parsing and printing for the entropy controller's one-line grammar (`controller`) and the config's messages."""
+"""Numbers in the one-line grammars (β schedules, the research layer's entropy controller) and in settings checks."""
 
 from __future__ import annotations
 
 import math
-import re
 from numbers import Real
 
 # Non-negative decimal / scientific number; signs are handled by each grammar, so '-0.5' gets a precise message.
 NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-NUMBER_RE = re.compile(NUMBER)
 
 
 class SpecError(Exception):
-    """Problem found while parsing a spec; each grammar's parser turns it into a ValueError carrying its syntax."""
+    """A malformed spec; each grammar's parser turns it into a ValueError carrying its syntax."""
 
 
 def format_number(x: float) -> str:

@@ -253,21 +253,12 @@ def test_built_wheel_ships_the_recipes_and_configs_and_finds_them_by_name(instal
 
 
 @pytest.mark.slow
-def test_the_installed_wheel_runs_cegppo_probe_and_states_the_trl_pin_of_pyproject(installed, pyproject):
-    from packaging.requirements import Requirement
-
+def test_the_installed_wheel_runs_cegppo_probe(installed):
     listed = _run_installed(installed, "cegppo --help")
     assert listed.returncode == 0 and "the β-response probe" in " ".join(listed.stdout.split()), listed.stdout
     probe = _run_installed(installed, "cegppo probe --help")
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.startswith("cegppo probe: the β-response probe") and "--probe_arms" in probe.stdout
-    # The refusal's install line reads the pin from the installed metadata: the one place it is stated is pyproject.
-    stated = _run_installed(
-        installed, "python -c 'from cegppo_trl.trl_compat import supported_trl_requirement as r; print(r())'"
-    )
-    assert stated.returncode == 0, stated.stderr[-2000:]
-    (pin,) = [Requirement(d) for d in pyproject["project"]["dependencies"] if Requirement(d).name == "trl"]
-    assert Requirement(stated.stdout.strip()) == pin
 
 
 @pytest.mark.slow
