@@ -12,33 +12,22 @@ _LAZY = {
     "CEGPPOConfig": ".config",
     "CEGPPOTrainer": ".trainer",
     "cegppo_objective": ".loss",
-    "preserved_gradient_term": ".loss",
     "cegppo_regions": ".loss",
 }
+__all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_objective", "cegppo_regions"]
 
 if TYPE_CHECKING:
     from .config import CEGPPOConfig
-    from .loss import cegppo_objective, cegppo_regions, preserved_gradient_term
+    from .loss import cegppo_objective, cegppo_regions
     from .trainer import CEGPPOTrainer
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
-
-
-__all__ = [
-    "CEGPPOConfig",
-    "CEGPPOTrainer",
-    "__version__",
-    "cegppo_objective",
-    "cegppo_regions",
-    "preserved_gradient_term",
-]
+    return sorted([*globals(), *_LAZY])
