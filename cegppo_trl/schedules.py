@@ -1,9 +1,6 @@
-"""Schedules of CE-GPPO's ``beta1`` / ``beta2``: a constant, a linear ramp, a piecewise switch, or a callable.
-
-The paper's only schedule (Su et al., ACL 2026, arXiv:2509.20712, Sec. 5) switches ``beta1`` from 0 to 0.5 at step
-585 of 1000, explore then exploit: ``piecewise:0@0,0.5@585``. A schedule is a pure function ``schedule(step,
-total_steps) -> float`` of the optimizer step, as ``transformers``' learning-rate schedulers are, so a checkpoint
-needs no schedule state. Config files and the command line carry a string (``SCHEDULE_SYNTAX``); from Python any
+"""Schedules of ``beta1`` / ``beta2``: pure functions ``schedule(step, total_steps) -> float`` of the optimizer step, as
+transformers' learning-rate schedulers are, so a checkpoint holds no schedule state. Config files and the command line
+carry a string (``SCHEDULE_SYNTAX``; the paper's switch, Sec. 5, is ``piecewise:0@0,0.5@585``); from Python any
 ``Callable[[int, int], float]`` works too::
 
     trainer.beta1_schedule = parse_schedule(lambda step, total: 0.5 * min(1.0, step / (0.1 * total)))
@@ -20,6 +17,8 @@ from fractions import Fraction
 from itertools import pairwise
 from numbers import Integral, Real
 
+from ._spec import SpecError, format_number, is_finite_number
+
 __all__ = ["SCHEDULE_SYNTAX", "FunctionSchedule", "Schedule", "parse_schedule"]
 
 SCHEDULE_SYNTAX = """\
@@ -35,12 +34,8 @@ Any other shape: a Python callable fn(step, total_steps) -> float (`python -m py
 On a shell command line, quote the spec ('linear:0->0.5'): an unquoted '>' redirects output."""
 
 _REMOVED = {"warmup": "warmup:A->B@N is linear:A->B@0-N", "cosine": "use a callable", "exp": "use a callable"}
-_ZERO = (Fraction(0), False)
 Point = tuple[Fraction, bool]  # a step, or (when True) a percentage of total_steps
-
-
-class SpecError(ValueError):
-    """A malformed spec; `parse_schedule` adds the spec and the accepted forms."""
+_ZERO: Point = (Fraction(0), False)
 
 
 def _value(text: str, what: str) -> float:
@@ -67,21 +62,20 @@ def _points(texts: list[str], what: str) -> tuple[Point, ...]:
     return tuple(points)
 
 
-class _Checked:
-    """What the trainer calls on either kind of schedule besides the value: `check`."""
+def _check_step(step: int, total_steps: int) -> None:
+    for name, value, low in (("step", step, 0), ("total_steps", total_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
 
+
+class _Checked:
     def check(self, total_steps: int, field: str | None = None) -> None:
-        """Raises ValueError, naming ``field`` (e.g. ``gppo_beta1_schedule``), if the schedule fails for a run of
-        ``total_steps`` steps: a trainer calls it before the first step, so that the run does not fail mid-way."""
+        """Raise ValueError, naming `field` (e.g. ``gppo_beta1_schedule``), if the schedule fails for a run of
+        `total_steps` steps: the trainer calls it before the first step, so that a run does not fail mid-way."""
         try:
             self._check(total_steps)
         except ValueError as error:
             raise ValueError(f"`{field}`: {error}" if field else str(error)) from None
-
-    def _check_step(self, step: int, total_steps: int) -> None:
-        for name, value, low in (("step", step, 0), ("total_steps", total_steps, 1)):
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,7 @@ class Schedule(_Checked):
     spec: str = field(compare=False)
 
     def __call__(self, step: int, total_steps: int) -> float:
-        self._check_step(step, total_steps)
+        _check_step(step, total_steps)
         steps = [value * total_steps / 100 if percent else value for value, percent in self.points]
         if any(b <= a for a, b in pairwise(steps)):  # only when steps and percentages are mixed
             what = "window resolves" if self.kind == "linear" else "boundaries resolve"
@@ -135,9 +129,9 @@ class FunctionSchedule(_Checked):
     fn: Callable[[int, int], float]
 
     def __call__(self, step: int, total_steps: int) -> float:
-        self._check_step(step, total_steps)
+        _check_step(step, total_steps)
         value = self.fn(step, total_steps)
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
+        if not is_finite_number(value) or value < 0:
             raise ValueError(f"beta schedule {self} returned {value!r} at step {step} of {total_steps}, not >= 0")
         return float(value)
 
@@ -162,7 +156,7 @@ def _parse(text: str) -> Schedule:
     kind, body = (kind.lower(), body) if colon else ("constant", text)
     if kind == "constant":
         value = _value(body, "constant value")
-        return Schedule(kind, (value,), (_ZERO,), f"constant:{int(value) if value.is_integer() else value}")
+        return Schedule(kind, (value,), (_ZERO,), f"constant:{format_number(value)}")
     if kind == "linear":
         values, at, window = body.partition("@")
         if values.count("->") != 1:
@@ -187,8 +181,8 @@ def _parse(text: str) -> Schedule:
 
 
 def parse_schedule(spec: str | float | Callable[[int, int], float]) -> Schedule | FunctionSchedule:
-    """A schedule from a spec string (``SCHEDULE_SYNTAX``), a number (a constant, as YAML reads ``0.5``) or a
-    callable ``fn(step, total_steps) -> float``; a schedule is returned unchanged.
+    """A schedule from a spec string (``SCHEDULE_SYNTAX``), a number (a constant, as YAML reads ``0.5``) or a callable
+    ``fn(step, total_steps) -> float``; a schedule is returned unchanged.
 
     Raises:
         ValueError: a malformed spec or a negative / non-finite value, naming the problem and the accepted forms.
