@@ -9,15 +9,14 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from ._spec import is_finite_number
 from .loss import check_left_guard
 from .schedules import parse_schedule
 
 logger = logging.getLogger(__name__)
 
-# Aggregations of TRL's clipped surrogate; CE-GPPO replaces the surrogate and keeps each aggregation.
+# TRL's clipped surrogate under these aggregations carries CE-GPPO's gradient; other loss types run TRL's objective.
 CEGPPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-# TRL's other objectives run unchanged through `CEGPPOTrainer` (baselines side by side with one flag).
-PASSTHROUGH_LOSS_TYPES = ("cispo", "sapo", "vespo")
 
 
 def is_on_policy(args: Any) -> bool:
@@ -30,15 +29,11 @@ def on_policy_message(args: Any, vllm_importance_sampling_correction: bool = Fal
 
     Args:
         args: the run's config (its batch layout and `loss_type`).
-        vllm_importance_sampling_correction: whether TRL corrects vLLM's sampling, which the message then explains
-            does not help.
+        vllm_importance_sampling_correction: whether TRL corrects vLLM's sampling; its old log-probs then come from the
+            training model on the same weights, so the ratio stays 1, which the message explains.
     """
     if args.loss_type not in CEGPPO_LOSS_TYPES or not is_on_policy(args):
         return None
-    # With vLLM importance-sampling correction TRL also computes `old_per_token_logps`, but with the training model on
-    # the same weights the loss then sees: the ratio is still 1 (up to the numerical difference between two forward
-    # passes). The correction only reweights tokens by pi_train / pi_vllm; it does not make the ratio move, so the
-    # warning applies with or without it.
     vllm_note = (
         " vLLM importance-sampling correction does not change this: it reweights tokens by the trainer/vLLM "
         "probability ratio, while the clipped ratio compares the policy with old log-probs the training "
@@ -58,182 +53,128 @@ def on_policy_message(args: Any, vllm_importance_sampling_correction: bool = Fal
 
 
 def vanishing_term_messages(args: Any) -> list[str]:
-    """One line for each setting TRL trains on that makes a CE-GPPO term vanish or meaningless (not refused)."""
-    if args.loss_type not in CEGPPO_LOSS_TYPES:
+    """One line for each setting TRL trains on that makes a CE-GPPO term vanish (warned, not refused)."""
+    if args.loss_type not in CEGPPO_LOSS_TYPES or args.epsilon < 1:
         return []
-    messages = []
-    if args.epsilon >= 1:
-        messages.append(
-            f"`epsilon={args.epsilon:g}` >= 1: the ratio is never below 1 - epsilon <= 0, so no token is left-clipped "
-            "and `gppo_beta1` has no effect (CE-GPPO's left term vanishes). The paper uses `epsilon=0.2`."
-        )
-    return messages
-
-
-def _check_finite_nonnegative(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
+    return [
+        f"`epsilon={args.epsilon:g}` >= 1: the ratio is never below 1 - epsilon <= 0, so no token is left-clipped "
+        "and `gppo_beta1` has no effect (CE-GPPO's left term vanishes). The paper uses `epsilon=0.2`."
+    ]
 
 
 @dataclass
 class CEGPPOConfig(GRPOConfig):
     r"""
-    Configuration for [`CEGPPOTrainer`]: every field of [`~trl.GRPOConfig`], plus the two CE-GPPO coefficients.
+    Configuration for [`CEGPPOTrainer`]: [`~trl.GRPOConfig`] plus the CE-GPPO fields below (Su et al., ACL 2026,
+    [arXiv:2509.20712](https://huggingface.co/papers/2509.20712)).
 
-    CE-GPPO (Su et al., ACL 2026, [arXiv:2509.20712](https://huggingface.co/papers/2509.20712)) keeps a bounded
-    gradient for the tokens that PPO's clip discards. With `loss_type` one of `"grpo"`, `"bnpo"`, `"dr_grpo"`,
-    `"dapo"` (default, the token-mean of the authors' runs) or `"luspo"`, the clipped surrogate is replaced by the
-    CE-GPPO objective and the aggregation is TRL's. With `"cispo"`, `"sapo"` or `"vespo"` the trainer runs TRL's
-    objective unchanged, so baselines need one flag.
+    With `loss_type` one of `"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"` (the default, the authors' token mean) or
+    `"luspo"`, clipped tokens keep CE-GPPO's gradient under TRL's aggregation; `"cispo"`, `"sapo"` and `"vespo"` run
+    TRL's objective unchanged (baselines with one flag). TRL's `delta` is the authors' dual clip `c` (their recipes:
+    10). CE-GPPO differs from GRPO only off-policy: take several optimizer steps per rollout batch (`num_iterations=2`,
+    or `steps_per_generation` a multiple of `gradient_accumulation_steps` above it); the trainer warns otherwise.
 
-    Parameters that matter for CE-GPPO:
+    Parameters:
         gppo_beta1 (`float`, *optional*, defaults to `0.5`):
-            Gradient scale of negative-advantage tokens whose ratio fell below `1 - epsilon` (NA&LP, left clip).
-            Larger values make entropy fall faster (exploitation). The paper's default is `0.5` (1.5B), `0.75` (7B).
+            Gradient scale of negative-advantage tokens whose ratio fell below `1 - epsilon` (NA&LP, left clip); larger
+            makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
         gppo_beta2 (`float`, *optional*, defaults to `1.0`):
-            Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right
-            clip). Larger values make entropy fall slower (exploration).
-        delta (`float` or `None`, *optional*, defaults to `None`):
-            TRL's field (two-sided clipping: the ratio is capped at `delta`), which for negative-advantage tokens is
-            the authors' dual clip `c`: a ratio above it gives the constant loss `-c * A` and no gradient. Their
-            recipes use `delta=10`. TRL's clamp does the clipping, for any value TRL takes.
-        num_iterations, steps_per_generation, gradient_accumulation_steps:
-            CE-GPPO only differs from GRPO when the policy is off-policy (ratio != 1). That needs
-            `gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0`, e.g. `num_iterations=2`
-            or `steps_per_generation=8` with `gradient_accumulation_steps=1` (the authors' 8 optimizer steps per
-            rollout batch). vLLM importance-sampling correction does not make it off-policy: the old log-probs are
-            then recomputed by the training model on the same weights (ratio 1), and the correction only reweights
-            tokens. The trainer warns when the ratio is 1.
+            Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right clip);
+            larger makes entropy fall slower.
+        gppo_beta1_schedule (`str` or `None`, *optional*, defaults to `None`):
+            beta1 over optimizer steps, overriding `gppo_beta1`: a number, `"linear:0->0.5@10%-60%"` or
+            `"piecewise:0,0.5@58.5%"` (the paper's switch), see `cegppo_trl.schedules`. A callable is given to the
+            trainer instead: `trainer.beta1_schedule = parse_schedule(fn)`.
+        gppo_beta2_schedule (`str` or `None`, *optional*, defaults to `None`):
+            beta2 over optimizer steps, overriding `gppo_beta2`.
+        sft_loss_coef (`float`, *optional*, defaults to `0.0`):
+            Weight of the authors' SFT term, the token-mean NLL of the completions judged correct (recipes: `0.1`).
+        sft_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
+            Which completions are correct: with `None` those whose total reward is positive and the best of their
+            group, else those whose total reward is at least this.
         delta_low (`float` or `None`, *optional*, defaults to `None`):
-            Left guard, the left-side counterpart of `delta`: negative-advantage tokens whose ratio fell below it
+            The left guard, `delta`'s left-side counterpart: negative-advantage tokens whose ratio fell below it
             (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
             decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
-            cannot push a token out of the policy. `None` is the paper's exact objective. See docs/algorithm.md.
+            cannot push a token out of the policy. `None` is the paper's objective.
         delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
             `"cutoff"` or `"decay"`, see `delta_low`.
-        max_zero_signal_batches (`int`, *optional*, defaults to `100`):
-            Stop after this many consecutive training rollout batches in which every group has zero reward spread
-            (zero advantages, no policy gradient; the batches dynamic sampling would empty) or no completion token is
-            in the loss. The first batch of such a streak warns with its kind: every completion at the top reward, at
-            the lowest, all equal in between, an infinite reward, or every completion masked. The stop is
-            transformers' `control.should_training_stop` at the end of that optimizer step: `train()` returns,
-            `trainer.stop_reason` is `"zero_signal"` (`"unscorable"` for `max_unscorable_batches`), and
-            `cegppo train` saves the model and exits 3 (4). `0` never stops. See docs/configuration.md for the
-            default.
         left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
-            Warn when an optimizer step's `cegppo/preserved/left_log_ratio` (mean log-ratio of left-clipped tokens)
-            falls below it, once per episode of drift. `None` disables the warning.
+            Warn, once per episode of drift, when an optimizer step's mean log-ratio of left-clipped tokens
+            (`cegppo/preserved/left_log_ratio`) falls below it. `None` disables the warning.
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            Drop the prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as
+            the authors' recipes do (no refill; training only).
+        max_unscorable_batches (`int`, *optional*, defaults to `10`):
+            Stop after this many training rollout batches in a row without any reward (all None/NaN); fewer only
+            warn, as TRL does. `0` never stops.
+        max_zero_signal_batches (`int`, *optional*, defaults to `100`):
+            Stop after this many training rollout batches in a row in which no group has reward spread (no policy
+            gradient) or no completion token is in the loss. `0` never stops. A stop is transformers'
+            `should_training_stop` at the step's end: `train()` returns with `trainer.stop_reason` `"zero_signal"`
+            (`"unscorable"`), and `cegppo train` saves the model and exits 3 (4).
     """
 
     gppo_beta1: float = field(
-        default=0.5,
-        metadata={
-            "help": "CE-GPPO beta1: gradient scale of negative-advantage tokens clipped below 1 - epsilon (entropy falls "
-            "faster when raised). Paper: 0.5 (1.5B), 0.75 (7B). Off-policy hazard: see `delta_low`, `left_drift_warning`."
-        },
+        default=0.5, metadata={"help": "Gradient scale of left-clipped A < 0 tokens (raised: entropy falls faster)."}
     )
     gppo_beta2: float = field(
-        default=1.0,
-        metadata={
-            "help": "CE-GPPO beta2: gradient scale of positive-advantage tokens clipped above 1 + epsilon_high "
-            "(PA&LP). Larger beta2 makes policy entropy fall slower (exploration). Paper default 1.0."
-        },
+        default=1.0, metadata={"help": "Gradient scale of right-clipped A > 0 tokens (raised: entropy falls slower)."}
     )
-
     gppo_beta1_schedule: str | None = field(
         default=None,
         metadata={
-            "help": "Schedule of beta1 over optimizer steps, overriding `gppo_beta1`: a number, 'linear:0->0.5@10%-60%' "
-            "(a ramp over 10-60% of the run) or 'piecewise:0,0.5@58.5%' (the paper's switch). Syntax: `python -m pydoc "
-            "cegppo_trl.schedules`."
+            "help": "beta1 over optimizer steps, overriding gppo_beta1: a number, 'linear:0->0.5@10%-60%' or "
+            "'piecewise:0,0.5@58.5%' (`python -m pydoc cegppo_trl.schedules`)."
         },
     )
     gppo_beta2_schedule: str | None = field(
-        default=None,
-        metadata={"help": "Schedule of beta2, same syntax as `gppo_beta1_schedule`; overrides `gppo_beta2` when set."},
+        default=None, metadata={"help": "beta2 over optimizer steps, overriding gppo_beta2 (see gppo_beta1_schedule)."}
     )
     sft_loss_coef: float = field(
-        default=0.0,
-        metadata={
-            "help": "Coefficient of the authors' SFT term: NLL of the completions judged correct, aggregated like the policy "
-            "loss over the rollout batch (recipes: 0.1). See `python -m pydoc cegppo_trl.rollouts`."
-        },
+        default=0.0, metadata={"help": "Weight of the authors' SFT term on the correct completions (recipes: 0.1)."}
     )
     sft_reward_threshold: float | None = field(
-        default=None,
-        metadata={
-            "help": "Which completions the SFT term treats as correct. None (default): those whose total reward is "
-            "positive and equals the maximum reward in their group. A float: those whose total reward is >= it."
-        },
+        default=None, metadata={"help": "SFT: correct is reward >= this; None: positive and the best of its group."}
     )
     delta_low: float | None = field(
         default=None,
         metadata={
-            "help": "Left guard (left-side counterpart of `delta`): A < 0 tokens with ratio below it, in (0, 1 - "
-            "epsilon], lose or decay their left-clipped gradient. None: the paper's objective. See `python -m pydoc "
-            "cegppo_trl.loss`."
+            "help": "Left guard in (0, 1 - epsilon]: A < 0 tokens with a ratio below it lose or decay their "
+            "left-clipped gradient. None: the paper's objective."
         },
     )
     delta_low_mode: str = field(
-        default="cutoff",
-        metadata={
-            "help": "How the left guard bounds the gradient below `delta_low`: 'cutoff' (none) or 'decay' (scaled by "
-            "r / delta_low). The loss value is unchanged."
-        },
+        default="cutoff", metadata={"help": "'cutoff' (no gradient below delta_low) or 'decay' (times r / delta_low)."}
     )
     left_drift_warning: float | None = field(
-        default=-1.5,
-        metadata={
-            "help": "Warn (once per episode) when an optimizer step's mean left-clipped log-ratio "
-            "(`cegppo/preserved/left_log_ratio`) falls below this; it preceded most collapses. None disables it."
-        },
+        default=-1.5, metadata={"help": "Warn when a step's mean left-clipped log-ratio falls below this. None: off."}
     )
     dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "Drop prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as the "
-            "authors' recipes do (no refill). Training only. See `python -m pydoc cegppo_trl.rollouts`."
-        },
+        default=False, metadata={"help": "Drop groups whose advantages are all zero from the loss (authors' recipes)."}
     )
-
     max_unscorable_batches: int = field(
-        default=10,
-        metadata={
-            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 4) after this many "
-            "consecutive rollout batches without any reward (all None/NaN). Fewer only warn, as TRL does. 0: never."
-        },
+        default=10, metadata={"help": "Stop (exit 4) after this many batches in a row without any reward; 0: never."}
     )
-
     max_zero_signal_batches: int = field(
         default=100,
-        metadata={
-            "help": "Stop cleanly (at that step's end; `cegppo train` saves the model, exits 3) after this many "
-            "consecutive rollout batches without reward spread in any group (no policy gradient). 0: never."
-        },
+        metadata={"help": "Stop (exit 3) after this many batches in a row with no reward spread; 0: never."},
     )
 
     def __post_init__(self):
-        self._validate_cegppo()  # first, so a bad CE-GPPO field is reported before TRL's own checks
-        self._validate_left_guard()
+        self._validate_cegppo()  # first, so that a bad CE-GPPO field is named before TRL's own checks
         super().__post_init__()
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
         """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords.
 
-        `CEGPPOConfig(**grpo_config.to_dict())` cannot work: after construction a `GRPOConfig` holds both
-        `steps_per_generation` and the `generation_batch_size` derived from it, which may not both be set, and
-        `to_dict` masks tokens and turns enums into strings. This copies the attributes instead and re-derives the
-        rollout batch as `GRPOConfig` would from the resulting fields:
-
-        - an override of `steps_per_generation` or `generation_batch_size` sets the layout (the other is derived);
-        - otherwise `generation_batch_size` is derived from the source's `steps_per_generation`, unless an override
-          changes `gradient_accumulation_steps` or `per_device_train_batch_size` and the source's
-          `steps_per_generation` is TRL's default (equal to its `gradient_accumulation_steps`): then both are
-          derived afresh, as `CEGPPOConfig(...)` with the same fields would;
-        - a changed `per_device_train_batch_size` with a source layout that is not TRL's default is refused: the
-          source does not say whether `steps_per_generation` or `generation_batch_size` was set, and they now
-          disagree. Pass one of them.
+        `CEGPPOConfig(**grpo_config.to_dict())` fails: a built `GRPOConfig` holds both `steps_per_generation` and the
+        `generation_batch_size` derived from it, and `to_dict` masks tokens. The rollout batch is derived afresh as
+        `CEGPPOConfig(...)` with the resulting fields would: from an overridden `steps_per_generation` or
+        `generation_batch_size`; else from the source's `steps_per_generation`, unless that is TRL's default (equal to
+        `gradient_accumulation_steps`) and the overrides change the batch. A changed `per_device_train_batch_size`
+        with a layout that was set is refused: the source does not say which of the two was set.
 
         Example: `CEGPPOConfig.from_grpo_config(GRPOConfig(output_dir="out", num_iterations=2), gppo_beta1=0.5)`.
         """
@@ -241,8 +182,7 @@ class CEGPPOConfig(GRPOConfig):
             raise TypeError(f"`grpo_config` must be a `trl.GRPOConfig`, got `{type(grpo_config).__name__}`.")
         own = {f.name for f in fields(cls) if f.init}
         values = {f.name: getattr(grpo_config, f.name) for f in fields(grpo_config) if f.init and f.name in own}
-        unknown = sorted(set(overrides) - own)
-        if unknown:
+        if unknown := sorted(set(overrides) - own):
             raise TypeError(f"`CEGPPOConfig` has no field(s) {unknown}.")
         values["generation_batch_size"] = None  # derived from steps_per_generation, the per-device setting
         if "generation_batch_size" in overrides and "steps_per_generation" not in overrides:
@@ -282,57 +222,49 @@ class CEGPPOConfig(GRPOConfig):
             return cls.from_grpo_config(args)
         return args
 
-    def _validate_left_guard(self) -> None:
-        """`delta_low`, `delta_low_mode` and `left_drift_warning` (after `_validate_cegppo` has checked epsilon)."""
-        if self.delta_low is not None and self.loss_type not in CEGPPO_LOSS_TYPES:
-            raise ValueError(
-                f"`delta_low` (the left guard) applies to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
-                f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `delta_low=None`."
-            )
-        check_left_guard(self.delta_low, self.delta_low_mode, self.epsilon)
-        threshold = self.left_drift_warning
-        if self.epsilon >= 1:  # no left region (`vanishing_term_messages` warns): the warning can never fire
-            return
-        if threshold is not None and not (
-            isinstance(threshold, (int, float)) and math.isfinite(threshold) and threshold < math.log(1 - self.epsilon)
-        ):
-            raise ValueError(
-                "`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = "
-                f"{math.log(1 - self.epsilon):.3f} (every left-clipped token is below it), or None to disable the "
-                f"warning; got {threshold!r}. "
-                "The default -1.5 comes from cegppo-trl's entropy studies (it caught 50 of 59 collapses of a tiny model, "
-                "with 16 false alarms in 101 stable runs)."
-            )
-
     def _validate_cegppo(self) -> None:
-        _check_finite_nonnegative("gppo_beta1", self.gppo_beta1)
-        _check_finite_nonnegative("gppo_beta2", self.gppo_beta2)
+        """Each refusal names the field and the fix; TRL's own fields are TRL's to check."""
+        for name in ("gppo_beta1", "gppo_beta2", "sft_loss_coef"):
+            if not is_finite_number(value := getattr(self, name)) or value < 0:
+                raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
         for name in ("gppo_beta1_schedule", "gppo_beta2_schedule"):
-            if callable(getattr(self, name)):  # a lambda cannot be pickled into training_args.bin at the first save
+            if callable(spec := getattr(self, name)):  # a lambda cannot be pickled into training_args.bin
                 raise ValueError(
                     f"`{name}` takes a string or a number: it is saved with the run's settings. Give a callable to "
                     f"the trainer instead: `trainer.{name[5:]} = parse_schedule(fn)` (`cegppo_trl.schedules`)."
                 )
-            if getattr(self, name) is None:
-                continue
-            try:
-                parsed = parse_schedule(getattr(self, name))
-                if self.max_steps > 0:
-                    parsed.check(self.max_steps)  # a window mixing steps and percentages may be empty for this run
-            except ValueError as error:
-                raise ValueError(f"`{name}`: {error}") from None
-        _check_finite_nonnegative("sft_loss_coef", self.sft_loss_coef)
-        if self.sft_reward_threshold is not None and not math.isfinite(self.sft_reward_threshold):
+            if spec is not None:
+                try:
+                    schedule = parse_schedule(spec)
+                except ValueError as error:
+                    raise ValueError(f"`{name}`: {error}") from None
+                if self.max_steps > 0:  # a window mixing steps and percentages may be empty for this run
+                    schedule.check(self.max_steps, field=name)
+        if self.sft_reward_threshold is not None and not is_finite_number(self.sft_reward_threshold):
             raise ValueError(
                 f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
             )
-        if self.loss_type not in CEGPPO_LOSS_TYPES and (self.sft_loss_coef > 0 or self.dynamic_sampling):
-            raise ValueError(
-                f"`sft_loss_coef` and `dynamic_sampling` apply to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
-                f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `sft_loss_coef=0` and "
-                "`dynamic_sampling=False`, or use a CE-GPPO loss type."
-            )
+        if self.loss_type not in CEGPPO_LOSS_TYPES:
+            terms = (("sft_loss_coef", self.sft_loss_coef > 0, 0), ("dynamic_sampling", self.dynamic_sampling, False),
+                     ("delta_low", self.delta_low is not None, None))  # fmt: skip
+            for name, used, off in terms:
+                if used:
+                    raise ValueError(
+                        f"`{name}` (a CE-GPPO term) applies to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
+                        f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `{name}={off}`, or use "
+                        "a CE-GPPO loss type."
+                    )
+        check_left_guard(self.delta_low, self.delta_low_mode, self.epsilon)
+        # epsilon >= 1 leaves no left region (`vanishing_term_messages` warns): the warning cannot fire
+        if (threshold := self.left_drift_warning) is not None and self.epsilon < 1:
+            left_bound = math.log(1 - self.epsilon)
+            if not (is_finite_number(threshold) and threshold < left_bound):
+                raise ValueError(
+                    f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} "
+                    f"(every left-clipped token is below it), or None to disable the warning; got {threshold!r}. The "
+                    "default -1.5 comes from cegppo-trl's entropy studies (it caught 50 of 59 collapses of a tiny "
+                    "model, with 16 false alarms in 101 stable runs)."
+                )
         for name in ("max_unscorable_batches", "max_zero_signal_batches"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value := getattr(self, name), bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"`{name}` must be an integer >= 0 (0 never stops), got {value!r}.")
