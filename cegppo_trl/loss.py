@@ -1,10 +1,13 @@
 """The CE-GPPO per-token objective (Su et al., ACL 2026, arXiv:2509.20712, Eq. 8): pure functions, tensors in and out.
 
-Per token, with ``r = exp(logp - old_logp)`` and advantage ``A``, the loss (minimised; docs/algorithm.md §1) is:
-left clip (``A < 0, r < 1 - eps_l``) value and gradient w.r.t. ``logp`` ``-beta1 * (1 - eps_l) * A``; right clip
-(``A > 0, r > 1 + eps_h``) ``-beta2 * (1 + eps_h) * A``; dual clip (``A < 0, r > delta``) value ``-delta * A``, no
-gradient; left guard (``A < 0, r < delta_low``) the left clip's value, its gradient cut off (``"cutoff"``) or scaled
-by ``r / delta_low`` (``"decay"``); everywhere else ``-r * A``.
+Per token, with ``r = exp(logp - old_logp)`` and advantage ``A``, the loss (minimised; docs/algorithm.md §1)::
+
+    region                  value                      gradient w.r.t. logp
+    A < 0, r < 1 - eps_l    -beta1 * (1 - eps_l) * A   the same (left clip, NA&LP)
+    A > 0, r > 1 + eps_h    -beta2 * (1 + eps_h) * A   the same (right clip, PA&LP)
+    A < 0, r > delta        -delta * A                 0 (dual clip)
+    A < 0, r < delta_low    -beta1 * (1 - eps_l) * A   0 ("cutoff"), or the left clip's times r / delta_low ("decay")
+    everywhere else         -r * A                     -r * A
 
 `cegppo_objective` is that definition, the reference the tests hold the trainer to. The trainer does not evaluate it:
 it hands TRL's clipped surrogate ``-min(r * A, clip(r) * A)`` the advantage ``A * (1 + w * (log r - sg(log r)))``
@@ -85,7 +88,7 @@ def cegppo_objective(
 
 
 def check_left_guard(delta_low: float | None, delta_low_mode: str, epsilon_low: float) -> None:
-    """Raise `ValueError` unless ``delta_low_mode`` is known and ``delta_low`` is None or in ``(0, 1 - epsilon_low]``."""
+    """Raise `ValueError` unless `delta_low_mode` is known and `delta_low` is None or in ``(0, 1 - epsilon_low]``."""
     if delta_low_mode not in LEFT_GUARD_MODES:
         raise ValueError(f"`delta_low_mode` must be one of {list(LEFT_GUARD_MODES)}, got {delta_low_mode!r}.")
     if delta_low is not None and not (is_finite_number(delta_low) and 0 < delta_low <= 1 - epsilon_low):
