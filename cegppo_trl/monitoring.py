@@ -1,19 +1,12 @@
-"""Run health: is there still a learning signal, is the left-clipped log-ratio drifting, and the `cegppo/` metrics of
-an optimizer step.
+"""Run health: is there still a learning signal, is the left-clipped log-ratio drifting; the `cegppo/` metrics.
 
 `RewardSignalMonitor` counts the training rollout batches in a row that are *unscorable* (every reward None/NaN) or
-have *zero signal* (every group's scorable rewards are equal, i.e. dynamic sampling would keep no group, and no other
-loss term has a gradient: TRL's KL term, its entropy bonus, the SFT term on a completion it selects; or no completion
-is in the loss). It warns at the first batch of a streak with its kind (`_ADVICE`: "top" and "lowest" from the
-rewards' declared ranges, else from the run's extremes so far), and stops after `max_unscorable_batches` /
-`max_zero_signal_batches` in a row. A run whose every batch lacked a signal, however short, ends with the same reason
-(`end_of_run`). A stop is transformers' `control.should_training_stop` (`StopWhenNothingToLearn`): the step finishes,
-the save strategy saves, `train()` returns, and `cegppo train` exits with `STOP_EXIT_STATUS[stop_reason]`. The
-monitor decides from gathered tensors, so every process decides alike; its counts are the callback's
-`ExportableState`, in `trainer_state.json`.
-
-`LeftDriftAlarm` warns once per episode in which an optimizer step's `cegppo/preserved/left_log_ratio` is below
-`left_drift_warning`: the early sign of the beta1 drift (docs/entropy-study.md).
+have *zero signal* (every group's rewards are equal, the batches dynamic sampling would empty, and no other loss term
+has a gradient; or no completion is in the loss), warns at a streak's first batch with its kind (`_ADVICE`), and
+stops after `max_unscorable_batches` / `max_zero_signal_batches` in a row, or at the end of a run that never had a
+signal. A stop is transformers' `control.should_training_stop` (`StopWhenNothingToLearn`, whose `ExportableState`
+holds the counts); `cegppo train` then exits with `STOP_EXIT_STATUS[stop_reason]`. `LeftDriftAlarm` warns once per
+episode of `cegppo/preserved/left_log_ratio` below `left_drift_warning` (docs/entropy-study.md).
 """
 
 from __future__ import annotations
@@ -62,9 +55,9 @@ class RewardSignalMonitor:
         reward_range: `(lowest, top)` of the total (weighted) reward when every reward declares its range, else None
             (the run's observed extremes are used).
         reward_names: the reward functions' names, for the messages.
-        gradient_terms: the loss terms with a gradient whatever the rewards (TRL's KL term, its entropy bonus).
-        sft_term: the SFT term is on: a batch in which it trains a completion has a signal.
-        sft_reward_threshold: the SFT term's threshold (`rollouts.correct_completions`).
+        other_terms: a loss term has a gradient whatever the rewards (TRL's KL term, its entropy bonus).
+        sft_term, sft_reward_threshold: the SFT term is on (a batch in which it trains a completion has a signal), and
+            its threshold (`rollouts.correct_completions`).
     """
 
     def __init__(
@@ -73,24 +66,19 @@ class RewardSignalMonitor:
         max_zero_signal_batches: int = 0,
         reward_range: tuple[float, float] | None = None,
         reward_names: Sequence[str] = (),
-        gradient_terms: Sequence[str] = (),
+        other_terms: bool = False,
         sft_term: bool = False,
         sft_reward_threshold: float | None = None,
     ):
         self.max_unscorable_batches, self.max_zero_signal_batches = max_unscorable_batches, max_zero_signal_batches
-        self.reward_range, self.reward_names = reward_range, list(reward_names)
-        self.gradient_terms = tuple(gradient_terms)
+        self.reward_range, self.reward_names, self.other_terms = reward_range, list(reward_names), other_terms
         self.sft_term, self.sft_reward_threshold = sft_term, sft_reward_threshold
         self.warned_infinite = False  # the infinite-reward warning is given once per run
         self.unscorable_batches = self.zero_signal_batches = 0  # the current streaks
-        self.zero_signal_kind: str | None = None  # the last zero-signal batch's kind and distinct group values
-        self.last_values: list[float] = []
-        self.observed_min: float | None = None  # extremes of the finite total rewards seen in training
-        self.observed_max: float | None = None
+        self.zero_signal_kind, self.last_values = None, []  # the last zero-signal batch's kind and group values
+        self.observed_min = self.observed_max = None  # extremes of the finite total rewards seen in training
         self.scored = self.learned = False  # whether a training batch of this run got a reward / had a signal
-        # Set at a stop (`STOP_EXIT_STATUS`' keys); not saved: a resumed streak reaches the limit again.
-        self.stop_reason: str | None = None
-        self.stop_message: str | None = None
+        self.stop_reason = self.stop_message = None  # set at a stop; not saved: a resumed streak reaches it again
 
     @classmethod
     def for_trainer(cls, trainer) -> RewardSignalMonitor:
@@ -104,9 +92,9 @@ class RewardSignalMonitor:
             ends = [(w * lo, w * hi) for (lo, hi), w in zip(ranges, trainer.reward_weights.tolist(), strict=True)]
             total_range = (float(sum(map(min, ends))), float(sum(map(max, ends))))
         entropy_bonus = getattr(args, "entropy_coef", 0) != 0 or getattr(args, "use_adaptive_entropy", False)
-        terms = [name for name, on in (("KL", args.beta != 0), ("entropy bonus", entropy_bonus)) if on]
+        sft_term = args.sft_loss_coef > 0 and args.loss_type in CEGPPO_LOSS_TYPES
         return cls(args.max_unscorable_batches, args.max_zero_signal_batches, total_range, trainer.reward_func_names,
-                   terms, args.sft_loss_coef > 0 and args.loss_type in CEGPPO_LOSS_TYPES, args.sft_reward_threshold)  # fmt: skip
+                   args.beta != 0 or entropy_bonus, sft_term, args.sft_reward_threshold)  # fmt: skip
 
     def observe_rewards(self, rewards_per_func: torch.Tensor) -> str | None:
         """Count one training batch's per-function rewards `[N, num_funcs]` (NaN: unscorable); a warning to log when
@@ -141,15 +129,9 @@ class RewardSignalMonitor:
         )
 
     def observe_signal(self, rewards, advantages, num_generations: int, trained=None) -> str | None:
-        """Count one training batch's learning signal; a warning at the first zero-signal batch of a streak (the
-        stop's message at the limit), else None.
-
-        Args:
-            rewards: total reward per completion `(N,)` of all processes, group by group; NaN where unscorable.
-            advantages: TRL's advantages of the same completions, NaN where unscorable.
-            num_generations: completions per group.
-            trained: which completions have a token in the loss `(N,)`; None: all.
-        """
+        """Count one training batch's learning signal from its `(N,)` total rewards (all processes, group by group),
+        TRL's advantages (both NaN where unscorable) and which completions have a token in the loss (None: all);
+        a warning at the first zero-signal batch of a streak (the stop's message at the limit), else None."""
         scorable = rewards[~torch.isnan(rewards)]
         if scorable.numel() == 0:  # unscorable: `observe_rewards` counts it; it neither counts nor resets here
             return None
@@ -185,10 +167,10 @@ class RewardSignalMonitor:
         )
 
     def other_term_has_gradient(self, rewards: torch.Tensor, num_generations: int, trained=None) -> bool:
-        """Whether a loss term besides the policy's has a gradient: a `gradient_terms` one, or the SFT term on a
-        trained completion it selects."""
-        if self.gradient_terms or not self.sft_term:
-            return bool(self.gradient_terms)
+        """Whether a loss term besides the policy's has a gradient: `other_terms`, or the SFT term on a trained
+        completion it selects."""
+        if self.other_terms or not self.sft_term:
+            return self.other_terms
         selected = correct_completions(rewards, num_generations, self.sft_reward_threshold)
         return bool((selected if trained is None else selected & trained.bool()).any())
 
@@ -287,12 +269,11 @@ STATISTICS = ("tokens", "left", "left_log_ratio", "dual", "guard", "sft_nll", "s
 def loss_statistics(log_ratio, mask, regions: CEGPPORegions, logps=None, sft_mask=None) -> torch.Tensor:
     """One micro-batch's local statistics as one tensor, without a host transfer: the `STATISTICS` sums over the loss's
     entries (tokens, or sequences with a token for a sequence-level ratio), then ``min r`` and ``-max r`` (``inf``
-    without entries), so that windows and processes combine by adding the sums and taking the minimum of the rest.
+    without entries): windows and processes combine by adding the sums and taking the minimum of the rest.
 
     Args:
-        log_ratio: ``log r``, detached, ``(B, T)`` or ``(B, 1)``.
-        mask: ``(B, T)`` loss mask.
-        regions: `loss.cegppo_regions` of the same ratio (TRL logs the clip fractions itself).
+        log_ratio, mask, regions: ``log r`` (detached, ``(B, T)`` or ``(B, 1)``), the ``(B, T)`` loss mask and
+            `loss.cegppo_regions` of the ratio (TRL logs the clip fractions itself).
         logps, sft_mask: ``(B, T)`` log-probabilities and the SFT term's token mask, when the term is on.
     """
     log_ratio = log_ratio.float()
