@@ -506,6 +506,7 @@ def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTr
         peft_config=prepared.peft_config,
     )
     trainer.train(resume_from_checkpoint=resume)
+    trainer.create_model_card()  # before the weights: a PEFT adapter's save adds its metadata to the card
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:

@@ -152,7 +152,9 @@ def test_the_logged_metric_keys(tmp_path):
 
 
 def test_the_model_card(tmp_path):
-    grpo, cegppo = differential(tmp_path, script=(lambda trainer: trainer.save_model(),))
+    grpo, cegppo = differential(
+        tmp_path, script=(lambda trainer: trainer.create_model_card() or trainer.save_model(),)
+    )
     cards = [Path(o.trainer.args.output_dir) / "README.md" for o in (grpo, cegppo)]
     assert not cards[0].exists() or "## CE-GPPO settings" not in cards[0].read_text()  # TRL's, if any
     assert "## CE-GPPO settings" in cards[1].read_text()

@@ -94,12 +94,15 @@ def _assert_cegppo_card(card: str) -> None:
 
 
 def test_saved_model_reloads_for_generation(make_trainer, tmp_path, tokenizer):
-    trainer = make_trainer(num_iterations=2, max_steps=1)  # save_strategy "no": no checkpoint wrote a card
-    trainer.train()
-    trainer.save_model(str(tmp_path / "final"))
+    trainer = make_trainer(num_iterations=2, max_steps=1, output_dir=str(tmp_path / "final"))
+    trainer.train()  # save_strategy "no": no checkpoint wrote a card
+    assert not (tmp_path / "final" / "README.md").exists()
+    trainer.create_model_card()  # as `cegppo train` does, before the final save
+    trainer.save_model()
     card = (tmp_path / "final" / "README.md").read_text()
     _assert_cegppo_card(card)
     assert "fine-tuned version of a local model." in card  # built in memory: no name, no link
+    assert "# Model Card for final" in card  # TRL's checkpoints' name: the output folder's
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "final")
     for name, param in trainer.model.state_dict().items():
@@ -119,13 +122,14 @@ def test_lora_adapter_saves_and_reloads(make_trainer, tmp_path, tokenizer, promp
     trainer = CEGPPOTrainer(
         model=str(base_dir),
         reward_funcs=count_ones_reward,
-        args=CEGPPOConfig(**base_config_kwargs(tmp_path / "run", num_iterations=2, max_steps=2)),
+        args=CEGPPOConfig(**base_config_kwargs(tmp_path / "adapter", num_iterations=2, max_steps=2)),
         train_dataset=prompt_dataset,
         processing_class=tokenizer,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainer.train()
-    trainer.save_model(str(tmp_path / "adapter"))
+    trainer.create_model_card()  # before the weights, as `cegppo train` does: PEFT's save adds to it
+    trainer.save_model()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     # Our card, not PEFT's blank template; PEFT's metadata kept.
     card = (tmp_path / "adapter" / "README.md").read_text()
@@ -165,21 +169,29 @@ def test_tensorboard_event_file_holds_cegppo_scalars(make_trainer, tmp_path):
     assert beta1 == [0.5, 0.5]
 
 
-def test_model_card_rewrite_is_pure_and_idempotent():
+def test_model_card_rewrite_adds_the_section_before_the_citations():
     from cegppo_trl.modelcard import rewrite_card
 
     trl_card = (
         "# Model Card for run\n\nThis model is a fine-tuned version of [None](https://huggingface.co/None).\n\n"
         '```python\ngenerator = pipeline("text-generation", model="None")\n```\n\n## Citations\n\nCite TRL\n'
     )
-    once = rewrite_card(trl_card, {"beta1": "constant:0.5"})
-    assert rewrite_card(once, {"beta1": "constant:0.5"}) == once
-    stopped = rewrite_card(once, {"beta1": "constant:0.5", "stopped_early": "at step 3: no spread"})
+    card = rewrite_card(trl_card, {"beta1": "constant:0.5"})
+    assert "| `beta1` | `constant:0.5` |" in card and card.index("## CE-GPPO settings") < card.index("## Citations")
+    assert "fine-tuned version of a local model." in card and 'model="path/to/this/folder"' in card
+    assert "Stopped early" not in card
+    stopped = rewrite_card(trl_card, {"beta1": "constant:0.5", "stopped_early": "at step 3: no spread"})
     assert "**Stopped early, for lack of a learning signal**, at step 3: no spread" in stopped
-    assert "stopped_early" not in stopped and rewrite_card(stopped, {"beta1": "constant:0.5"}) == once
-    assert "fine-tuned version of a local model." in once
-    assert 'model="path/to/this/folder"' in once and once.count("## CE-GPPO settings") == 1
-    updated = rewrite_card(once, {"beta1": "constant:0.75"})  # a later save with other settings
-    assert "constant:0.75" in updated and "constant:0.5" not in updated and updated.count("## CE-GPPO settings") == 1
+    assert "stopped_early" not in stopped  # a line, not a table row
     hub = "fine-tuned version of [Qwen/Qwen2.5-0.5B](https://huggingface.co/Qwen/Qwen2.5-0.5B)"
     assert hub in rewrite_card(hub + "\n", {})  # a Hub model keeps its link
+
+
+def test_every_card_trl_writes_carries_the_settings_of_the_subclass(make_research_trainer, tmp_path):
+    # TRL writes its card at each checkpoint (`_save_checkpoint`); `cegppo_settings()` is the trainer's method, so a
+    # subclass's rows (the research layer's) are on it.
+    trainer = make_research_trainer(gppo_beta_rule="entropy", max_steps=1, save_strategy="steps", save_steps=1)
+    trainer.train()
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    _assert_cegppo_card(card)
+    assert "| `gppo_beta_rule` | `entropy` |" in card

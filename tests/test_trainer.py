@@ -158,6 +158,8 @@ def test_on_policy_equals_grpo_and_off_policy_differs(make_trainer):
 
     on_policy = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}  # TRL's r == 1 path
     loss_on, grads_on = loss_and_grads(trainer, on_policy)
+    logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
+    assert logged["cegppo/ratio/min"] == logged["cegppo/ratio/max"] == 1.0  # TRL's ratio, exactly 1 on-policy
     loss_on_trl, grads_on_trl = loss_and_grads(trainer, on_policy, trl_loss)
     torch.testing.assert_close(loss_on, loss_on_trl)
     assert_grads_close(grads_on, grads_on_trl)

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.demos.tiny import build_tiny_llama
-from cegppo_trl.monitoring import RewardSignalMonitor, total_reward_range
+from cegppo_trl.monitoring import RewardSignalMonitor
 
 
 def _constant(value: float, declared: bool = True):
@@ -181,8 +181,24 @@ def test_kinds_from_the_runs_extremes_when_the_rewards_declare_no_range():
     assert monitor.classify(torch.tensor([0.0, 0.0, 0.0, 0.0]), 2)[0] == "lowest"
     assert monitor.classify(torch.tensor([0.0, 0.0, 2.0, 2.0]), 2)[0] == "mixed"
     assert monitor.classify(torch.tensor([1.0, 1.0, 1.0, 1.0]), 2)[0] == "equal"
-    assert total_reward_range([(-1.0, 1.0), (0.0, 1.0)], [1.0, -0.5]) == (-1.5, 1.0)
-    assert total_reward_range([(-1.0, 1.0), None], [1.0, 1.0]) is None
+
+
+def test_the_total_rewards_range_is_the_weighted_sum_of_declared_ranges_or_unknown(tmp_path):
+    from types import SimpleNamespace
+
+    def ranged(low, high):
+        return SimpleNamespace(reward_range=(low, high))
+
+    args = CEGPPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+
+    def total_range(funcs, weights):
+        trainer = SimpleNamespace(args=args, reward_funcs=funcs, reward_weights=torch.tensor(weights),
+                                  reward_func_names=[f"r{i}" for i in range(len(funcs))])  # fmt: skip
+        return RewardSignalMonitor.for_trainer(trainer).reward_range
+
+    assert total_range([ranged(-1.0, 1.0), ranged(0.0, 1.0)], [1.0, -0.5]) == (-1.5, 1.0)
+    assert total_range([ranged(-1.0, 1.0), SimpleNamespace()], [1.0, 1.0]) is None  # one reward declares none
+    assert total_range([], []) is None  # no reward function (an environment's own reward): the run's extremes
 
 
 def test_unscorable_batches_count_in_the_monitor_and_do_not_count_as_zero_signal(make_trainer):
