@@ -1,9 +1,8 @@
 """`CEGPPOTrainer`'s checkpoint hooks: four host overrides, each calling `super()`, and a callback kept last.
 
-`train` resumes the newest committed checkpoint for `True` or `"last"` (`checkpoints`), holds the `output_dir` lock and
-guards a DeepSpeed or FSDP resume's loads (`safe_load`); `_save_checkpoint` begins the checkpoint and adds the rollout
-batch it falls inside (`rollout_state`), and `CheckpointCallback.on_save` commits it; `_load_rng_state` restores the
-`ExportableState` run state and the rollout batch; `_get_train_sampler` returns TRL's sampler, exact in any epoch.
+`train` resolves `True`/`"last"` (`checkpoints`), holds the lock, guards a DeepSpeed or FSDP resume (`safe_load`);
+`_save_checkpoint` begins a checkpoint and adds its rollout batch (`rollout_state`), `CheckpointCallback.on_save`
+commits it; `_load_rng_state` restores the run state and the rollout batch; `_get_train_sampler`: TRL's order.
 """
 
 from __future__ import annotations
@@ -22,18 +21,16 @@ from .safe_load import safe_resume_loads
 
 logger = get_logger(__name__)
 # Where earlier cegppo-trl kept each run-state callback's state in `cegppo_state.json` (the last: cegppo_trl.research)
-_LEGACY_KEYS = {"StopWhenNothingToLearn": ("run_state", "reward_monitor"),
-                "LeftDriftAlarm": ("run_state", "left_drift_alarm"), "EntropyControllerState": ("controller",)}  # fmt: skip
+_LEGACY_KEYS = {"StopWhenNothingToLearn": ("run_state", "reward_monitor"), "LeftDriftAlarm": ("run_state",
+                "left_drift_alarm"), "EntropyControllerState": ("controller",)}  # fmt: skip
 
 
 class CheckpointCallback(TrainerCallback):
-    """The commit after every other callback's `on_save` (what a callback writes into the folder is committed), and
-    transformers' SIGTERM checkpoint agreed by every process: its timer only raises a flag, summed over the processes
-    at each step's end, then every process saves that step and stops (saved by the signalled process alone, mid-step,
-    a signal to one rank hung or aborted a multi-process run)."""
+    """The commit, after every other callback's `on_save`; transformers' SIGTERM checkpoint agreed by every process
+    (its timer raises a flag, summed at each step's end; taken by the signalled rank alone, it hung the others)."""
 
     def __init__(self, trainer):
-        self.trainer, self.requested = trainer, False
+        self.trainer, self.requested, self.stopped = trainer, False, False
 
     def on_train_begin(self, args, state, control, **kwargs):
         for callback in self.trainer.callback_handler.callbacks:
@@ -42,10 +39,9 @@ class CheckpointCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if args.enable_jit_checkpoint:
-            accelerator = self.trainer.accelerator
-            flag = accelerator.reduce(torch.tensor([float(self.requested)], device=accelerator.device), reduction="sum")
-            if flag.item() > 0:
-                control.should_save = control.should_training_stop = self.trainer._sigterm = True
+            flag = torch.tensor([float(self.requested)], device=self.trainer.accelerator.device)
+            if self.trainer.accelerator.reduce(flag, reduction="sum").item() > 0:
+                control.should_save = control.should_training_stop = self.stopped = True
 
     def on_save(self, args, state, control, **kwargs):
         trainer = self.trainer
@@ -54,8 +50,7 @@ class CheckpointCallback(TrainerCallback):
 
 
 class ResumableRepeatSampler(RepeatSampler):
-    """TRL's `RepeatSampler` (one generator seeded once, a permutation per epoch); an iteration that begins epoch
-    `epoch_of()` after other than that many permutations (a resume) reseeds and draws the earlier epochs' first."""
+    """TRL's sampler (one generator, a permutation an epoch) whose resumed epoch draws after the earlier epochs'."""
 
     def __init__(self, *args, epoch_of, **kwargs):
         super().__init__(*args, **kwargs)
@@ -74,12 +69,10 @@ class CheckpointHooks:
     """The overrides; `_run_state_callbacks`: the trainer's `ExportableState` callbacks, restored on every resume."""
 
     _run_state_callbacks: tuple = ()
-    _pending: str | None = None  # the checkpoint `_save_checkpoint` began and `CheckpointCallback` commits
-    _sigterm = False
-    _committed: frozenset = frozenset()  # the checkpoints this trainer committed: not another run's
+    _pending, _committed = None, frozenset()  # the checkpoint `_save_checkpoint` began; those this trainer committed
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        output_dir = self.args.output_dir
+        output_dir, callback = self.args.output_dir, CheckpointCallback(self)
         lock, created = ckpt.acquire_lock(output_dir, logger.warning) if self.args.should_save else (None, False)
         try:
             checkpoint, messages = ckpt.resolve(output_dir, resume_from_checkpoint)
@@ -87,22 +80,21 @@ class CheckpointHooks:
                 raise ValueError(ckpt.refusal(output_dir, others))
             for message in messages:
                 logger.warning(message, main_process_only=True)
-            self._sigterm = False
             self.pop_callback(CheckpointCallback)
-            self.add_callback(CheckpointCallback(self))  # last: after every other callback's `on_save`
+            self.add_callback(callback)  # last: after every other callback's `on_save`
             # transformers reads its own files weights-only; DeepSpeed's and sharded FSDP's need the guard
             with safe_resume_loads(checkpoint if self.is_deepspeed_enabled or self.is_fsdp_enabled else None):
                 return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
         finally:
             ckpt.release_lock(lock, output_dir, created)
-            if self._sigterm:
+            if callback.stopped:
                 logger.warning(f"SIGTERM: stopped at step {self.state.global_step} of {self.state.max_steps} after "
                                "committing its checkpoint; requeue with `--resume_from_checkpoint last`.")  # fmt: skip
                 signal.raise_signal(signal.SIGTERM)  # the handler transformers put back: by default, the exit
 
     def _get_train_sampler(self, dataset=None):
         sampler = super()._get_train_sampler(dataset)
-        if type(sampler) is not RepeatSampler or not sampler.shuffle or sampler.seed is None:
+        if type(sampler) is not RepeatSampler or sampler.seed is None:
             return sampler
         names = ("data_source", "mini_repeat_count", "batch_size", "repeat_count", "shuffle", "seed")
         return ResumableRepeatSampler(**{n: getattr(sampler, n) for n in names},
@@ -116,8 +108,7 @@ class CheckpointHooks:
         super()._save_checkpoint(model, trial)
         if self._step % (self.args.steps_per_generation * self.num_iterations) and self._buffered_inputs is not None:
             path = rollout_batch_file(self._pending, self.args.process_index)  # inside a rollout batch: save it
-            save_rollout_batch(path, self._buffered_inputs, self._step, {**self._rollout_layout(), "global_step":
-                                                                          self.state.global_step})  # fmt: skip
+            save_rollout_batch(path, self._buffered_inputs, self._step, self._rollout_layout())
 
     def _load_rng_state(self, checkpoint):  # once per resume, before a step trains
         super()._load_rng_state(checkpoint)
@@ -136,10 +127,11 @@ class CheckpointHooks:
             saved[name] = callback.state()  # transformers' save updates an entry each stateful callback must have
         self._load_rollout_batch(checkpoint)
 
-    def _rollout_layout(self) -> dict:  # what sizes and splits this process's rollout batch
+    def _rollout_layout(self) -> dict:  # the step, and what sizes and splits this process's rollout batch
         names = ("steps_per_generation", "gradient_accumulation_steps", "per_device_train_batch_size")
         return {**{name: getattr(self.args, name) for name in names}, "num_iterations": self.num_iterations,
-                "num_generations": self.num_generations, "world_size": self.accelerator.num_processes}  # fmt: skip
+                "num_generations": self.num_generations, "world_size": self.accelerator.num_processes,
+                "global_step": self.state.global_step}  # fmt: skip
 
     def _load_rollout_batch(self, checkpoint: str) -> None:
         """The saved rollout batch continued, on every process or none; else TRL's, generated at once."""
@@ -148,29 +140,28 @@ class CheckpointHooks:
         try:
             if os.path.isfile(path):
                 batch = load_rollout_batch(path, self.accelerator.device)
-                if (saved := batch["layout"].pop("global_step", None)) != self.state.global_step:
-                    raise RolloutBatchError(f"{path} was written at step {saved}, its checkpoint is at step "
-                                            f"{self.state.global_step}: it belongs to another checkpoint, so nothing "
-                                            "of it was used. Resume an earlier checkpoint.")  # fmt: skip
                 layout, unsaved = batch["layout"], batch["unsaved"]
+                if layout.get("global_step") != self.state.global_step:
+                    raise RolloutBatchError(f"{path} was written at step {layout.get('global_step')}, its checkpoint "
+                                            f"is at step {self.state.global_step}: nothing of it was used. Resume "
+                                            "another one.")  # fmt: skip
                 changed = {k: [layout.get(k), v] for k, v in self._rollout_layout().items() if layout.get(k) != v}
                 why = (f"the batch layout changed, saved -> now: {changed}" if changed else
                        f"these values could not be saved: {unsaved}" if unsaved else None)  # fmt: skip
+            elif os.path.isfile(old := os.path.splitext(path)[0] + ".safetensors"):  # rollout_state's format 1
+                batch, why = {}, f"{os.path.basename(old)} is an earlier cegppo-trl's file, not read"
         except RolloutBatchError as refused:
             error = refused
         # 0 no file, 1 a batch to continue, 2 one that cannot be, 3 refused: alike on every process, or none
         # continues (a process that generated alone would wait in TRL's gathers for the others)
         code = 3 if error else 0 if batch is None else 2 if why else 1
         codes = self.accelerator.gather(torch.tensor([code], device=self.accelerator.device)).tolist()
-        name = os.path.basename(os.path.normpath(checkpoint))
-        if 3 in codes or 0 in codes and any(codes):
-            raise error or RolloutBatchError(f"{name}: process {codes.index(3)} refused its rollout-batch file (its "
-                                             "log says why)" if 3 in codes else f"{name} lacks the rollout-batch file "
-                                             f"of processes {[i for i, c in enumerate(codes) if not c]}: resume an "
-                                             "earlier checkpoint of the run.")  # fmt: skip
+        if 3 in codes or 0 in codes and any(codes):  # a file refused, or the files of some processes only
+            raise error or RolloutBatchError(f"{checkpoint}: the processes' rollout-batch files do not continue one "
+                                             f"batch ({codes}; 0: none, 3: refused). Resume an earlier checkpoint.")
         if codes == [1] * len(codes):
             self._step, self._buffered_inputs = batch["step"], batch["micro_batches"]
         elif any(codes):
-            logger.warning(f"{name} falls inside a rollout batch, whose saved micro-batches are not used "
-                           f"({why or 'another process could not use its file'}): a new batch is generated there, as "
-                           "TRL does, so the run goes on but not as the uninterrupted one would.", main_process_only=True)  # fmt: skip
+            logger.warning(f"{checkpoint} falls inside a rollout batch, whose saved micro-batches are not used ("
+                           f"{why or 'another process could not use its file'}): a new batch is generated, as TRL "
+                           "does, so the run goes on but not as the uninterrupted one would.", main_process_only=True)

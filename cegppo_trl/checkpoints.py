@@ -1,10 +1,8 @@
 """Checkpoints committed as torch DCP and Orbax commit theirs, by a marker written last; one live run per folder.
 
-A save begins with `_cegppo_pending-<folder>` beside its folder; once transformers and every callback's `on_save` have
-written, every process fsyncs, a barrier, and the owner writes `cegppo_commit.json` (each file's size) by rename.
-`True` and `"last"` resume the newest resumable `checkpoint-<step>`: committed with every file at its size (not
-`save_only_model`), or another trainer's (a `trainer_state.json`, neither marker nor pending mark). `flock` on
-`output_dir/_cegppo_run.lock`, which the kernel releases when its holder dies, keeps a second live run out.
+A save begins with a pending mark beside its folder; once every process and callback has written, a barrier, and the
+owner writes `cegppo_commit.json` (each file's size). `True`/`"last"` resume the newest resumable `checkpoint-<step>`:
+committed with every file at its size, or another trainer's. A `flock` keeps a second live run out of `output_dir`.
 """
 
 from __future__ import annotations
@@ -65,8 +63,7 @@ def commit(folder: str, owner: bool, barrier: Any, save_only_model: bool = False
         files = {name: os.path.getsize(os.path.join(folder, name)) for name in _files(folder)}
         with open(tmp := os.path.join(folder, f"{COMMIT_FILE}.{os.getpid()}.tmp"), "w") as f:
             json.dump({"format": 4, "save_only_model": save_only_model, "files": files}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _fsync(tmp)
         os.replace(tmp, os.path.join(folder, COMMIT_FILE))
         _fsync(folder)
         with contextlib.suppress(FileNotFoundError):

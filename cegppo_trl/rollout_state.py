@@ -1,23 +1,16 @@
-"""The rollout batch a checkpoint falls inside, which TRL keeps only in memory, saved with it as data.
-
-TRL generates a rollout batch every `steps_per_generation * num_iterations` micro-batches (its counter `_step`) and
-serves the buffered micro-batches (`_buffered_inputs`) in between. Each process saves them as
-`rollout_batch_<rank>.safetensors`: the tensors (a list of ints as one), and as JSON metadata TRL's counter, the batch
-layout and each value's kind; a value of another kind is named in `unsaved` instead, and no micro-batch is saved.
+"""The rollout batch a checkpoint falls inside, which TRL keeps only in memory: its buffered micro-batches
+(`_buffered_inputs`) and counter (`_step`), saved by each process with the batch layout (`rollout_batch_<rank>.pt`)
+and read back weights-only. A value torch cannot read so is named in `unsaved` instead of any micro-batch saved.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-ROLLOUT_BATCH_FORMAT = 1
-_METADATA_KEY = "cegppo_rollout_batch"
+ROLLOUT_BATCH_FORMAT = 2  # 1: cegppo-trl 0.5's `rollout_batch_<rank>.safetensors`, not read
 
 
 class RolloutBatchError(ValueError):
@@ -25,55 +18,36 @@ class RolloutBatchError(ValueError):
 
 
 def rollout_batch_file(folder: str, rank: int) -> str:
-    return os.path.join(folder, f"rollout_batch_{rank}.safetensors")
+    return os.path.join(folder, f"rollout_batch_{rank}.pt")
+
+
+def _plain(value: Any) -> bool:  # what `torch.load(weights_only=True)` reads back
+    return value is None or isinstance(value, (torch.Tensor, bool, int, float, str)) or (
+        isinstance(value, (list, tuple)) and all(map(_plain, value)))  # fmt: skip
 
 
 def save_rollout_batch(path: str, micro_batches: list[dict[str, Any]], step: int, layout: dict[str, Any]) -> None:
     """TRL's `_buffered_inputs`, its counter `step` and `layout` to `path` (by rename: a kill leaves no such file)."""
-    tensors, kinds, unsaved = {}, [], set()
-    for i, batch in enumerate(micro_batches):
-        kinds.append({})
-        for key, value in batch.items():
-            name, parts = f"{i}/{key}", {}
-            if value is None:
-                kinds[i][key] = "none"
-            elif isinstance(value, torch.Tensor):
-                kinds[i][key], parts = "tensor", {name: value}
-            elif isinstance(value, list) and all(type(v) is int for v in value):
-                kinds[i][key], parts = "ints", {name: torch.tensor(value, dtype=torch.int64)}
-            elif isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
-                kinds[i][key], parts = f"tensors:{len(value)}", {f"{name}/{j}": v for j, v in enumerate(value)}
-            else:
-                unsaved.add(f"{key} ({type(value).__name__})")
-            # copies of their own: safetensors refuses tensors that share memory (the micro-batches are views)
-            tensors.update({n: t.detach().to("cpu", copy=True).contiguous() for n, t in parts.items()})
-    record = {"format": ROLLOUT_BATCH_FORMAT, "step": step, "layout": layout, "kinds": [] if unsaved else kinds,
-              "unsaved": sorted(unsaved)}  # fmt: skip
-    save_file({} if unsaved else tensors, tmp := f"{path}.{os.getpid()}.tmp", {_METADATA_KEY: json.dumps(record)})
+    unsaved = sorted({f"{k} ({type(v).__name__})" for b in micro_batches for k, v in b.items() if not _plain(v)})
+    record = {"format": ROLLOUT_BATCH_FORMAT, "step": step, "layout": layout, "unsaved": unsaved,
+              "micro_batches": [] if unsaved else micro_batches}  # fmt: skip
+    torch.save(record, tmp := f"{path}.{os.getpid()}.tmp")
     os.replace(tmp, path)
 
 
 def load_rollout_batch(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The record `save_rollout_batch` wrote to `path` (`step`, `layout`, `unsaved`), its `micro_batches` rebuilt on
-    `device`. Raises `RolloutBatchError` for a file that is not one (safetensors reads tensor bytes: no code runs)."""
+    """The record `save_rollout_batch` wrote to `path`, its tensors on `device`.
 
-    def value(i: int, key: str, kind: str) -> Any:
-        name = f"{i}/{key}"
-        if kind in ("none", "tensor", "ints"):
-            return None if kind == "none" else tensors[name] if kind == "tensor" else tensors[name].tolist()
-        return [tensors[f"{name}/{j}"] for j in range(int(kind.removeprefix("tensors:")))]
-
+    Raises:
+        RolloutBatchError: `path` is not such a record (weights-only: a pickle naming code is refused, not run).
+    """
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:  # then moved (safetensors refuses e.g. "cpu:0")
-            record = json.loads(f.metadata()[_METADATA_KEY])
-            tensors = {name: f.get_tensor(name).to(device) for name in f.keys()}
-        if record["format"] != ROLLOUT_BATCH_FORMAT:
-            raise ValueError(f"format {record['format']!r}")
-        record["micro_batches"] = [{k: value(i, k, kind) for k, kind in kinds.items()}
-                                   for i, kinds in enumerate(record["kinds"])]  # fmt: skip
-        record.update(step=int(record["step"]), layout=dict(record["layout"]), unsaved=[*map(str, record["unsaved"])])
-    except Exception as error:  # safetensors' error types differ between releases; KeyError: a tensor missing
-        raise RolloutBatchError(f"{path} is not a rollout batch cegppo-trl wrote ({type(error).__name__}: {error}), "
-                                "so nothing of it was used or run. Resume an earlier checkpoint of the run, or this "
-                                "one from a copy of the checkpoint as it was saved.") from None  # fmt: skip
+        record = torch.load(path, map_location=device, weights_only=True)
+        if record["format"] != ROLLOUT_BATCH_FORMAT or not isinstance(record["layout"], dict) or not all(
+                isinstance(batch, dict) for batch in record["micro_batches"]):  # fmt: skip
+            raise ValueError(f"its record is not format {ROLLOUT_BATCH_FORMAT}'s")
+    except Exception as error:
+        raise RolloutBatchError(f"{path} is not a rollout batch cegppo-trl wrote ({type(error).__name__}), so nothing "
+                                "of it was used or run. Resume an earlier checkpoint of the run, or this one from a "
+                                "copy of the checkpoint as it was saved.") from error  # fmt: skip
     return record

@@ -1,10 +1,8 @@
 """A resumed DeepSpeed or FSDP run reads its checkpoint as data: every `torch.load` weights-only, with an allowlist.
 
-transformers reads its own files weights-only but hands a DeepSpeed resume (and `load_best_model_at_end`'s folder) to
-DeepSpeed 0.19, which unpickles every file (`weights_only=False`): a tampered file would run code. Within
-`safe_resume_loads`, torch's `TORCH_FORCE_WEIGHTS_ONLY_LOAD=1` makes every load weights-only, allowing tensors,
-containers and DeepSpeed's own data classes; a torch distributed checkpoint (FSDP `SHARDED_STATE_DICT`), whose
-`.metadata` index is a plain pickle, is refused. `CEGPPO_TRUST_CHECKPOINT_PICKLES=1` turns both guards off.
+transformers reads its own files weights-only, but DeepSpeed 0.19 unpickles every file it resumes (and the best
+model's): a tampered file would run code. An FSDP `SHARDED_STATE_DICT` checkpoint, whose `.metadata` index torch reads
+with plain `pickle.load`, is refused. `CEGPPO_TRUST_CHECKPOINT_PICKLES=1` turns both guards off.
 """
 
 from __future__ import annotations
@@ -24,12 +22,9 @@ TRUST_ENV = "CEGPPO_TRUST_CHECKPOINT_PICKLES"
 _FORCE, _NO_FORCE = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 # What DeepSpeed pickles into its ZeRO checkpoints (`torch.serialization.get_unsafe_globals_in_checkpoint`): a loss
 # scale, the ZeRO stage (an int enum), a parameter's place in a flat partition; each rebuilt from its fields alone
-DEEPSPEED_CHECKPOINT_GLOBALS = (
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-)
+DEEPSPEED_CHECKPOINT_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.utils.tensor_fragment."
+                                "fragment_address", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                                "deepspeed.runtime.zero.config.ZeroStageEnum")  # fmt: skip
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -62,22 +57,17 @@ def load_checkpoint_file(path: str, map_location: Any = None) -> Any:
 
 @contextlib.contextmanager
 def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
-    """Every `torch.load` weights-only while `checkpoint` is resumed; a no-op for None.
-
-    Raises:
-        UnsafeCheckpointError: a file needs a global outside the allowlist, or `checkpoint` holds the pickled index
-            of a torch distributed checkpoint (`*/.metadata`).
-    """
+    """Every `torch.load` weights-only (`TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`, DeepSpeed's classes allowed) while
+    `checkpoint` is resumed; `UnsafeCheckpointError` for a file that needs another global, or a pickled `*/.metadata`
+    index of a torch distributed checkpoint. A no-op for None."""
     if checkpoint is None or os.environ.get(TRUST_ENV) == "1":
         yield
         return
     if index := sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*", ".metadata"))):
-        raise UnsafeCheckpointError(
-            f"Refusing to load {checkpoint}: {', '.join(index)} is the index of a torch distributed checkpoint (FSDP "
-            "`SHARDED_STATE_DICT`), which torch reads with plain `pickle.load`: a tampered file would run code. Save "
-            "with `fsdp_state_dict_type: FULL_STATE_DICT` (as the shipped accelerate_configs/fsdp2.yaml does), or, for "
-            f"a checkpoint you wrote yourself, set {TRUST_ENV}=1."
-        )
+        raise UnsafeCheckpointError(f"Refusing to load {checkpoint}: {', '.join(index)} is the index of a torch "
+                                    "distributed checkpoint (FSDP `SHARDED_STATE_DICT`), which torch reads with plain "
+                                    "`pickle.load`: a tampered file would run code. Save with `fsdp_state_dict_type: "
+                                    f"FULL_STATE_DICT`, or, for a checkpoint you wrote yourself, set {TRUST_ENV}=1.")
     try:  # DeepSpeed's engine loads through `load_checkpoint_file`, whose refusal names the file
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine as engine
     except ImportError:  # without DeepSpeed there is no DeepSpeed checkpoint to read

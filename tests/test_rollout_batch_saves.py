@@ -70,7 +70,7 @@ def test_a_resume_from_the_checkpoint_of_every_step_ends_with_the_uninterrupted_
     steps = _steps(tmp_path / "run")
     assert steps == list(range(1, layout["max_steps"] + 1))
     # a batch file inside each rollout batch (4 steps), none at its end
-    inside = [s for s in steps if (tmp_path / "run" / f"checkpoint-{s}" / "rollout_batch_0.safetensors").exists()]
+    inside = [s for s in steps if (tmp_path / "run" / f"checkpoint-{s}" / "rollout_batch_0.pt").exists()]
     assert inside == [s for s in steps if s % 4]
     for step in steps[:-1]:
         resumed = _resume_copy(tmp_path, tmp_path / "run", step, tokenizer, prompts, **kw)
@@ -129,7 +129,7 @@ def test_the_end_of_training_checkpoint_inside_a_batch_resumes_exactly_with_more
     short = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=5, **kw)
     short.train()
     assert _steps(tmp_path / "run") == [4, 5]
-    assert (tmp_path / "run" / "checkpoint-5" / "rollout_batch_0.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint-5" / "rollout_batch_0.pt").exists()
     longer = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=8, **kw)
     longer.train(resume_from_checkpoint="last")
     assert longer.state.global_step == 8
@@ -146,11 +146,11 @@ def test_a_crafted_batch_file_with_a_pickle_payload_is_refused_and_runs_nothing(
     run.train()
     payload_ran = tmp_path / "payload-ran"
     crafted = crafted_copy(
-        tmp_path / "run" / "checkpoint-1", tmp_path / "crafted" / "checkpoint-1", "rollout_batch_0.safetensors",
+        tmp_path / "run" / "checkpoint-1", tmp_path / "crafted" / "checkpoint-1", "rollout_batch_0.pt",
         payload_ran,
     )  # fmt: skip
     resumed = _trainer(tmp_path / "crafted", tokenizer, prompt_dataset, save_steps=1, max_steps=2)
-    with pytest.raises(RolloutBatchError, match=r"rollout_batch_0\.safetensors is not a rollout batch"):
+    with pytest.raises(RolloutBatchError, match=r"rollout_batch_0\.pt is not a rollout batch"):
         resumed.train(resume_from_checkpoint=str(crafted))
     assert not payload_ran.exists()
     assert resumed.state.global_step == 1 and _steps(tmp_path / "crafted") == [1]  # no step trained, none saved
@@ -166,7 +166,7 @@ def test_a_batch_file_of_another_checkpoint_is_refused_naming_both_steps(
     run.train()
     moved = tmp_path / "moved" / "checkpoint-1"
     shutil.copytree(tmp_path / "run" / "checkpoint-1", moved)
-    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.safetensors", moved)  # also inside a batch
+    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.pt", moved)  # also inside a batch
     commit(str(moved), True, lambda: None)
     resumed = _trainer(moved.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
     with pytest.raises(RolloutBatchError, match=r"written at step 3, its checkpoint is at step 1"):
