@@ -113,7 +113,20 @@ def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_nami
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
         resumed.train(resume_from_checkpoint=str(changed))
     assert resumed.state.global_step == 2
-    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated there" in caplog.text
+    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated, as TRL does" in caplog.text
+    # The file a development build of 0.5 wrote (safetensors, format 1): named, not read, the batch generated
+    from cegppo_trl.checkpoints import commit
+
+    old = tmp_path / "old" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", old)
+    (old / "rollout_batch_0.pt").rename(old / "rollout_batch_0.safetensors")
+    commit(str(old), True, lambda: None)
+    caplog.clear()
+    resumed = _trainer(old.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
+        resumed.train(resume_from_checkpoint=str(old))
+    assert resumed.state.global_step == 2
+    assert "(rollout_batch_0.safetensors is an earlier cegppo-trl's file, not read): a new batch" in caplog.text
 
 
 @pytest.mark.slow
