@@ -36,13 +36,11 @@ def save_rollout_batch(path: str, micro_batches: list[dict[str, Any]], step: int
 
 
 def load_rollout_batch(path: str, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The record `save_rollout_batch` wrote to `path`, its tensors on `device`.
-
-    Raises:
-        RolloutBatchError: `path` is not such a record (weights-only: a pickle naming code is refused, not run).
-    """
+    """The record `save_rollout_batch` wrote to `path`, its tensors on `device`; `RolloutBatchError` for any other
+    file (read weights-only: a pickle naming code is refused, not run)."""
     try:
-        record = torch.load(path, map_location=device, weights_only=True)
+        cpu = torch.device(device).type == "cpu"  # torch knows no "cpu:0", a DDP process's device on CPU
+        record = torch.load(path, map_location="cpu" if cpu else device, weights_only=True)
         if record["format"] != ROLLOUT_BATCH_FORMAT or not isinstance(record["layout"], dict) or not all(
                 isinstance(batch, dict) for batch in record["micro_batches"]):  # fmt: skip
             raise ValueError(f"its record is not format {ROLLOUT_BATCH_FORMAT}'s")

@@ -15,7 +15,7 @@ from helpers.crafted import crafted_copy
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.checkpoints import COMMIT_FILE
 from cegppo_trl.demos.tiny import build_tiny_llama
-from cegppo_trl.rollout_state import RolloutBatchError
+from cegppo_trl.rollout_state import RolloutBatchError, load_rollout_batch, save_rollout_batch
 
 # Off-policy: two optimizer steps per rollout batch (steps_per_generation = 2 x gradient_accumulation_steps), a
 # checkpoint at every rollout-batch end; 6 steps stay inside the first epoch (32 prompts, 4 per rollout batch).
@@ -219,3 +219,17 @@ def test_item4_a_run_resumed_in_epochs_2_and_3_ends_with_the_uninterrupted_runs_
         assert resumed.state.global_step == 12 and resumed.state.epoch == 3
         for name, value in _params(resumed).items():
             assert torch.equal(value, final[name]), (step, name)
+
+
+def test_a_batch_file_holds_the_micro_batches_as_saved_and_names_what_it_cannot_hold(tmp_path):
+    batch = {"completion_ids": torch.arange(6).view(2, 3), "num_images": [1, 2], "pixel_values": None}
+    micro_batches = [{k: v[i : i + 1] if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for i in (0, 1)]
+    save_rollout_batch(str(tmp_path / "b.pt"), micro_batches, 3, {"world_size": 2})
+    record = load_rollout_batch(str(tmp_path / "b.pt"), torch.device("cpu", 0))  # a DDP process's device on CPU
+    assert (record["step"], record["layout"], record["unsaved"]) == (3, {"world_size": 2}, [])
+    for saved, loaded in zip(micro_batches, record["micro_batches"], strict=True):
+        assert torch.equal(saved["completion_ids"], loaded["completion_ids"])
+        assert (loaded["num_images"], loaded["pixel_values"]) == ([1, 2], None)
+    save_rollout_batch(str(tmp_path / "c.pt"), [{"ids": torch.ones(1), "images": [object()]}], 1, {})
+    record = load_rollout_batch(str(tmp_path / "c.pt"))
+    assert (record["unsaved"], record["micro_batches"]) == (["images (list)"], [])
