@@ -1,15 +1,8 @@
-"""Checkpoints as torch DCP and Orbax do them: a marker written last. The rules, in the order the code follows:
+"""Checkpoints committed as torch DCP and Orbax commit theirs, by a marker written last; one live run per folder.
 
-1. Commit. A save begins with `_cegppo_pending-<folder>` beside it (an earlier save's folder removed); when
-   transformers and every callback's `on_save` have written into it, every process fsyncs, a barrier, and the owner
-   (each node's main process under `save_on_each_node`) writes `cegppo_commit.json`, each file's size, by rename.
-2. Resumable: committed with every file at its size, or another trainer's (no marker, a `trainer_state.json`); not a
-   folder with its pending mark or with `cegppo_state.json` of an earlier cegppo-trl and no marker, nor `save_only_model`.
-3. `True` or `"last"` is the newest resumable `checkpoint-<step>`, each newer folder named with its reason; with none,
-   `True` raises transformers' error and `"last"` starts fresh. A fresh run beside committed checkpoints it did not
-   write is refused: `last` would resume them after a stop.
-4. Lock. `flock` on `output_dir/_cegppo_run.lock` while `train()` may save (the kernel releases it at death), closed
-   in forked children, removed with a folder made for it when nothing was saved; where refused, one warning.
+A save begins with a pending mark beside its folder; once every process and callback has written, a barrier, and the
+owner writes `cegppo_commit.json` (each file's size). `True`/`"last"` resume the newest resumable `checkpoint-<step>`:
+committed with every file at its size, or another trainer's. A `flock` keeps a second live run out of `output_dir`.
 """
 
 from __future__ import annotations
@@ -41,9 +34,9 @@ def _files(folder: str) -> list[str]:  # `folder`'s files, relative, but the mar
     return sorted(n for n in names if not n.startswith(COMMIT_FILE) and not n.endswith(".tmp"))
 
 
-def _pending(folder: str) -> str:  # `_cegppo_pending-<folder>` beside `folder`: its save is under way
-    folder = os.path.normpath(folder)
-    return os.path.join(os.path.dirname(folder), f"_cegppo_pending-{os.path.basename(folder)}")
+def _pending(folder: str) -> str:  # beside the folder: transformers' Hub push of the folder leaves it out
+    head, name = os.path.split(os.path.normpath(folder))
+    return os.path.join(head, f"_cegppo_pending-{name}")
 
 
 def read_json(path: str) -> Any:  # None when missing or unreadable
@@ -51,20 +44,18 @@ def read_json(path: str) -> Any:  # None when missing or unreadable
         return json.load(f)
 
 
-# 1. Commit
 def begin(folder: str) -> None:
-    """The owner, before anything is written: an earlier save's files go (marker first), a pending marker."""
+    """The owner, before anything is written: an earlier save's folder goes (its marker first), the pending mark."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(folder, COMMIT_FILE))
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
-    with open(_pending(folder), "w"):  # beside the folder: transformers' Hub push of the folder leaves it out
-        pass
+    open(_pending(folder), "w").close()
     _fsync(os.path.dirname(os.path.abspath(folder)))
 
 
 def commit(folder: str, owner: bool, barrier: Any, save_only_model: bool = False) -> None:
-    """On every process once each wrote its files into `folder`: fsync, barrier, the owner's marker."""
+    """Every process, once each wrote its files into `folder`: fsync, `barrier()`, the owner's marker."""
     for path in [*(os.path.join(folder, name) for name in _files(folder)), folder]:
         _fsync(path)
     barrier()
@@ -72,22 +63,20 @@ def commit(folder: str, owner: bool, barrier: Any, save_only_model: bool = False
         files = {name: os.path.getsize(os.path.join(folder, name)) for name in _files(folder)}
         with open(tmp := os.path.join(folder, f"{COMMIT_FILE}.{os.getpid()}.tmp"), "w") as f:
             json.dump({"format": 4, "save_only_model": save_only_model, "files": files}, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _fsync(tmp)
         os.replace(tmp, os.path.join(folder, COMMIT_FILE))
         _fsync(folder)
         with contextlib.suppress(FileNotFoundError):
             os.remove(_pending(folder))
 
 
-# 2. Resumable
-def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker when committed (format 1-4), else None
+def marker(folder: str) -> dict[str, Any] | None:  # `folder`'s marker when committed (formats 1-4), else None
     record = read_json(os.path.join(folder, COMMIT_FILE))
     return record if isinstance(record, dict) and isinstance(record.get("files"), dict) else None
 
 
 def damage(folder: str) -> str | None:
-    """Why `folder` cannot be resumed, or None (rule 2)."""
+    """Why `folder` cannot be resumed, or None."""
     if (record := marker(folder)) is None:
         if os.path.exists(_pending(folder)) or os.path.exists(os.path.join(folder, LEGACY_STATE_FILE)):
             return f"it has no {COMMIT_FILE}: a run of this library began it and did not finish it"
@@ -104,16 +93,15 @@ def damage(folder: str) -> str | None:
     return None
 
 
-# 3. `True` and `last`
-def checkpoint_step(folder: str) -> int | None:  # the step of a `checkpoint-<step>` folder; None for another name
+def _step(folder: str) -> int | None:  # the step of a `checkpoint-<step>` folder; None for another name
     match = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(os.path.normpath(folder)))
     return int(match.group(1)) if match else None
 
 
 def checkpoint_folders(output_dir: str) -> list[str]:  # its `checkpoint-<step>` folders, oldest first
     names = os.listdir(output_dir) if output_dir and os.path.isdir(output_dir) else []
-    folders = [os.path.join(output_dir, n) for n in names if checkpoint_step(n) is not None]
-    return sorted((f for f in folders if os.path.isdir(f)), key=checkpoint_step)
+    folders = [os.path.join(output_dir, n) for n in names if _step(n) is not None]
+    return sorted((f for f in folders if os.path.isdir(f)), key=_step)
 
 
 def resolve(output_dir: str, requested: object) -> tuple[str | None, list[str]]:
@@ -129,12 +117,12 @@ def resolve(output_dir: str, requested: object) -> tuple[str | None, list[str]]:
         if os.path.isdir(path := str(requested)) and (why := damage(path)) is not None:
             raise ValueError(f"{path} cannot be resumed ({why}). Resume another checkpoint.")
         return path, [_resuming(path)] if os.path.isdir(path) else []  # a missing folder: transformers' own error
-    folders, messages = checkpoint_folders(output_dir), []
-    why = {folder: damage(folder) for folder in folders}
-    checkpoint = ([f for f in folders if why[f] is None] or [None])[-1]
-    newer = [f for f in folders if why[f] and (checkpoint is None or checkpoint_step(f) > checkpoint_step(checkpoint))]
-    if newer:
-        messages.append(f"{output_dir}: passed over " + "; ".join(f"{os.path.basename(f)} ({why[f]})" for f in newer))
+    folders = checkpoint_folders(output_dir)
+    why = [damage(folder) for folder in folders]
+    last = max((i for i, w in enumerate(why) if w is None), default=-1)  # the newest resumable
+    checkpoint = folders[last] if last >= 0 else None
+    newer = "; ".join(f"{os.path.basename(f)} ({w})" for f, w in zip(folders[last + 1 :], why[last + 1 :]))
+    messages = [f"{output_dir}: passed over {newer}"] if newer else []
     if checkpoint is None and requested is True:
         raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
     fresh = f"`resume_from_checkpoint={requested}`: {output_dir} holds no committed checkpoint: a fresh start."
@@ -150,15 +138,14 @@ def other_runs(output_dir: str, own: set[str]) -> list[str]:  # committed checkp
     return [f for f in checkpoint_folders(output_dir) if marker(f) and os.path.realpath(f) not in own]
 
 
-def refusal(output_dir: str, others: list[str]) -> str:  # rule 3's words, for `cegppo check` too
+def refusal(output_dir: str, others: list[str]) -> str:  # why a fresh run beside `others` is refused (`cegppo check`)
     return (f"A new run into {output_dir}, which holds committed checkpoints of another run "
             f"({', '.join(map(os.path.basename, others))}): `last` would resume them after a stop. Resume the newest "
             "with `--resume_from_checkpoint last` (Python API: `train(resume_from_checkpoint=True)`), pick another "
             "`--output_dir`, or delete them (`--overwrite_output_dir true`).")  # fmt: skip
 
 
-# 4. The lock
-_HELD: set[int] = set()
+_HELD: set[int] = set()  # the lock descriptors this process holds
 
 
 def _close_held_in_child() -> None:  # a forked child (loader worker, reward subprocess) must not keep the lock
@@ -171,7 +158,7 @@ os.register_at_fork(after_in_child=_close_held_in_child)
 
 def acquire_lock(output_dir: str, warn: Any = print) -> tuple[int | None, bool]:
     """`flock` `output_dir/_cegppo_run.lock`: its descriptor (None, after a warning, where the file system refuses
-    it) and whether `output_dir` was created for it. Raises RuntimeError while another live process holds it."""
+    `flock`) and whether `output_dir` was created for it. Raises RuntimeError while another live process holds it."""
     created = not os.path.isdir(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     fd = os.open(path := os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -180,8 +167,8 @@ def acquire_lock(output_dir: str, warn: Any = print) -> tuple[int | None, bool]:
     except OSError as error:  # any: where `flock` is refused (ENOLCK, EACCES, EIO, ...), the run goes on unlocked
         os.close(fd)
         if isinstance(error, BlockingIOError):
-            message = f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick another."
-            raise RuntimeError(message) from None
+            raise RuntimeError(f"{output_dir} is written by another live run (it holds {path}): wait for it, or pick "
+                               "another.") from None  # fmt: skip
         warn(f"{path}: the file system refuses `flock` ({error.strerror or error}); nothing stops a second run from "
              "writing into this `output_dir` meanwhile. Training goes on: start one run per folder.")  # fmt: skip
         return None, created
@@ -193,7 +180,7 @@ def release_lock(fd: int | None, output_dir: str, created: bool = False) -> None
     """Let go of the lock; where the run saved nothing, its lock file (and the folder it created) go too."""
     if fd not in _HELD:
         return
-    if os.listdir(output_dir) == [LOCK_FILE]:  # the file goes while locked: a waiting run then makes its own
+    if os.listdir(output_dir) == [LOCK_FILE]:  # removed while locked: a waiting run then makes its own
         os.remove(os.path.join(output_dir, LOCK_FILE))
         if created:
             os.rmdir(output_dir)

@@ -87,7 +87,7 @@ def test_ddp_resumes_from_the_checkpoint_of_every_step_end_with_the_uninterrupte
     reference = load(every_step_run, ["dapo"])["dapo"][0]
     for step in range(1, EVERY_STEP["max_steps"]):
         files = sorted(p.name for p in (every_step_run / "dapo" / f"checkpoint-{step}").glob("rollout_batch_*"))
-        assert files == ([] if step % 4 == 0 else ["rollout_batch_0.safetensors", "rollout_batch_1.safetensors"])
+        assert files == ([] if step % 4 == 0 else ["rollout_batch_0.pt", "rollout_batch_1.pt"])
         cut = _finished_run_cut_after(every_step_run, step, tmp_path / f"cut-{step}")
         resumed = run(_torchrun(), cut, {**EVERY_STEP, "resume": "last"}, ACCELERATE_USE_CPU="1")["dapo"][0]
         _assert_equal_params(reference, resumed, step)

@@ -15,7 +15,7 @@ from helpers.crafted import crafted_copy
 from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
 from cegppo_trl.checkpoints import COMMIT_FILE
 from cegppo_trl.demos.tiny import build_tiny_llama
-from cegppo_trl.rollout_state import RolloutBatchError
+from cegppo_trl.rollout_state import RolloutBatchError, load_rollout_batch, save_rollout_batch
 
 # Off-policy: two optimizer steps per rollout batch (steps_per_generation = 2 x gradient_accumulation_steps), a
 # checkpoint at every rollout-batch end; 6 steps stay inside the first epoch (32 prompts, 4 per rollout batch).
@@ -70,7 +70,7 @@ def test_a_resume_from_the_checkpoint_of_every_step_ends_with_the_uninterrupted_
     steps = _steps(tmp_path / "run")
     assert steps == list(range(1, layout["max_steps"] + 1))
     # a batch file inside each rollout batch (4 steps), none at its end
-    inside = [s for s in steps if (tmp_path / "run" / f"checkpoint-{s}" / "rollout_batch_0.safetensors").exists()]
+    inside = [s for s in steps if (tmp_path / "run" / f"checkpoint-{s}" / "rollout_batch_0.pt").exists()]
     assert inside == [s for s in steps if s % 4]
     for step in steps[:-1]:
         resumed = _resume_copy(tmp_path, tmp_path / "run", step, tokenizer, prompts, **kw)
@@ -113,7 +113,20 @@ def test_a_batch_that_cannot_be_continued_is_generated_again_with_a_warning_nami
     with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
         resumed.train(resume_from_checkpoint=str(changed))
     assert resumed.state.global_step == 2
-    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated there" in caplog.text
+    assert "steps_per_generation': [2, 4]" in caplog.text and "a new batch is generated, as TRL does" in caplog.text
+    # The file a development build of 0.5 wrote (safetensors, format 1): named, not read, the batch generated
+    from cegppo_trl.checkpoints import commit
+
+    old = tmp_path / "old" / "checkpoint-1"
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", old)
+    (old / "rollout_batch_0.pt").rename(old / "rollout_batch_0.safetensors")
+    commit(str(old), True, lambda: None)
+    caplog.clear()
+    resumed = _trainer(old.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=2)
+    with caplog.at_level(logging.WARNING, logger="cegppo_trl.checkpoint_hooks"):
+        resumed.train(resume_from_checkpoint=str(old))
+    assert resumed.state.global_step == 2
+    assert "(rollout_batch_0.safetensors is an earlier cegppo-trl's file, not read): a new batch" in caplog.text
 
 
 @pytest.mark.slow
@@ -129,7 +142,7 @@ def test_the_end_of_training_checkpoint_inside_a_batch_resumes_exactly_with_more
     short = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=5, **kw)
     short.train()
     assert _steps(tmp_path / "run") == [4, 5]
-    assert (tmp_path / "run" / "checkpoint-5" / "rollout_batch_0.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint-5" / "rollout_batch_0.pt").exists()
     longer = _trainer(tmp_path / "run", tokenizer, prompt_dataset, max_steps=8, **kw)
     longer.train(resume_from_checkpoint="last")
     assert longer.state.global_step == 8
@@ -146,11 +159,11 @@ def test_a_crafted_batch_file_with_a_pickle_payload_is_refused_and_runs_nothing(
     run.train()
     payload_ran = tmp_path / "payload-ran"
     crafted = crafted_copy(
-        tmp_path / "run" / "checkpoint-1", tmp_path / "crafted" / "checkpoint-1", "rollout_batch_0.safetensors",
+        tmp_path / "run" / "checkpoint-1", tmp_path / "crafted" / "checkpoint-1", "rollout_batch_0.pt",
         payload_ran,
     )  # fmt: skip
     resumed = _trainer(tmp_path / "crafted", tokenizer, prompt_dataset, save_steps=1, max_steps=2)
-    with pytest.raises(RolloutBatchError, match=r"rollout_batch_0\.safetensors is not a rollout batch"):
+    with pytest.raises(RolloutBatchError, match=r"rollout_batch_0\.pt is not a rollout batch"):
         resumed.train(resume_from_checkpoint=str(crafted))
     assert not payload_ran.exists()
     assert resumed.state.global_step == 1 and _steps(tmp_path / "crafted") == [1]  # no step trained, none saved
@@ -166,7 +179,7 @@ def test_a_batch_file_of_another_checkpoint_is_refused_naming_both_steps(
     run.train()
     moved = tmp_path / "moved" / "checkpoint-1"
     shutil.copytree(tmp_path / "run" / "checkpoint-1", moved)
-    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.safetensors", moved)  # also inside a batch
+    shutil.copy(tmp_path / "run" / "checkpoint-3" / "rollout_batch_0.pt", moved)  # also inside a batch
     commit(str(moved), True, lambda: None)
     resumed = _trainer(moved.parent, tokenizer, prompt_dataset, save_steps=1, max_steps=3)
     with pytest.raises(RolloutBatchError, match=r"written at step 3, its checkpoint is at step 1"):
@@ -206,3 +219,17 @@ def test_item4_a_run_resumed_in_epochs_2_and_3_ends_with_the_uninterrupted_runs_
         assert resumed.state.global_step == 12 and resumed.state.epoch == 3
         for name, value in _params(resumed).items():
             assert torch.equal(value, final[name]), (step, name)
+
+
+def test_a_batch_file_holds_the_micro_batches_as_saved_and_names_what_it_cannot_hold(tmp_path):
+    batch = {"completion_ids": torch.arange(6).view(2, 3), "num_images": [1, 2], "pixel_values": None}
+    micro_batches = [{k: v[i : i + 1] if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for i in (0, 1)]
+    save_rollout_batch(str(tmp_path / "b.pt"), micro_batches, 3, {"world_size": 2})
+    record = load_rollout_batch(str(tmp_path / "b.pt"), torch.device("cpu", 0))  # a DDP process's device on CPU
+    assert (record["step"], record["layout"], record["unsaved"]) == (3, {"world_size": 2}, [])
+    for saved, loaded in zip(micro_batches, record["micro_batches"], strict=True):
+        assert torch.equal(saved["completion_ids"], loaded["completion_ids"])
+        assert (loaded["num_images"], loaded["pixel_values"]) == ([1, 2], None)
+    save_rollout_batch(str(tmp_path / "c.pt"), [{"ids": torch.ones(1), "images": [object()]}], 1, {})
+    record = load_rollout_batch(str(tmp_path / "c.pt"))
+    assert (record["unsaved"], record["micro_batches"]) == (["images (list)"], [])
