@@ -21,7 +21,7 @@ exit status of `cegppo train` (the final model is saved in each case but 2 and 5
      reward (the message names the kind)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row got no reward
   5  a reward function raised (one line names it)
-  130  interrupted (Ctrl-C): one line names the newest complete checkpoint
+  130  interrupted (Ctrl-C)
 """
 # An entry point `NAME = "module:function"` in this group adds `cegppo NAME ...`: `function(argv_after_NAME)` returns
 # the exit status (the research layer's `probe`, which the core does not import).
@@ -111,16 +111,10 @@ def check_main(argv: list[str] | None = None) -> int:
     return 1 if report.errors else 0
 
 
-def _interrupted(parsed) -> str:
-    """After Ctrl-C: the newest committed checkpoint and how to resume, in one line."""
-    from .checkpoints import checkpoint_folders, marker
-
-    if parsed is None:
-        return "Nothing was started."
-    saved = [folder for folder in checkpoint_folders(parsed[1].output_dir) if marker(folder) is not None]
-    if not saved:
-        return f"No checkpoint was saved in {parsed[1].output_dir}: the same command starts over."
-    return f"Saved: {saved[-1]} (the newest complete checkpoint). Resume: add `--resume_from_checkpoint last`."
+def _say(line: str) -> None:
+    """`line` on stderr, on a line of its own above a progress bar still on screen."""
+    tqdm = sys.modules.get("tqdm")
+    (tqdm.tqdm.write if tqdm is not None else print)(line, file=sys.stderr)
 
 
 def _train(argv: list[str]) -> int:
@@ -135,7 +129,7 @@ def _train(argv: list[str]) -> int:
     except (CEGPPOUsageError, RewardFailed) as error:
         if tracebacks:
             raise
-        print(f"cegppo train: error: {error}", file=sys.stderr)
+        _say(f"cegppo train: error: {error}")
         return 5 if isinstance(error, RewardFailed) else 2
     except ValueError as error:  # raised while parsing: a field's own check refused its value
         if parsed is not None or tracebacks:
@@ -143,13 +137,12 @@ def _train(argv: list[str]) -> int:
         print(f"cegppo train: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"cegppo train: interrupted. {_interrupted(parsed)}", file=sys.stderr)
+        _say("cegppo train: interrupted. Resume: the same command with `--resume_from_checkpoint last`.")
         return 130
     if trainer.stop_reason is None:
         return 0
     if trainer.accelerator.is_main_process:  # stopped early, the final model saved: say why, once
-        print(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}",
-              file=sys.stderr)  # fmt: skip
+        _say(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}")
     return STOP_EXIT_STATUS[trainer.stop_reason]
 
 

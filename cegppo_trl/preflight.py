@@ -372,7 +372,7 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     sizes = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=spg,
                  num_iterations=args.num_iterations)  # fmt: skip
     if below := [name for name, value in sizes.items() if value is None or value < 1]:  # the trainer fails after load
-        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1, e.g. `--{below[0]} 1`.")
+        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
         return
     rollout = args.generation_batch_size or per_device * world_size * spg
     report.info("batch", f"rollout batch: {rollout} completions = {rollout // args.num_generations} prompt(s) x "
@@ -481,21 +481,15 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
     report = Report() if report is None else report
     funcs = [f for f in reward_funcs if f is not None]
     names = list(reward_names) if reward_names is not None else [getattr(f, "__name__", str(f)) for f in funcs]
-    for split, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-        errors = len(report.errors)
-        rows = [] if dataset is None or isinstance(dataset, dict) else inspect_dataset(report, dataset, name=split)
-        if len(report.errors) > errors or not rows:
-            continue
-        train = split == "train_dataset"
-        if train and processing_class is not None:
+    if eval_dataset is not None and not isinstance(eval_dataset, dict):
+        inspect_dataset(report, eval_dataset, name="eval_dataset")
+    errors = len(report.errors)
+    if train_dataset is not None and (rows := inspect_dataset(report, train_dataset)) and len(report.errors) == errors:
+        if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
-        columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
-        call = rollout_rows(dataset, args) if call_rewards and train else None
-        inspect_rewards(sub := Report(), funcs, names, rows, columns, call)  # evaluation rollouts are scored too
-        seen = {f.message for f in report.findings}
-        report.findings += [f for f in sub.findings if (train or f.severity == "error") and f.message not in seen]
-        for line in sub.lines.get("rewards", []) if train else []:
-            report.info("rewards", line)
+        columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
+        call = rollout_rows(train_dataset, args) if call_rewards else None
+        inspect_rewards(report, funcs, names, rows, columns, call)
     inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads

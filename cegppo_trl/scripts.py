@@ -158,13 +158,21 @@ def load_any_dataset(name: str | None, *, config: str | None = None, train_split
         try:
             loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
         except Exception as error:  # datasets fails obscurely on an empty file
-            with open(name, "rb") as f:
-                if builder != "parquet" and not f.read(1 << 20).strip():
-                    raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
+            if _is_empty(name, builder):
+                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
             raise
     else:  # a Hub id, or a path that is not there: datasets' own error says which
         loaded = load_dataset(name, name=config, streaming=streaming)
     return DatasetDict({train_split: loaded}) if isinstance(loaded, Dataset) else loaded
+
+
+def _is_empty(path: str, builder: str) -> bool:
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_metadata(path).num_rows == 0
+    with open(path, "rb") as f:
+        return not f.read(1 << 20).strip()
 
 
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
@@ -197,11 +205,7 @@ def prepare_dataset(dataset: Any, script_args: Any, reward_funcs: list | None = 
     if not isinstance(dataset, IterableDataset) and len(dataset) == 0:
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows"
                          f"{'' if limit is None else f' after `max_train_samples={limit}`'}): check `--dataset_name`.")  # fmt: skip
-    prompt_col, solution_col, system = (
-        script_args.prompt_column,
-        script_args.solution_column,
-        script_args.system_prompt,
-    )
+    prompt_col, solution_col, system = script_args.prompt_column, script_args.solution_column, script_args.system_prompt  # fmt: skip
     columns = dataset.column_names
     if solution_col == REFERENCE_COLUMN and columns is not None and REFERENCE_COLUMN not in columns:
         if funcs and all(reward_reads_reference(f) is False for f in funcs):
@@ -209,12 +213,6 @@ def prepare_dataset(dataset: Any, script_args: Any, reward_funcs: list | None = 
     readers = [n for n, f in zip(script_args.reward_funcs, funcs, strict=False) if reward_reads_reference(f)]
     if problems := column_problems(dataset, prompt_col, solution_col, readers):
         raise ValueError(" ".join(problems))
-    if system is not None and isinstance(dataset, Dataset):  # a prompt's own system message wins: say how often
-        prompts = (_get_path(row, prompt_col) for row in dataset.select_columns([prompt_col.split(".")[0]]))
-        if own := sum(isinstance(p, list) and bool(p) and isinstance(p[0], dict) and p[0].get("role") == "system"
-                      for p in prompts):  # fmt: skip
-            logger.warning("`system_prompt` is not used for %d of %d prompts: they already open with a system "
-                           "message, which wins.", own, len(dataset))  # fmt: skip
     first_is_text = not isinstance(dataset, Dataset) or isinstance(dataset[0][prompt_col.split(".")[0]], str)
     if (prompt_col, script_args.prompt_template, system) == ("prompt", None, None) and solution_col in (
         None, REFERENCE_COLUMN) and not (script_args.chat_prompts and first_is_text):  # fmt: skip
@@ -281,12 +279,8 @@ def column_problems(dataset: Any, prompt_column: str, solution_column: str | Non
                                 f"{', '.join(map(str, available))}).{hint}")  # fmt: skip
                 break
             values = [v.get(key) if isinstance(v, dict) else None for v in values]
-            nested = [v for v in values if v is not None]
-            if depth < len(keys) - 1 and nested and not all(isinstance(v, dict) for v in nested):
-                problems.append(f"`{option}={path}`: `{'.'.join(keys[: depth + 1])}` holds {type_name(nested[0])} "
-                                "values, not records with fields.")  # fmt: skip
-                break
-            available = sorted({k for v in nested for k in v}) if depth < len(keys) - 1 and nested else None
+            nested = [v for v in values if v is not None]  # a non-record on the way has no fields
+            available = sorted({k for v in nested if isinstance(v, dict) for k in v}) if nested else None
         else:
             given = [v for v in values if v is not None]  # a None prompt is a row's problem: the pre-flight names it
             if option == "prompt_column" and (bad := next((v for v in given if not _is_prompt(v)), None)) is not None:
