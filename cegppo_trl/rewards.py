@@ -19,15 +19,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 REFERENCE_COLUMN = "solution"
 # Keyword arguments TRL's GRPOTrainer passes to every reward besides the dataset columns.
-TRAINER_KWARGS = (
-    "prompts",
-    "completions",
-    "completion_ids",
-    "trainer_state",
-    "log_extra",
-    "log_metric",
-    "environments",
-)
+TRAINER_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")  # fmt: skip
 
 
 def completion_text(completion: Any) -> str:
