@@ -1,18 +1,10 @@
-"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (the command line only:
-`CEGPPOTrainer` never runs it).
+"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (`CEGPPOTrainer` never runs it).
 
-`run_checks` returns a `Report`, section by section, and its findings. The rules, in the order the checks run:
-
-1. Show what only a plan can show, with the real inputs: the prompts as the model gets them, which columns each
-   reward reads, the batch layout (on- or off-policy), the output folder's state.
-2. Refuse what would train on nothing or not at all (a reward that cannot read the data, a learning rate of 0, a
-   resume that is not there). What TRL, transformers, torch or accelerate refuse themselves is not checked again:
-   their message stands.
-3. Call no reward of yours unless asked (`--call_rewards`): its signature says which columns it reads. The package's
-   own rewards and TRL's by name are called on the reference answers.
-4. Say what was not checked: a clean report is a verdict on what it checked only.
-
-`Report.raise_errors` raises `CEGPPOUsageError`, which `cegppo train` prints as one line (exit status 2).
+`run_checks` fills a `Report`, section by section, with what only a plan can show (the prompts as the model gets
+them, the columns each reward reads, the batch layout, the output folder's state) and refuses what would train on
+nothing or not at all. What TRL, transformers, torch or accelerate refuse themselves is left to them. No reward of
+yours is called unless asked (`--call_rewards`); the package's and TRL's are called on the reference answers. The
+report ends with what it did not check. `Report.raise_errors` raises `CEGPPOUsageError` (`cegppo train`: exit 2).
 """
 
 from __future__ import annotations
@@ -25,7 +17,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rewards import REFERENCE_COLUMN, REWARD_FUNCS, TRAINER_KWARGS, TRL_REWARD_FUNCS, reward_value_range
+from .rewards import (
+    REFERENCE_COLUMN,
+    REWARD_FUNCS,
+    TRAINER_KWARGS,
+    TRL_REWARD_FUNCS,
+    GSM8KReward,
+    MathVerifyReward,
+    extract_gsm8k_gold,
+    reward_value_range,
+)
 
 SECTIONS = {
     "model": "Model",
@@ -39,6 +40,7 @@ SECTIONS = {
 MADE_UP_COMPLETION = "Let me think step by step. The answer is 42."  # for a reward with no reference form
 _LIKELY_PROMPT_COLUMNS = ("question", "problem", "query", "instruction", "input", "messages", "text")
 _LIKELY_REFERENCE_COLUMNS = ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label")
+WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 
 class CEGPPOUsageError(ValueError):
@@ -72,7 +74,7 @@ class Report:
         self.findings.append(Finding("warning", section, message, code))
 
     def collect(self, section: str, check: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Run a check that raises; record what it raises as an error."""
+        """`check(*args, **kwargs)`, or None with what it raised recorded as an error."""
         try:
             return check(*args, **kwargs)
         except (ValueError, RuntimeError, ImportError, OSError, TypeError) as error:
@@ -87,7 +89,7 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
 
-    def raise_errors(self, flags: bool = True) -> None:  # `flags`: accepted for `cegppo probe`'s call
+    def raise_errors(self) -> None:
         """Raise `CEGPPOUsageError` with every error's message (numbered when several)."""
         if len(self.errors) == 1:
             raise CEGPPOUsageError(self.errors[0].message)
@@ -97,23 +99,21 @@ class Report:
 
     def format(self, width: int = 100) -> str:
         """The report as text: each section's lines, then the findings, then a one-line verdict."""
-        import functools
         import textwrap
 
-        # Paths, flags and values stay whole (copy-pasteable): no break inside a word or at its hyphens.
-        wrap = functools.partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
+        def wrap(text: str, **kwargs: str) -> list[str]:  # paths and flags stay whole (copy-pasteable)
+            return textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False, **kwargs)
+
         out = []
         for section, title in SECTIONS.items():
             if lines := self.lines.get(section):
                 out += [title, *(w for line in lines for w in wrap(line, initial_indent="  ", subsequent_indent="      ")), ""]  # fmt: skip
         for f in self.findings:
-            out.extend(wrap(f"{f.severity.upper()} [{f.section}] {f.message}", subsequent_indent="    "))
+            out += wrap(f"{f.severity.upper()} [{f.section}] {f.message}", subsequent_indent="    ")
         verdict = "fix the errors above" if self.errors else "ready to train (what is listed as not checked aside)"
-        out.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s): {verdict}.")
-        return "\n".join(out)
+        return "\n".join([*out, f"{len(self.errors)} error(s), {len(self.warnings)} warning(s): {verdict}."])
 
 
-# --- Small readers of data
 def short_repr(value: Any, limit: int = 70) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -121,8 +121,8 @@ def short_repr(value: Any, limit: int = 70) -> str:
 
 def type_name(value: Any) -> str:
     if isinstance(value, list):
-        inner = {type_name(v) for v in value[:3]}
-        return f"list[{'|'.join(sorted(inner))}]" if inner else "list"
+        inner = sorted({type_name(v) for v in value[:3]})
+        return f"list[{'|'.join(inner)}]" if inner else "list"
     return type(value).__name__
 
 
@@ -133,38 +133,34 @@ def sample_rows(dataset: Any, n: int = 3) -> list[dict]:
     return list(itertools.islice(iter(dataset), n))
 
 
-def likely_prompt_column(columns: Sequence[str]) -> str | None:
-    return next((c for c in _LIKELY_PROMPT_COLUMNS if c in columns), None)
-
-
-def likely_reference_column(columns: Sequence[str]) -> str | None:
-    """The column (a dotted path for verl's `reward_model`) that most likely holds the reference answer, if any."""
-    likely = next((c for c in _LIKELY_REFERENCE_COLUMNS if c in columns), None)
-    return {"reward_model": "reward_model.ground_truth"}.get(likely, likely)
+def likely_column(columns: Sequence[str], option: str) -> str | None:
+    """The column that most likely holds the prompt (`option="prompt_column"`) or the reference answer."""
+    likely = _LIKELY_PROMPT_COLUMNS if option == "prompt_column" else _LIKELY_REFERENCE_COLUMNS
+    found = next((c for c in likely if c in columns), None)
+    return "reward_model.ground_truth" if found == "reward_model" else found  # verl's layout
 
 
 # --- Data and prompts
 def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -> list[dict]:
     """Rows, columns and types, and whether every prompt is text or chat messages; returns a few rows."""
-    rows = sample_rows(dataset)
-    if not rows:
-        report.error("dataset", f"`{name}` is empty (0 rows): nothing to train on; check `--dataset_name`.")
+    if not (rows := sample_rows(dataset)):
+        report.error("dataset", f"`{name}` is empty (0 rows): check `--dataset_name`.")
         return []
     columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
     size = f"{len(dataset)} rows" if hasattr(dataset, "__len__") else "streamed (length unknown)"
-    shown = ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
-    report.info("dataset", f"{name}: {size}; columns: {shown}")
+    report.info(
+        "dataset", f"{name}: {size}; columns: " + ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
+    )
     if "prompt" not in columns:
-        report.error("dataset", f"`{name}` has no `prompt` column (its columns: {', '.join(columns)}). Name the "
-                     f"column that holds the prompts: `--prompt_column {likely_prompt_column(columns) or '<column>'}`.")  # fmt: skip
+        report.error("dataset", f"`{name}` has no `prompt` column (its columns: {', '.join(columns)}): "
+                     f"`--prompt_column {likely_column(columns, 'prompt_column') or '<column>'}`.")  # fmt: skip
         return rows
     prompts = dataset["prompt"] if hasattr(dataset, "__len__") else [r.get("prompt") for r in sample_rows(dataset, 64)]
-    bad = [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]
-    scope = f"all {len(prompts)} rows" if hasattr(dataset, "__len__") else "the stream's first rows"
-    if bad:
-        (i, problem), more = bad[0], len(bad) - 1
-        report.error("dataset", f"`{name}` row {i}: the prompt {problem} ({f'{more} more of {scope} too' if more else f'{scope} checked'}): "
-                     "the tokenizer or the chat template fails on it at the first batch that draws it. Fix or drop those rows.")  # fmt: skip
+    if bad := [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]:
+        scope = f"all {len(prompts)} rows" if hasattr(dataset, "__len__") else "the stream's first rows"
+        more = f"{len(bad) - 1} more of {scope} too" if len(bad) > 1 else f"{scope} checked"
+        report.error("dataset", f"`{name}` row {bad[0][0]}: the prompt {bad[0][1]} ({more}): the tokenizer fails on "
+                     "it. Fix or drop those rows.")  # fmt: skip
     return rows
 
 
@@ -187,9 +183,8 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     """Each sample prompt as the model gets it (chat template applied) and its token length."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(isinstance(r.get("prompt"), list) for r in rows) and not getattr(tokenizer, "chat_template", None):
-        report.error("prompts", "The prompts are chat messages, but the tokenizer has no chat template (a base model). "
-                     "For raw text pass `--chat_prompts false` with plain-text data, or use a model with a chat "
-                     "template (an instruct model).")  # fmt: skip
+        report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base model): "
+                     "pass `--chat_prompts false` with plain-text data, or use an instruct model.")  # fmt: skip
         return
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
@@ -232,13 +227,14 @@ def reward_required_columns(func: Callable) -> tuple[str, ...]:
 
 
 def reference_completion(func: Callable, solution: Any) -> Any:
-    """A completion that states `solution`, in the form `func` reads, or None when `func` does not say how; a reward
-    of yours takes part by defining `reference_completion(solution)`."""
-    if callable(own := getattr(func, "reference_completion", None)):
-        return own(solution)
+    """A completion that states `solution` in the form `func` reads (it must score top), or None when unknown."""
+    if isinstance(func, GSM8KReward):
+        return f"#### {gold}" if (gold := extract_gsm8k_gold(solution)) is not None else str(solution)
     boxed = str(solution) if "\\boxed" in str(solution) else f"\\boxed{{{solution}}}"
-    name = getattr(func, "__name__", "") if _from_trl(func) else ""
-    think = {"accuracy_reward": "", "reasoning_accuracy_reward": "<think>\n</think>\n"}.get(name)
+    if isinstance(func, MathVerifyReward):
+        return boxed
+    think = {"accuracy_reward": "", "reasoning_accuracy_reward": "<think>\n</think>\n"}.get(
+        getattr(func, "__name__", "") if _from_trl(func) else "")  # fmt: skip
     return None if think is None else [{"role": "assistant", "content": think + boxed}]
 
 
@@ -268,31 +264,30 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
             report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
             continue
-        missing = [c for c in reward_required_columns(func) if c not in columns]
-        if missing == [REFERENCE_COLUMN]:
-            likely = likely_reference_column([c for c in columns if c not in TRAINER_KWARGS]) or "<column>"
-            report.error("rewards", f"Reward `{name}` compares each completion with a reference answer, passed as the "
-                         f"`solution` column, and the data has none (its columns: {', '.join(columns)}). Name the column "
-                         f"that holds it: `--solution_column {likely}`. Without a reference, use a reference-free "
-                         "reward such as `format`.")  # fmt: skip
-            continue
-        if missing:
-            close = {m: difflib.get_close_matches(m, list(columns), n=1, cutoff=0.6) for m in missing}
-            hint = "".join(f" Did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
-            report.error("rewards", f"Reward `{name}` needs the dataset column(s) {missing}, which the data lacks "
-                         f"(columns: {', '.join(columns)}).{hint} Add them to the dataset.")  # fmt: skip
+        if missing := [c for c in reward_required_columns(func) if c not in columns]:
+            if missing == [REFERENCE_COLUMN]:
+                likely = likely_column([c for c in columns if c not in TRAINER_KWARGS], "solution_column")
+                report.error("rewards", f"Reward `{name}` compares with a reference answer, the `solution` column, "
+                             f"and the data has none (its columns: {', '.join(columns)}): `--solution_column "
+                             f"{likely or '<column>'}`, or a reference-free reward such as `format`.")  # fmt: skip
+            else:
+                close = {m: difflib.get_close_matches(m, list(columns), n=1, cutoff=0.6) for m in missing}
+                hint = "".join(f" Did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
+                report.error("rewards", f"Reward `{name}` needs the dataset column(s) {missing}, which the data "
+                             f"lacks (columns: {', '.join(columns)}).{hint}")  # fmt: skip
             continue
         value_range = reward_value_range(func)
         span = "range not declared" if value_range is None else f"scores {value_range[0]:g} to {value_range[1]:g}"
         given = ", ".join(c for c in columns if c != "prompt") or "(none)"
         report.info("rewards", f"{name} ({span}): receives prompts, completions and the columns {given} as keyword "
                     f"lists{'' if reward_reads_reference(func) else '; reads no reference'}")  # fmt: skip
-        needs_chat = _from_trl(func) and getattr(func, "__name__", "") in TRL_REWARD_FUNCS  # they read chat only
-        if needs_chat and isinstance(rows[0].get("prompt"), str):
-            report.error("rewards", f"TRL's {name} reads chat completions (`completion[0]['content']`), and the prompts "
-                         "are plain text, so the completions will be too. Use chat prompts (`--chat_prompts true`, a "
-                         "model with a chat template), or this library's rewards, which read both (`math_verify_01` "
-                         "for accuracy_reward).")  # fmt: skip
+        if (
+            _from_trl(func)
+            and getattr(func, "__name__", "") in TRL_REWARD_FUNCS
+            and isinstance(rows[0].get("prompt"), str)
+        ):
+            report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
+                         "`--chat_prompts true` with a chat model, or `math_verify_01` (reads both).")  # fmt: skip
         elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
             if score := _call_reward(
                 report, name, func, rows if call is None else call, value_range, call is not None
@@ -301,61 +296,59 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
     if alike and len(alike) == len(funcs):  # no reward told the completions apart: the run's total reward neither
         which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
         report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
-                       f"the same score ({which}). Only completions of one prompt that score differently give a "
-                       "learning signal: if the model's completions all score alike too (a model that never writes the "
-                       "form this reward looks for), `cegppo train` stops after `max_zero_signal_batches` such rollout "
-                       "batches, or at the end of a shorter run, with exit status 3.")  # fmt: skip
+                       f"the same score ({which}). If the model's completions score alike too, `cegppo train` stops "
+                       "after `max_zero_signal_batches` such rollout batches with exit status 3.")  # fmt: skip
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     """A rollout batch as TRL draws it: `generation_batch_size / num_generations` rows, each `num_generations` times."""
     size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
-    prompts = sample_rows(dataset, max(1, size // args.num_generations))
-    return [row for row in prompts for _ in range(args.num_generations)]
+    return [
+        row for row in sample_rows(dataset, max(1, size // args.num_generations)) for _ in range(args.num_generations)
+    ]
 
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
     """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
-    one looks (a made-up one otherwise). An error: what TRL fails on (an exception, the wrong number of scores), no
-    score at all (`cegppo train` exits 4), a reference answer without the top score. A warning: an infinite score, or
-    the same score for every completion tried (returned, as the score and the completion, for `inspect_rewards`)."""
+    one looks (a made-up one otherwise). Errors: what TRL fails on, no score at all (`cegppo train` exits 4), a
+    reference answer without the top score. Returns the score when every completion got the same one."""
     import asyncio
 
     from transformers import TrainerState
 
     texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]
-    completions = [t or MADE_UP_COMPLETION for t in texts]
     completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) and isinstance(r.get("prompt"), list)
-                   else c for r, c in zip(rows, completions, strict=True)]  # fmt: skip
+                   else c for r, c in zip(rows, [t or MADE_UP_COMPLETION for t in texts], strict=True)]  # fmt: skip
     extra = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
     trainer = dict(completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=lambda *a, **k: None,
                    log_metric=lambda *a, **k: None)  # fmt: skip
-    where = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
+    called = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
+    where = f"Reward `{name}`, {called}"
     try:
         scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **trainer, **extra)
         scores = asyncio.run(scores) if asyncio.iscoroutine(scores) else scores  # TRL awaits async rewards
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
-        report.error("rewards", f"Reward `{name}`, {where}, failed: {type(error).__name__}: {error}")
+        report.error("rewards", f"{where}, failed: {type(error).__name__}: {error}")
         return None
     top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
+    wrong = None if top is None else next((i for i, v in enumerate(values) if v is None or abs(v - top) > 1e-6), None)
     if len(values) != len(rows):
-        report.error("rewards", f"Reward `{name}`, {where}, returned {len(values)} value(s) for {len(rows)} completions"
-                     f" (one float or None each): {short_repr(list(scores))}.")  # fmt: skip
+        report.error("rewards", f"{where}, returned {len(values)} value(s) for {len(rows)} completions (one float or "
+                     f"None each): {short_repr(list(scores))}.")  # fmt: skip
     elif all(v is None or math.isnan(v) for v in values):
-        report.error("rewards", f"Reward `{name}`, {where}, returned no score (None or NaN) for any completion: nothing "
-                     f"would train (`cegppo train` exits 4): {short_repr(list(scores))}.")  # fmt: skip
-    elif top is not None and (i := next((i for i, v in enumerate(values) if v is None or abs(v - top) > 1e-6), None)) is not None:  # fmt: skip
-        report.error("rewards", f"Reward `{name}` gives the reference answer itself (row {i}: solution="
-                     f"{short_repr(rows[i].get(REFERENCE_COLUMN))}) the score {values[i]}, not its top score {top:g}: "
-                     "the reference column does not hold what this reward reads, or the reward does not fit this data. "
-                     "Check `--solution_column` and the reward.")  # fmt: skip
+        report.error("rewards", f"{where}, returned no score (None or NaN): nothing would train (`cegppo train` exits "
+                     f"4): {short_repr(list(scores))}.")  # fmt: skip
+    elif wrong is not None:
+        report.error("rewards", f"Reward `{name}` gives the reference answer itself (row {wrong}: solution="
+                     f"{short_repr(rows[wrong].get(REFERENCE_COLUMN))}) the score {values[wrong]}, not its top score "
+                     f"{top:g}: the reference column does not hold what this reward reads. Check `--solution_column`.")  # fmt: skip
     else:
         scored = "the reference answers score the top score" if top is not None else "scores"
-        report.info("rewards", f"  {where}: {scored} {short_repr(values)}")
+        report.info("rewards", f"  {called}: {scored} {short_repr(values)}")
         if any(v is not None and math.isinf(v) for v in values):
-            report.warning("rewards", f"Reward `{name}`, {where}, returned an infinite score ({short_repr(values)}): "
-                           "TRL sets that group's advantages to 0, so it trains on nothing; `cegppo train` warns the same.")  # fmt: skip
+            report.warning("rewards", f"{where}, returned an infinite score ({short_repr(values)}): TRL sets that "
+                           "group's advantages to 0; `cegppo train` warns the same.")  # fmt: skip
         elif top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
             return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
     return None
@@ -366,8 +359,8 @@ def inspect_reward_weights(report: Report, args: Any) -> None:
     weights = getattr(args, "reward_weights", None)
     if weights is not None and not all(math.isfinite(float(w)) for w in weights):
         finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
-        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: every reward would "
-                     f"be NaN (no gradient for the whole run). Give finite weights, e.g. `--reward_weights {finite}`.")  # fmt: skip
+        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite (every reward would "
+                     f"be NaN): e.g. `--reward_weights {finite}`.")  # fmt: skip
 
 
 # --- The batch layout
@@ -378,9 +371,8 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     per_device, spg, ga = args.per_device_train_batch_size, args.steps_per_generation, args.gradient_accumulation_steps
     sizes = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=spg,
                  num_iterations=args.num_iterations)  # fmt: skip
-    if below := [name for name, value in sizes.items() if value is None or value < 1]:
-        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (the trainer fails after the model "
-                     f"loads). Use e.g. `--{below[0]} 1`.")  # fmt: skip
+    if below := [name for name, value in sizes.items() if value is None or value < 1]:  # the trainer fails after load
+        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
         return
     rollout = args.generation_batch_size or per_device * world_size * spg
     report.info("batch", f"rollout batch: {rollout} completions = {rollout // args.num_generations} prompt(s) x "
@@ -389,18 +381,17 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     report.info("batch", f"optimizer steps per rollout batch: {spg * args.num_iterations / ga:g} (steps_per_generation "
                 f"{spg} x num_iterations {args.num_iterations} / gradient_accumulation_steps {ga}), learning rate "
                 f"{args.learning_rate:g}")  # fmt: skip
-    if args.learning_rate == 0:
-        report.error("batch", "`learning_rate=0`: the optimizer would leave the weights as they are, so the run would "
-                     "train to its end and change nothing. Give a positive rate, e.g. `--learning_rate 1e-6`.")  # fmt: skip
+    if args.learning_rate == 0:  # the run would train to its end and change nothing
+        report.error("batch", "`learning_rate=0`: the optimizer would leave the weights as they are: e.g. "
+                     "`--learning_rate 1e-6`.")  # fmt: skip
     if spg % ga:
         report.warning("batch", f"`steps_per_generation={spg}` is not a multiple of `gradient_accumulation_steps={ga}`:"
-                       " optimizer steps straddle two rollout batches. Set `steps_per_generation` to a multiple of "
-                       f"{ga}.")  # fmt: skip
+                       f" optimizer steps straddle two rollout batches. Set it to a multiple of {ga}.")  # fmt: skip
     if args.loss_type not in CEGPPO_LOSS_TYPES:
         report.info("batch", f"loss_type={args.loss_type}: TRL's objective, unchanged (a baseline)")
     elif is_on_policy(args):
         report.info("batch", "on-policy: the ratio is 1 at every step, so CE-GPPO is identical to GRPO")
-        report.warning("batch", on_policy_message(args), code="trainer")  # the trainer gives it too
+        report.warning("batch", on_policy_message(args), code="trainer")
     else:
         report.info("batch", "off-policy after the first optimizer step of each rollout batch: CE-GPPO acts")
     for message in vanishing_term_messages(args):
@@ -408,28 +399,24 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
 
 
 # --- Model and output directory
-WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")  # transformers', PEFT's and GGUF weights files
-
-
 def check_model_path(name: str) -> None:
-    """Refuse, before any download, a local-looking path that is not there (transformers would try it as a Hub id)
-    and a local directory without a weights file."""
+    """Refuse a local-looking path that is not there (transformers would try it as a Hub id) and a local directory
+    without a weights file."""
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         if not any(f.endswith(WEIGHTS_SUFFIXES) for f in os.listdir(path)):
             raise OSError(f"`model_name_or_path`: no file named model.safetensors or pytorch_model.bin (or another "
-                          f"weights file: {', '.join(WEIGHTS_SUFFIXES)}) found in directory {path}: the model cannot "
-                          "load. Point to the folder `save_pretrained` wrote, or finish copying it.")  # fmt: skip
+                          f"{'/'.join(WEIGHTS_SUFFIXES)}) found in directory {path}: point to the folder "
+                          "`save_pretrained` wrote.")  # fmt: skip
         return
     parent = os.path.dirname(path.rstrip("/"))
     looks_local = name.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
     if not os.path.exists(path) and (looks_local or (name.count("/") != 1 and not _in_hub_cache(name))):
         raise ValueError(f"`model_name_or_path`: no model at {os.path.abspath(path)} ({name!r} is not a local "
-                         "directory, and not a Hub id of the form `owner/name`). Give a local directory written by "
-                         "`save_pretrained` or a Hub id such as `Qwen/Qwen2.5-0.5B-Instruct`.")  # fmt: skip
+                         "directory, and not a Hub id of the form `owner/name`).")  # fmt: skip
 
 
-def _in_hub_cache(repo_id: str) -> bool:
+def _in_hub_cache(repo_id: str) -> bool:  # a legacy Hub id without an owner (`gpt2`) that is cached
     try:
         from huggingface_hub import try_to_load_from_cache
 
@@ -447,10 +434,8 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
     if len(report.errors) > errors:
         return
     try:
-        init = args.model_init_kwargs or {}
-        config = AutoConfig.from_pretrained(
-            model, revision=init.get("revision"), trust_remote_code=args.trust_remote_code
-        )
+        revision = (args.model_init_kwargs or {}).get("revision")
+        config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=args.trust_remote_code)
     except Exception as error:  # the model load fails on the same
         report.error("model", f"Cannot read the config of `{model}`: {error}")
         return
@@ -464,25 +449,20 @@ def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan:
 
     path = args.output_dir
     if os.path.isfile(path):
-        report.error("output_dir", f"`output_dir` {path} is a file, not a directory: the trainer writes checkpoints and "
-                     "the model into it. Pick another `output_dir`.")  # fmt: skip
+        report.error("output_dir", f"`output_dir` {path} is a file, not a directory: pick another `--output_dir`.")
         return
     names = [os.path.basename(f) for f in checkpoint_folders(path)] if os.path.isdir(path) else []
     state = "fresh (will be created)" if not os.path.isdir(path) else "exists, no checkpoints"
     report.info("output_dir", f"{path}: " + (f"holds checkpoints ({', '.join(names[-3:])})" if names else state))
-    planned = report.collect("output_dir", resolve, path, args.resume_from_checkpoint) if plan else None
-    if planned is None:
+    if (planned := report.collect("output_dir", resolve, path, args.resume_from_checkpoint) if plan else None) is None:
         return
     checkpoint, messages = planned
     if (missing := missing_checkpoint(checkpoint)) is not None:
         report.error("output_dir", missing)
     elif checkpoint is None and (others := other_runs(path, set())) and not overwrite:
         report.error("output_dir", refusal(path, others))
-    elif checkpoint is not None:
-        report.info("output_dir", f"resumes {checkpoint}")
-    else:
-        for message in messages:  # `last` with no checkpoint yet: the fresh start's notice
-            report.info("output_dir", message)
+    for line in [f"resumes {checkpoint}"] if checkpoint else messages:  # `last` with no checkpoint: a fresh start
+        report.info("output_dir", line)
 
 
 def missing_checkpoint(checkpoint: str | None) -> str | None:
@@ -501,29 +481,24 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
     report = Report() if report is None else report
     funcs = [f for f in reward_funcs if f is not None]
     names = list(reward_names) if reward_names is not None else [getattr(f, "__name__", str(f)) for f in funcs]
-    for split, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-        errors = len(report.errors)
-        rows = [] if dataset is None or isinstance(dataset, dict) else inspect_dataset(report, dataset, name=split)
-        if len(report.errors) > errors or not rows:
-            continue
-        if split == "train_dataset" and processing_class is not None:
+    if eval_dataset is not None and not isinstance(eval_dataset, dict):
+        inspect_dataset(report, eval_dataset, name="eval_dataset")
+    errors = len(report.errors)
+    if train_dataset is not None and (rows := inspect_dataset(report, train_dataset)) and len(report.errors) == errors:
+        if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
-        call = rollout_rows(dataset, args) if call_rewards and split == "train_dataset" else None
-        columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
-        inspect_rewards(sub := Report(), funcs, names, rows, columns, call)  # evaluation rollouts are scored too
-        seen = {f.message for f in report.findings}
-        report.findings += [f for f in sub.findings if (split == "train_dataset" or f.severity == "error")
-                            and f.message not in seen]  # fmt: skip
-        for line in sub.lines.get("rewards", []) if split == "train_dataset" else []:
-            report.info("rewards", line)
+        columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
+        call = rollout_rows(train_dataset, args) if call_rewards else None
+        inspect_rewards(report, funcs, names, rows, columns, call)
     inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads
-    yours = [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
-    if yours and not call_rewards:
+    if (
+        yours := [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
+    ) and not call_rewards:
         report.info("not_checked", f"rewards of yours ({', '.join(yours)}): not called (`--call_rewards` calls them on "
-                    "a rollout batch of real rows: a reward that raises or scores nothing is found there)")  # fmt: skip
+                    "a rollout batch of real rows)")  # fmt: skip
     report.info("not_checked", "the model's weights: not read (a truncated or corrupt weights file fails at load)")
-    report.info("not_checked", "the settings TRL, transformers and torch validate themselves (optimizer, sampling, "
-                "launch, mixed precision), optional packages (vLLM, Liger, DeepSpeed), trackers and the Hub")  # fmt: skip
+    report.info("not_checked", "the settings TRL, transformers and torch validate themselves, optional packages "
+                "(vLLM, Liger, DeepSpeed), trackers and the Hub")  # fmt: skip
     return report

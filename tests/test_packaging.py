@@ -161,10 +161,8 @@ def test_cegppo_recipes_lists_every_recipe_and_the_accelerate_configs(capsys):
     cli.main(["recipes"])
     out = capsys.readouterr().out
     assert str(resources.recipes_dir()) in out and str(resources.accelerate_configs_dir()) in out
-    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith(" ")]
-    assert listed[: len(resources.recipe_names())] == resources.recipe_names()
-    assert "cpu_smoke                       A CPU smoke run: a few CE-GPPO steps" in out
-    assert "multi_gpu.yaml" in out and "two_nodes.yaml" in out
+    assert ", ".join(resources.recipe_names()) in out
+    assert "multi_gpu" in out and "two_nodes" in out
 
 
 def test_launch_lines_work_without_a_repository_checkout(capsys):
@@ -172,9 +170,7 @@ def test_launch_lines_work_without_a_repository_checkout(capsys):
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "examples/cegppo.py" not in out
-    assert "torchrun --nproc_per_node 2 -m cegppo_trl.cli train --config" in out
     assert '--config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train' in out
-    assert str(resources.accelerate_configs_dir()) in out
     assert "cegppo train --config cpu_smoke" in out
 
 

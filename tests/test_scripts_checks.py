@@ -7,7 +7,6 @@ Each refusal is asserted to come before `CEGPPOTrainer` is built (the model woul
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -161,22 +160,14 @@ def test_eval_split_error_prints_the_strategy_value_not_the_enum(model_dir, data
     assert "IntervalStrategy" not in str(error.value)
 
 
-def test_system_prompt_beside_the_datasets_own_system_messages_warns_which_wins(caplog):
+def test_system_prompt_goes_to_prompts_without_their_own_system_message():
     from datasets import Dataset
 
     own = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "1+1="}]
     data = Dataset.from_dict({"prompt": [own, [{"role": "user", "content": "2+2="}], own]})
     args = CEGPPOScriptArguments(dataset_name="x", system_prompt="Think step by step.", solution_column=None)
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        out = prepare_dataset(data, args)
-    assert "`system_prompt` is not used for 2 of 3 prompts: they already open with a system message, which wins" in (
-        caplog.text
-    )
+    out = prepare_dataset(data, args)
     assert [p[0]["content"] for p in out["prompt"]] == ["Be terse.", "Think step by step.", "Be terse."]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="cegppo_trl.scripts"):
-        prepare_dataset(data.select([1]), args)
-    assert caplog.text == ""  # nothing to say when every prompt takes the system prompt
 
 
 def test_dataset_streaming_streams_local_files_and_saved_datasets(data_file, tmp_path):

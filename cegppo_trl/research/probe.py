@@ -757,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     script_args, training_args, model_args = parse_args(rest, prog="cegppo probe")
     report, prepared = check_command(script_args, training_args, model_args)
-    report.raise_errors(flags=True)
+    report.raise_errors()
     trainer = _build_trainer(script_args, training_args, model_args, prepared)
     prompts = _probe_prompts(script_args, prepared, settings.probe_prompts)
     result = run_probe(trainer, prompts, settings)
