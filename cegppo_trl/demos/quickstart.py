@@ -175,7 +175,8 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     # The numbers first, the plots last: a failure while plotting (e.g. no matplotlib) must not lose the run.
     summary = summarize(result)
     wall_seconds = time.time() - started_at
-    warmup = {k: warmup_info[k] for k in ("steps", "dev_accuracy", "seconds", "cached", "path")} if warmup_info else None
+    keys = ("steps", "dev_accuracy", "seconds", "cached", "path")
+    warmup = {k: warmup_info[k] for k in keys} if warmup_info else None
     summary.update(method=method, model=model_name, task=task.name, seed=args.seed, warmup=warmup,
                    wall_seconds=wall_seconds, plots=[])  # fmt: skip
 

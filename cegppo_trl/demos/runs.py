@@ -223,10 +223,14 @@ def format_summary(summary: dict, *, title: str, extra: dict | None = None, wind
 
     rows = [
         ("held-out accuracy (greedy)", f"{pct(summary['accuracy_before'])} -> {pct(summary['accuracy_after'])}"),
-        (f"training reward, first -> last {window} batches", f"{num(summary['reward_first'])} -> "
-         f"{num(summary['reward_last'])}"),
-        (f"policy entropy, first -> last {window} steps", f"{num(summary['entropy_first'])} -> "
-         f"{num(summary['entropy_last'])}"),
+        (
+            f"training reward, first -> last {window} batches",
+            f"{num(summary['reward_first'])} -> {num(summary['reward_last'])}",
+        ),
+        (
+            f"policy entropy, first -> last {window} steps",
+            f"{num(summary['entropy_first'])} -> {num(summary['entropy_last'])}",
+        ),
         ("tokens outside the clip range (mean)", pct(summary["clip_region_frac"])),
         ("  left: A<0, r<1-eps (kept x beta1)", pct(summary["preserved_left_frac"])),
         ("  right: A>0, r>1+eps (kept x beta2)", pct(summary["preserved_right_frac"])),

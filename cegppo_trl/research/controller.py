@@ -109,7 +109,7 @@ def parse_controller(spec: EntropyControllerConfig | Mapping | str | None) -> En
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError as error:
-            raise ValueError(f"entropy controller {spec!r} is not JSON of EntropyControllerConfig's fields: {error}")
+            raise ValueError(f"entropy controller {spec!r} is not JSON: {error}") from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"entropy controller: expected a mapping of EntropyControllerConfig's fields, got {spec!r}.")
     try:

@@ -60,7 +60,7 @@ def arm_name(arm: Sequence) -> str:
 def parse_arms(text: str) -> tuple[tuple[float, float], ...]:
     """`"0,0;0.5,1"` -> ((0.0, 0.0), (0.5, 1.0)): arms separated by `;`, each `beta1,beta2`; the first is the reference."""
     try:
-        arms = tuple((float(b1), float(b2)) for b1, b2 in (part.split(",") for part in text.split(";") if part.strip()))
+        arms = tuple((float(a), float(b)) for a, b in (arm.split(",") for arm in text.split(";") if arm.strip()))
     except ValueError:
         raise ValueError(f"`--probe_arms`: each arm is two numbers `beta1,beta2`, got {text!r}.") from None
     if not all(math.isfinite(b) and b >= 0 for arm in arms for b in arm):

@@ -43,7 +43,7 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
 
     entropy_controller: dict | str | None = field(
         default=None,
-        metadata={"help": 'Entropy band controller, JSON of EntropyControllerConfig\'s fields: {"target_low": 0.3, ...}'},
+        metadata={"help": 'The entropy controller: JSON of EntropyControllerConfig\'s fields, {"target_low": ...}'},
     )
     gppo_beta_rule: str = field(
         default="paper",
