@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is a folder beside the package, importable from the repository root
     sys.path.insert(0, str(ROOT))
 
-from cegppo_trl.research.stats import MAX_EXACT
 from examples.entropy_study import addition, digits, stats, testbed
 
 pytest.importorskip("matplotlib")
@@ -560,14 +559,6 @@ def test_confirm_warning_leads_count_hits_misses_false_alarms_and_silent_runs_as
     assert (w["collapsed"], w["hits"], w["misses"], w["in_time"], w["false_alarms"], w["stable"]) == (2, 1, 1, 1, 1, 2)
     assert w["mean_lead"] == pytest.approx((29 - 40) / 2) and not w["held"]
     assert confirm.warning_summary(confirm.warning_leads([early]))["held"] is False  # one run: p = 1/2
-
-
-def test_one_sided_p_past_max_exact_is_a_seeded_estimate_of_the_exact_binomial_tail():
-    n, k = MAX_EXACT + 4, 18  # equal magnitudes: p = P(Binomial(n, 1/2) >= k positives)
-    d = [1.0] * k + [-1.0] * (n - k)
-    exact = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n
-    p = stats.one_sided_p(d)
-    assert p == stats.one_sided_p(d) and abs(p - exact) < 4 * math.sqrt(exact / stats.SAMPLES) + 1e-4
 
 
 @pytest.mark.slow
