@@ -33,8 +33,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-
-from .._spec import is_finite_number as _finite
+from numbers import Real
 
 __all__ = ["CONTROLLER_MODES", "EntropyController", "EntropyControllerConfig", "parse_controller"]
 
@@ -241,6 +240,11 @@ class EntropyController:
 
     def __repr__(self) -> str:
         return f"EntropyController({asdict(self.config)}, beta1={self.beta1:g}, beta2={self.beta2:g})"
+
+
+def _finite(x: object) -> bool:
+    """A real, finite number that is not a bool (YAML's `yes` must not read as 1)."""
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:
