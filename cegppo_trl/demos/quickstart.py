@@ -144,7 +144,6 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
         model, tokenizer, warmup_info = build_default_model(settings, cache_dir=args.cache_dir,
                                                             rebuild=args.rebuild_model)  # fmt: skip
         model_name = f"built-in tiny Llama ({warmup_info['num_parameters']:,} parameters)"
-        task = addition_task(num_digits=2, num_heldout=num_heldout, seed=0)
     else:
         on_gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         model, tokenizer = load_pretrained(args.model, torch.bfloat16 if on_gpu_bf16 else None)
@@ -157,6 +156,8 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
             chat=getattr(tokenizer, "chat_template", None) is not None,
             max_completion_length=args.max_completion_length or (16 if args.fast else 256),
         )  # fmt: skip
+    elif not smollm2:
+        task = addition_task(num_digits=2, num_heldout=num_heldout, seed=0)
     if args.max_completion_length is not None:
         task.max_completion_length = args.max_completion_length
 
