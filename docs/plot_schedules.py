@@ -82,7 +82,7 @@ def simulate(controller: EntropyController | None, seed: int = 0):
 
 # The symmetric rule (raise_beta1): this toy plant has no task to lose, so it shows the control loop itself. The
 # default (beta1 never above its schedule) is printed beside it.
-CONTROLLER_SPEC = "band=0.55-0.75,step=0.05,mode=both,beta1=0-1,beta2=0.5-1.5,every=10,raise_beta1=true"
+CONTROLLER_SPEC = {"target_low": 0.55, "target_high": 0.75, "update_every": 10, "raise_beta1": True}
 
 
 def in_band_share(damping: float, seeds=range(4), raise_beta1: bool = True) -> float:

@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `examples` is a folder beside the package, importable from the repository root
     sys.path.insert(0, str(ROOT))
 
-from cegppo_trl.research.stats import MAX_EXACT
 from examples.entropy_study import addition, digits, stats, testbed
 
 pytest.importorskip("matplotlib")
@@ -48,26 +47,6 @@ def one_torch_thread():
 # ----------------------------------------------------------------------------------------------------------------
 # Paired statistics
 # ----------------------------------------------------------------------------------------------------------------
-def test_one_sided_p_counts_sign_patterns():
-    # All five differences positive: only the all-plus pattern reaches the observed sum.
-    assert stats.one_sided_p([0.1, 0.2, 0.3, 0.4, 0.5]) == 1 / 32
-    # Four +1 and one -1 (sum 3): patterns with at most one minus sign reach 3 (1 + 5 of them).
-    assert stats.one_sided_p([1, 1, 1, 1, -1]) == 6 / 32
-    # Symmetric: sum 0, every pattern with sum >= 0 counts (half of them plus those equal to 0).
-    d = [1.0, -1.0]
-    assert stats.one_sided_p(d) == 3 / 4  # sums: 0, 2, -2, 0
-    assert stats.one_sided_p([]) == 1.0
-
-
-def test_one_sided_p_matches_brute_force_on_random_differences():
-    rng = random.Random(0)
-    for n in (3, 5, 6):
-        d = [rng.gauss(0.3, 1.0) for _ in range(n)]
-        sums = [sum(s * x for s, x in zip(signs, d)) for signs in itertools.product((1, -1), repeat=n)]
-        expected = sum(s >= sum(d) - 1e-12 for s in sums) / len(sums)
-        assert stats.one_sided_p(d) == pytest.approx(expected)
-
-
 def test_paired_verdict_held_direction_only_failed_and_dropped_pairs():
     base = [0.5, 0.6, 0.4, 0.55, 0.45]
     lower = [x - 0.1 for x in base]
@@ -580,14 +559,6 @@ def test_confirm_warning_leads_count_hits_misses_false_alarms_and_silent_runs_as
     assert (w["collapsed"], w["hits"], w["misses"], w["in_time"], w["false_alarms"], w["stable"]) == (2, 1, 1, 1, 1, 2)
     assert w["mean_lead"] == pytest.approx((29 - 40) / 2) and not w["held"]
     assert confirm.warning_summary(confirm.warning_leads([early]))["held"] is False  # one run: p = 1/2
-
-
-def test_one_sided_p_past_max_exact_is_a_seeded_estimate_of_the_exact_binomial_tail():
-    n, k = MAX_EXACT + 4, 18  # equal magnitudes: p = P(Binomial(n, 1/2) >= k positives)
-    d = [1.0] * k + [-1.0] * (n - k)
-    exact = sum(math.comb(n, j) for j in range(k, n + 1)) / 2**n
-    p = stats.one_sided_p(d)
-    assert p == stats.one_sided_p(d) and abs(p - exact) < 4 * math.sqrt(exact / stats.SAMPLES) + 1e-4
 
 
 @pytest.mark.slow

@@ -71,7 +71,8 @@ def test_pushed_checkpoint_holds_the_controller_state(make_research_trainer, hub
     # hub_strategy="checkpoint" uploads each checkpoint folder as it is written; resuming from that copy needs the
     # controller state inside it.
     trainer = make_research_trainer(
-        num_iterations=2, max_steps=4, entropy_controller="band=1-2,step=0.1", save_strategy="steps", save_steps=2,
+        num_iterations=2, max_steps=4, entropy_controller={"target_low": 1, "target_high": 2, "step_size": 0.1},
+        save_strategy="steps", save_steps=2,
         push_to_hub=True, hub_model_id="me/tiny-cegppo", hub_strategy="checkpoint",
     )  # fmt: skip
     trainer.train()

@@ -352,7 +352,7 @@ def test_reference_path_is_the_plain_training_run_and_a_repeated_arm_is_bit_iden
         _restore(trainer, snap)
         _set_betas(trainer, arm)
         _train_rollout_batch(trainer, batches, 1)
-        ends.append(({k: v.clone() for k, v in trainer.model.state_dict().items()}, _batch_digest(trainer)[0]))
+        ends.append(({k: v.clone() for k, v in trainer.model.state_dict().items()}, _batch_digest(trainer)))
     assert ends[0][1] == ends[1][1] == ends[2][1]
     assert all(torch.equal(ends[0][0][k], ends[1][0][k]) for k in ends[0][0])
     assert not all(torch.equal(ends[0][0][k], ends[2][0][k]) for k in ends[0][0])
@@ -408,7 +408,7 @@ def test_summary_reports_the_exact_two_sided_p_over_branch_points():
 
 
 def test_probe_refuses_the_entropy_controller(tmp_path, tokenizer):
-    trainer = _trainer(tmp_path, tokenizer, entropy_controller="band=1-2")
+    trainer = _trainer(tmp_path, tokenizer, entropy_controller={"target_low": 1, "target_high": 2})
     with pytest.raises(ValueError, match="entropy_controller"):
         run_probe(trainer, PROMPTS[:2], ProbeSettings(arms=((0, 0), (1, 0)), branch_points=1), log=None)
 

@@ -6,8 +6,6 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["PLOT_FILES", "PLOT_INSTALL_HINT", "plot_run"]
-
 # The extras that bring matplotlib (`quickstart` also brings the progress bar).
 PLOT_INSTALL_HINT = 'pip install "cegppo-trl[plot]" or "cegppo-trl[quickstart]"'
 PLOT_FILES = ("reward_accuracy.png", "entropy.png", "betas.png", "preserved_tokens.png")
@@ -37,24 +35,15 @@ def _smooth(steps: list[int], values: list[float], window: int) -> list[float]:
 
 
 def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = "", smooth: int = 20) -> list[Path]:
-    """Write the four quickstart plots to `output_dir` and return their paths.
-
-    - `reward_accuracy.png`: mean training reward per step (raw and moving average) and greedy held-out accuracy.
-    - `entropy.png`: mean policy entropy of the sampled tokens per step.
-    - `betas.png`: CE-GPPO's β1 (left clip, A<0) and β2 (right clip, A>0) used at each step.
-    - `preserved_tokens.png`: share of completion tokens clipped on the left (r < 1-ε, A<0) and on the right
-      (r > 1+ε, A>0; TRL's `clip_ratio/low_mean`, `high_mean`), whose gradient CE-GPPO preserves, and their share
-      of the gradient weight where the run logs `cegppo/preserved/grad_share`.
+    """Write the four `PLOT_FILES` of a `RunResult.history` to `output_dir` and return their paths: reward (raw and
+    moving average) with greedy held-out accuracy; policy entropy; β1 and β2 per step; the shares of tokens clipped
+    left and right (TRL's `clip_ratio/low_mean`, `high_mean`), whose gradient CE-GPPO keeps, with their share of the
+    gradient weight where the run logs `cegppo/preserved/grad_share`.
 
     Args:
-        history: a `RunResult.history` (TRL log history with `heldout/accuracy` entries).
-        output_dir: destination folder (created if needed).
         title: prefix of every plot title.
         smooth: moving-average window in steps (a multiple of the optimizer steps per rollout batch, so the
-            within-batch cycle of the clip fractions, zero on each batch's first, on-policy step, averages out).
-
-    Returns:
-        The paths written, in the order of `PLOT_FILES`.
+            within-batch cycle of the clip fractions, zero on each batch's on-policy first step, averages out).
 
     Raises:
         ImportError: matplotlib is not installed (`PLOT_INSTALL_HINT` says which extra brings it).
@@ -129,19 +118,10 @@ def plot_run(history: Sequence[dict], output_dir: str | Path, *, title: str = ""
     raw_and_smoothed(ax, "clip_ratio/high_mean", "right: r > 1+ε, A>0 (scaled by β2)", "tab:green")
     steps, share = _points(history, "cegppo/preserved/grad_share")
     if steps:
-        ax.plot(
-            steps,
-            _smooth(steps, share, smooth),
-            ":",
-            color="black",
-            linewidth=1.5,
-            label="their share of the gradient weight",
-        )
-    ax.set(
-        xlabel="optimizer step",
-        ylabel="share of tokens / of gradient",
-        title=f"{prefix}tokens outside the clip range (CE-GPPO keeps their gradient x β)",
-    )
+        label = "their share of the gradient weight"
+        ax.plot(steps, _smooth(steps, share, smooth), ":", color="black", linewidth=1.5, label=label)
+    heading = f"{prefix}tokens outside the clip range (CE-GPPO keeps their gradient x β)"
+    ax.set(xlabel="optimizer step", ylabel="share of tokens / of gradient", title=heading)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8, framealpha=0.9)

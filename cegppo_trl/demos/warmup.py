@@ -1,10 +1,9 @@
 """The quickstart's default policy: a seeded tiny Llama, warmed up with supervised learning on part of the task.
 
 An RL run on a distilled model starts from a policy that solves some prompts but far from all. The default model
-copies that: a randomly initialised character-level Llama (`cegppo_trl.demos.tiny`) is trained with plain teacher
-forcing on a subset of the addition problems, and the warm-up stops as soon as its greedy accuracy on a dev set
-(train-split problems outside the warm-up subset, never the held-out split) reaches `target_accuracy`. Nothing is
-committed: the model is rebuilt at first run from its settings and cached under a hash of them.
+copies that: a character-level Llama (`demos.tiny`) is teacher-forced on a subset of the addition problems until its
+greedy accuracy on a dev set (train-split problems outside the subset, never the held-out split) reaches
+`target_accuracy`. It is built at first run and cached under a hash of its settings.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +22,9 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from .smollm2 import default_cache_dir
 from .tasks import Task, addition_task, evaluate_accuracy
 from .tiny import build_char_tokenizer, build_tiny_llama
-
-__all__ = ["WarmupSettings", "build_default_model", "default_cache_dir", "supervised_warmup"]
 
 # Bump when the warm-up procedure changes, so stale cached models are not reused.
 WARMUP_FORMAT_VERSION = 1
@@ -33,25 +32,10 @@ WARMUP_FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class WarmupSettings:
-    """Everything that determines the default model (its cache key is a hash of these fields).
-
-    Attributes:
-        num_digits: digits per operand of the addition task.
-        num_heldout: held-out split size (the split must match the RL run's).
-        task_seed: seed of the train / held-out split.
-        hidden_size: Llama hidden size.
-        num_layers: Llama layers.
-        num_heads: attention heads.
-        intermediate_size: MLP width.
-        warmup_problems: size of the supervised subset ("part of the task").
-        dev_problems: train-split problems outside the subset, used only to decide when to stop.
-        target_accuracy: stop once greedy dev accuracy reaches this.
-        max_steps: hard cap on warm-up steps.
-        eval_every: steps between dev evaluations.
-        batch_size: sequences per warm-up step.
-        learning_rate: AdamW learning rate (constant).
-        seed: model initialisation and batch-sampling seed.
-    """
+    """Everything that determines the default model (its cache key hashes these fields): the addition task
+    (`num_digits`, `num_heldout`, `task_seed`: the split must be the RL run's), the Llama's size, the supervised
+    subset (`warmup_problems`) and the dev set that decides when to stop (`dev_problems`, `target_accuracy`,
+    `eval_every` steps, at most `max_steps`), AdamW's constant `learning_rate`, `batch_size` and the `seed`."""
 
     num_digits: int = 2
     num_heldout: int = 200
@@ -75,13 +59,6 @@ class WarmupSettings:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def default_cache_dir() -> Path:
-    """`$CEGPPO_TRL_CACHE`, else `$XDG_CACHE_HOME/cegppo_trl`, else `~/.cache/cegppo_trl`."""
-    if os.environ.get("CEGPPO_TRL_CACHE"):
-        return Path(os.environ["CEGPPO_TRL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cegppo_trl"
-
-
 def _teacher_forcing_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`prompt + solution + EOS`, left-padded; labels only on the solution and EOS (the prompt is given)."""
     sequences, labels = [], []
@@ -99,26 +76,13 @@ def _teacher_forcing_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, t
 
 
 def supervised_warmup(model, tokenizer, task: Task, settings: WarmupSettings, *, log=print) -> dict:
-    """Teacher-forced training on a seeded subset of `task.train` until the dev accuracy reaches the target.
-
-    Args:
-        model: the causal LM to train in place.
-        tokenizer: its tokenizer.
-        task: the addition task (its train split provides the subset and the dev set).
-        settings: subset sizes, stopping rule, optimiser settings and seed.
-        log: where progress lines go (`None` for silence).
-
-    Returns:
-        `{"steps": ..., "dev_accuracy": ..., "seconds": ...}`.
-    """
+    """Teacher-forced training of `model` in place on a seeded subset of `task.train` until the dev accuracy reaches
+    the target; `{"steps", "dev_accuracy", "seconds"}`. `log`: where progress lines go (None: silent)."""
     rng = random.Random(settings.seed)
     order = list(range(len(task.train)))
     rng.shuffle(order)
     subset = [task.train[i] for i in order[: settings.warmup_problems]]
-    dev_rows = [
-        task.train[i] for i in order[settings.warmup_problems : settings.warmup_problems + settings.dev_problems]
-    ]
-    dev = Dataset.from_list(dev_rows)
+    dev = Dataset.from_list([task.train[i] for i in order[settings.warmup_problems :][: settings.dev_problems]])
 
     torch.manual_seed(settings.seed)
     generator = torch.Generator().manual_seed(settings.seed)
@@ -149,17 +113,12 @@ def build_default_model(
     rebuild: bool = False,
     log=print,
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict]:
-    """The quickstart's default policy: load it from the cache, or build it deterministically and cache it.
-
-    Args:
-        settings: model and warm-up settings (defaults: `WarmupSettings()`).
-        cache_dir: cache root (default `default_cache_dir()`); the model lives in `<root>/quickstart/<hash>/`.
-        rebuild: ignore a cached copy and rebuild.
-        log: where progress lines go (`None` for silence).
+    """The quickstart's default policy, from `<cache_dir>/quickstart/<hash>/` (default root `default_cache_dir()`) or
+    built deterministically and cached there (always with `rebuild`).
 
     Returns:
-        `(model, tokenizer, info)`: a `LlamaForCausalLM` in eval mode, its character tokenizer, and the warm-up
-        record (`steps`, `dev_accuracy`, `seconds`, `cached`, `path`, `settings`).
+        `(model, tokenizer, info)`: the Llama in eval mode, its character tokenizer and the warm-up record (`steps`,
+        `dev_accuracy`, `seconds`, `cached`, `path`, `settings`, `num_parameters`).
     """
     settings = settings or WarmupSettings()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -176,15 +135,9 @@ def build_default_model(
     if log is not None:
         log(f"Building the default model (seeded tiny Llama + supervised warm-up), cached in {path}")
     tokenizer = build_char_tokenizer()
-    model = build_tiny_llama(
-        tokenizer,
-        hidden_size=settings.hidden_size,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        intermediate_size=settings.intermediate_size,
-        max_position_embeddings=64,
-        seed=settings.seed,
-    )
+    model = build_tiny_llama(tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers,
+                             num_heads=settings.num_heads, intermediate_size=settings.intermediate_size,
+                             max_position_embeddings=64, seed=settings.seed)  # fmt: skip
     task = addition_task(settings.num_digits, settings.num_heldout, settings.task_seed)
     info = supervised_warmup(model, tokenizer, task, settings, log=log)
     info["settings"] = dataclasses.asdict(settings)
@@ -195,9 +148,6 @@ def build_default_model(
     tokenizer.save_pretrained(tmp)
     (tmp / "warmup.json").write_text(json.dumps(info, indent=2))
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
+    shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return model, tokenizer, {**info, "cached": False, "path": str(path)}

@@ -1,19 +1,10 @@
 """CE-GPPO and the paper's baselines as `CEGPPOConfig` fields: the one map from a method name to its settings.
 
-A fair comparison changes only the objective. Every method here is a `CEGPPOConfig` for the same trainer, and
-`method_config` returns the same keys for every method, so the settings around the objective (dual clip, SFT term,
-dynamic sampling) are identical across the arms of a comparison:
-
-- `recipe="paper"` (default): the objective alone, as the paper describes its baselines: no dual clip, no SFT term,
-  no dynamic sampling. The quickstart and the entropy study compare methods this way.
-- `recipe="authors"`: every arm also gets the three additions of the authors' public CE-GPPO recipes (dual clip
-  `delta=10`, `sft_loss_coef=0.1`, `dynamic_sampling=True`). The paper-scale baseline recipes in `examples/recipes/`
-  are built this way, so "GRPO" there is GRPO inside the authors' full recipe, not a weaker setup.
-
-CISPO runs TRL's own objective, which takes none of the three additions, so it gets them off in both cases (a
-documented exception, not an unfair one: the CE-GPPO additions are not defined for it).
-
-`python -m cegppo_trl.research.baselines` prints the table that README.md shows (a test keeps the two equal).
+`method_config` returns the same keys for every method, so only the objective differs between the arms of a
+comparison. `recipe="paper"` (default): the objective alone, as the paper runs its baselines. `recipe="authors"`:
+every arm also gets the authors' CE-GPPO additions (dual clip `delta=10`, `sft_loss_coef=0.1`, dynamic sampling), as
+the baseline recipes in `examples/recipes/` do, except CISPO (TRL's own objective, for which they are not defined).
+`python -m cegppo_trl.research.baselines` prints the table of docs/configuration.md (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -48,19 +39,8 @@ PASSTHROUGH_METHODS = ("cispo",)
 
 
 def method_config(name: str, recipe: str = "paper") -> dict:
-    """`CEGPPOConfig` keyword arguments that select a method.
-
-    Args:
-        name: one of `METHODS` (`"cegppo"`, `"grpo"`, `"dapo"`, `"cispo"`, `"gspo"`).
-        recipe: `"paper"` (the objective alone) or `"authors"` (plus dual clip, SFT term and dynamic sampling, the
-            same for every method); see the module docstring.
-
-    Returns:
-        The same keys for every method, so applying one dict after another switches methods cleanly.
-
-    Raises:
-        ValueError: for an unknown method or recipe.
-    """
+    """`CEGPPOConfig` keyword arguments that select method `name` (one of `METHODS`) under `recipe` ("paper" or
+    "authors", the module docstring); the same keys for every method, so one dict after another switches cleanly."""
     if name not in METHODS:
         raise ValueError(f"Unknown method {name!r}; choose one of {list(METHODS)}.")
     if recipe not in RECIPES:
@@ -70,7 +50,7 @@ def method_config(name: str, recipe: str = "paper") -> dict:
 
 
 def markdown_table() -> str:
-    """The methods table of README.md: each method's fields that differ from CE-GPPO's (plus CE-GPPO's own)."""
+    """The methods table of docs/configuration.md: each method's fields that differ from CE-GPPO's (plus CE-GPPO's own)."""
     rows = ["| method | `CEGPPOConfig` fields (`cegppo_trl.research.baselines.method_config`) |", "|---|---|"]
     reference = method_config("cegppo")
     for name in METHODS:

@@ -2,43 +2,27 @@
 
     cegppo probe --config RECIPE [any `cegppo train` flag ...] --probe_arms "0,0;0.5,1" --probe_branch_points 6
 
-Protocol (`run_probe`), in this order:
+Protocol (`run_probe`):
 
-1. A fixed probe set is sampled once from the starting model (`probe_prompts` prompts, one completion each) with the
-   run's own sampling settings (TRL's `generation_config`: temperature, `top_k`, `top_p`, `min_p`, repetition
-   penalty, `generation_kwargs`) and a seed of its own; every generator it touches (CPU, every CUDA device's, Python,
-   NumPy) is put back after, so training's random stream is untouched. Probe entropy is the mean full-vocabulary
-   entropy of the policy TRL trains at every completion position of these fixed sequences (no grad), computed by
-   TRL's own `_get_per_token_logps_and_entropies`, which divides the logits by `temperature` as the loss and TRL's
-   logged `entropy` do. Every arm is measured on the same tokens, so which prefixes an arm sampled does not enter.
-2. At each of K branch points (a rollout-batch boundary) the run's state is snapshotted in memory: weights,
-   optimizer, lr scheduler, the torch RNG of the CPU and of every CUDA device, Python's and NumPy's, `trainer.state`,
-   TRL's step counter, buffered rollout batch and vLLM weight-sync step, the trainer's run state, and the dataloader
-   batches of the next rollout batch (pulled once). With `vllm_mode="server"` the server samples in another process,
-   whose generator no snapshot reaches: the probe gives every request of a rollout batch a seed of that batch's
-   instead (`_VllmRequestSeed`), the same for every arm. Colocated vLLM samples in this process, from the device
-   generator the snapshot restores (neither vLLM path is exercised by the CPU tests: the batch-hash check below stops
-   the probe if one does not hold).
-3. Each arm restores that snapshot, sets its constant (β1, β2) and takes the run's optimizer steps for one rollout
-   batch (`steps_per_generation × num_iterations / gradient_accumulation_steps`) through the trainer's own
-   `training_step`, clipping, optimizer and scheduler, exactly as `Trainer`'s loop does. Restoring the RNG makes every
-   arm generate the same rollout batch; the probe checks it (a hash of the completion ids each arm trained on) and
-   stops if one differs. It records the probe-entropy change and the token shares of the four clip regions
-   (A > 0 / A < 0 × r < 1 - ε_low / r > 1 + ε_high) over the arm's steps. The left-drift warning of an arm's step
-   names the arm (its β is the arm's: the loss reads the schedules the probe sets).
-4. The reference arm (the first arm, GRPO's (0, 0) by default) runs last; its end state is the base run's next state
-   (not recomputed). Non-branch rollout batches (`branch_every` > 1) are trained with the reference arm.
-5. Per arm: D = its probe-entropy change minus the reference arm's at the same branch point; over the K branch points
-   the mean, a 95 % Student-t interval and the exact two-sided sign-flip p-value (`cegppo_trl.research.stats`), and how
-   often the trainer's per-step predictor (`cegppo/predictor/entropy_change`, summed over the arm's steps, minus the
-   reference arm's) had D's sign.
+1. A fixed probe set is sampled once from the starting model (one completion per prompt) with the run's sampling
+   settings and a seed of its own; every global generator is put back after. Probe entropy is the mean full-vocabulary
+   entropy at every completion position of these fixed sequences, by TRL's `_get_per_token_logps_and_entropies` (the
+   logits divided by `temperature`, as TRL's loss and logged `entropy`): every arm is measured on the same tokens.
+2. At each of K branch points (rollout-batch boundaries) the run's state is snapshotted in memory: weights, optimizer,
+   scheduler, every global generator, `trainer.state`, TRL's step counter and buffered rollout batch, the run-state
+   callbacks, and the dataloader batches of the next rollout batch. Server-mode vLLM samples in another process: its
+   requests get a seed per rollout batch instead (`_VllmRequestSeed`), the same for every arm.
+3. Each arm restores the snapshot, sets its constant (β1, β2) and takes the run's optimizer steps on one rollout batch
+   through the trainer's own `training_step`, clipping, optimizer and scheduler, as `Trainer`'s loop does. Every arm
+   must train on the same rollout batch (a hash of its completion ids; the probe stops if one differs). It records the
+   probe-entropy change, the token shares of the four clip regions and the per-step predictor's entropy change.
+4. The reference arm (the first, GRPO's (0, 0) by default) runs last: its end state is the next branch point's start.
+5. Per arm: D = its probe-entropy change minus the reference's; over the K branch points the mean, a 95 % t-interval,
+   the exact two-sided sign-flip p (`research.stats`) and how often the predictor had D's sign.
 
-CPU fp32 is deterministic, so arms with identical β give bit-identical results (tests/test_probe.py; on a GPU, as far
-as its kernels are deterministic: the batch-hash check says when they are not), and the only
-variance left in D is how the effect varies across training states. One process only (no DDP / DeepSpeed); the
-entropy controller is refused (it would move β away from the arm's values). The run must be off-policy
-(`steps_per_generation × num_iterations > gradient_accumulation_steps`): on policy r ≡ 1, nothing is clipped and every
-arm equals GRPO (a warning says so).
+CPU fp32 is deterministic: arms with identical β give bit-identical results (tests/test_probe.py), and the only
+variance left in D is how the effect varies across training states. One process only; the entropy controller is
+refused (it would move β). The run must be off-policy, or every arm equals GRPO (a warning says so).
 """
 
 from __future__ import annotations
@@ -61,23 +45,9 @@ import torch
 
 from .stats import sign_flip_p, t_interval
 
-__all__ = [
-    "DEFAULT_ARMS",
-    "ProbeSettings",
-    "ProbeSet",
-    "arm_name",
-    "build_probe_set",
-    "parse_arms",
-    "plot_probe",
-    "probe_entropy",
-    "probe_generation_config",
-    "run_probe",
-    "summarize_probe",
-]
-
 logger = logging.getLogger(__name__)
 
-# The arms of docs/entropy-study.md's probe study; the first is the reference (CE-GPPO at (0, 0) has GRPO's gradient).
+# The probe study's arms; the first is the reference (CE-GPPO at (0, 0) has GRPO's gradient).
 DEFAULT_ARMS: tuple[tuple[float, float], ...] = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.0, 1.0), (0.5, 1.0), (0.75, 1.0))  # fmt: skip
 REGIONS = ("pos_below", "pos_above", "neg_below", "neg_above")  # A>0 r<1-ε, A>0 r>1+ε (β2), A<0 r<1-ε (β1), A<0 r>1+ε
 
@@ -89,25 +59,14 @@ def arm_name(arm: Sequence) -> str:
 
 def parse_arms(text: str) -> tuple[tuple[float, float], ...]:
     """`"0,0;0.5,1"` -> ((0.0, 0.0), (0.5, 1.0)): arms separated by `;`, each `beta1,beta2`; the first is the reference."""
-    arms = []
-    for part in text.split(";"):
-        if not part.strip():
-            continue
-        values = part.split(",")
-        if len(values) != 2:
-            raise ValueError(f"`--probe_arms`: each arm is `beta1,beta2`, got {part!r} in {text!r}.")
-        try:
-            beta1, beta2 = float(values[0]), float(values[1])
-        except ValueError:
-            raise ValueError(f"`--probe_arms`: {part!r} is not two numbers (e.g. `0.5,1`).") from None
-        if beta1 < 0 or beta2 < 0 or not (math.isfinite(beta1) and math.isfinite(beta2)):
-            raise ValueError(f"`--probe_arms`: β must be finite and >= 0, got {part!r}.")
-        arms.append((beta1, beta2))
-    if len(arms) < 2:
-        raise ValueError(f"`--probe_arms` needs a reference arm and at least one other, got {text!r}.")
-    if len(set(arms)) != len(arms):
-        raise ValueError(f"`--probe_arms` names an arm twice: {text!r}.")
-    return tuple(arms)
+    try:
+        arms = tuple((float(a), float(b)) for a, b in (arm.split(",") for arm in text.split(";") if arm.strip()))
+    except ValueError:
+        raise ValueError(f"`--probe_arms`: each arm is two numbers `beta1,beta2`, got {text!r}.") from None
+    if not all(math.isfinite(b) and b >= 0 for arm in arms for b in arm):
+        raise ValueError(f"`--probe_arms`: β must be finite and >= 0, got {text!r}.")
+    ProbeSettings(arms=arms)  # a reference and another arm, no repeats
+    return arms
 
 
 @dataclass
@@ -117,19 +76,15 @@ class ProbeSettings:
     Attributes:
         arms: (β1, β2) per arm, or (β1, β2, label) for a variant of the loss that `run_probe`'s `arm_setup` applies;
             the first is the reference (its run is the base run's continuation).
-        branch_points: K, the number of branch points.
-        branch_every: rollout batches from one branch point to the next (1: every rollout batch).
+        branch_points: K, the number of branch points (one per rollout batch).
         probe_prompts: prompts in the probe set (one sampled completion each).
-        probe_seed: the seed of the probe set's sampling (a private RNG).
-        max_seconds: stop after the branch point that ends past this many seconds (None: no limit).
+        probe_seed: the seed of the probe set's sampling.
     """
 
     arms: tuple[tuple[float, float], ...] = DEFAULT_ARMS
     branch_points: int = 6
-    branch_every: int = 1
     probe_prompts: int = 32
     probe_seed: int = 1234
-    max_seconds: float | None = None
 
     def __post_init__(self):
         if any(len(arm) not in (2, 3) for arm in self.arms):
@@ -137,8 +92,8 @@ class ProbeSettings:
         self.arms = tuple((float(arm[0]), float(arm[1]), *map(str, arm[2:])) for arm in self.arms)
         if len(self.arms) < 2 or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"ProbeSettings.arms: a reference and at least one other arm, no repeats: {self.arms}.")
-        if self.branch_points < 1 or self.branch_every < 1 or self.probe_prompts < 1:
-            raise ValueError("ProbeSettings: branch_points, branch_every and probe_prompts must be >= 1.")
+        if self.branch_points < 1 or self.probe_prompts < 1:
+            raise ValueError("ProbeSettings: branch_points and probe_prompts must be >= 1.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -155,30 +110,23 @@ class ProbeSet:
 
     def digest(self) -> str:
         """A hash of the token ids and masks: equal digests, the same probe set."""
-        h = hashlib.sha256()
-        for t in (self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask):
-            h.update(t.to(torch.int64).contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
+        return _digest([self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask])
 
 
-def _prompt_text(tokenizer, prompt: Any) -> str:
-    if isinstance(prompt, list):  # conversational: the chat template, as TRL applies it
-        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    return prompt
+def _digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.to("cpu", torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def probe_generation_config(trainer):
-    """The `GenerationConfig` the trainer samples its rollouts with, for the probe set.
-
-    TRL's own object where it has one (generation by the training model: temperature, `top_k`, `top_p`, `min_p`,
-    repetition penalty, EOS ids and `generation_kwargs`, as TRL builds them). With vLLM, TRL samples through
-    `SamplingParams` built from the same config fields; these become a transformers config here (`generation_kwargs`
-    then holds vLLM keys, which `generate` does not take, so it is left out).
-    """
+    """The `GenerationConfig` the trainer samples its rollouts with: TRL's own where it generates with the training
+    model; with vLLM, one built from the config fields TRL builds its `SamplingParams` from (`generation_kwargs` then
+    holds vLLM keys, left out)."""
     from transformers import GenerationConfig
 
-    config = getattr(trainer, "generation_config", None)
-    if isinstance(config, GenerationConfig):
+    if isinstance(config := getattr(trainer, "generation_config", None), GenerationConfig):
         return config
     args = trainer.args
     tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
@@ -197,13 +145,12 @@ def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens:
 
     Args:
         model: the starting policy.
-        tokenizer: its tokenizer (left padding is used for the prompts whatever it is set to).
-        prompts: plain strings or chat-message lists.
-        max_new_tokens: the completion budget (the run's `max_completion_length`; overrides `generation_config`'s).
-        temperature: the sampling temperature when no `generation_config` is given (then plain sampling: no top-k,
-            no top-p).
+        tokenizer: its tokenizer (prompts are left-padded whatever it is set to).
+        prompts: plain strings or chat-message lists (rendered with the chat template, as TRL does).
+        max_new_tokens: the completion budget (overrides `generation_config`'s).
+        temperature: plain sampling's temperature when no `generation_config` is given.
         seed: the sampling seed.
-        generation_config: the run's sampling settings (`probe_generation_config(trainer)`), used as they are.
+        generation_config: the run's sampling settings (`probe_generation_config(trainer)`).
     """
     from transformers import GenerationConfig
 
@@ -214,9 +161,9 @@ def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens:
     if max_new_tokens is not None:
         generation_config = copy.deepcopy(generation_config)  # the trainer's own is left as it is
         generation_config.max_new_tokens = max_new_tokens
-    texts = [_prompt_text(tokenizer, p) for p in prompts]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
+    texts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+             for p in prompts]  # fmt: skip
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     finally:
@@ -224,23 +171,19 @@ def build_probe_set(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens:
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    # `torch.manual_seed` seeds the CPU and every CUDA device: all of them (and Python's, NumPy's) are put back.
-    state = _rng_state()
+    state = _rng_state()  # `torch.manual_seed` seeds the CPU and every device: all of them are put back
     try:
         torch.manual_seed(seed)
-        out = model.generate(
-            input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
-            generation_config=generation_config,
-        )  # fmt: skip
+        out = model.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
+                             generation_config=generation_config)  # fmt: skip
     finally:
         _set_rng_state(state)
         model.train(was_training)
     completion_ids = out[:, enc["input_ids"].shape[1] :].cpu()
-    # Keep tokens up to and including the first EOS (TRL's completion mask), for any of the config's EOS ids.
+    # Tokens up to and including the first EOS (TRL's completion mask), for any of the config's EOS ids.
     eos_ids = generation_config.eos_token_id if generation_config.eos_token_id is not None else tokenizer.eos_token_id
     eos = torch.isin(completion_ids, torch.tensor(eos_ids).reshape(-1))
-    after_eos = (eos.cumsum(1) - eos.long()) > 0
-    completion_mask = (~after_eos).long()
+    completion_mask = ((eos.cumsum(1) - eos.long()) == 0).long()
     return ProbeSet(enc["input_ids"], enc["attention_mask"], completion_ids, completion_mask)
 
 
@@ -249,9 +192,8 @@ def probe_entropy(policy, probe_set: ProbeSet, batch_size: int = 16, *, temperat
     """Token-mean entropy (nats) of the full next-token distribution at each completion position of the set.
 
     Args:
-        policy: a `GRPOTrainer` (then TRL's `_get_per_token_logps_and_entropies` on its model: the distribution it
-            trains and whose entropy it logs, logits divided by `args.temperature`, under its autocast dtype), or a
-            bare model (its fp32 logits divided by `temperature`, as TRL divides them).
+        policy: a `GRPOTrainer` (TRL's `_get_per_token_logps_and_entropies` on its model: the distribution it trains
+            and logs the entropy of), or a bare model (its fp32 logits divided by `temperature`).
         probe_set: the fixed sequences.
         batch_size: sequences per forward pass.
         temperature: the bare model's temperature (a trainer uses its own).
@@ -287,66 +229,43 @@ def probe_entropy(policy, probe_set: ProbeSet, batch_size: int = 16, *, temperat
 # ----------------------------------------------------------------------------------------------------------------
 # Snapshots and one arm
 # ----------------------------------------------------------------------------------------------------------------
-def _clone(obj):
-    """A deep copy with every tensor cloned (state dicts share storage with the live model otherwise)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _numpy():
-    """NumPy when something has imported it (transformers does), else None: its global RNG is snapshotted too (a
-    reward function may draw from it), without making NumPy a dependency of the package."""
-    return sys.modules.get("numpy")
-
-
 def _rng_state() -> dict:
-    """Every global generator a rollout batch or the probe set can draw from: torch's CPU generator, every CUDA (and
-    XPU) device's and MPS's (sampling on an accelerator draws from the device's; `torch.manual_seed` seeds them all),
-    Python's and NumPy's (reward functions may)."""
-    np = _numpy()
+    """Every global generator a rollout batch or the probe set can draw from: torch's CPU generator and every CUDA
+    device's (sampling on a GPU draws from the device's), Python's and NumPy's (reward functions may)."""
+    numpy = sys.modules.get("numpy")  # transformers imports it; not a dependency of the package
     return {"torch": torch.get_rng_state(), "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            "xpu": torch.xpu.get_rng_state_all() if torch.xpu.is_available() else None,
-            "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
-            "numpy": None if np is None else np.random.get_state()}  # fmt: skip
+            "numpy": None if numpy is None else numpy.random.get_state()}  # fmt: skip
 
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
-    if state["xpu"] is not None:
-        torch.xpu.set_rng_state_all(state["xpu"])
-    if state["mps"] is not None:
-        torch.mps.set_rng_state(state["mps"])
     random.setstate(state["python"])
     if state["numpy"] is not None:
-        _numpy().random.set_state(state["numpy"])
+        sys.modules["numpy"].random.set_state(state["numpy"])
 
 
 def _snapshot(trainer) -> dict:
     return {
-        "model": _clone(trainer.model.state_dict()),
-        "optimizer": _clone(trainer.optimizer.state_dict()),
-        "scheduler": _clone(trainer.lr_scheduler.state_dict()),
+        # deepcopy clones the tensors (a state dict shares storage with the live model)
+        "model": copy.deepcopy(trainer.model.state_dict()),
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "scheduler": copy.deepcopy(trainer.lr_scheduler.state_dict()),
         "rng": _rng_state(),
         "state": copy.deepcopy(trainer.state),
         "step": trainer._step,
         "buffered": trainer._buffered_inputs,  # replaced, never mutated, by TRL: a reference is enough
         "vllm_loaded_step": getattr(trainer, "_last_loaded_step", None),  # vLLM: when its weights were last synced
-        "run_state": [_clone(c.state()["attributes"]) for c in trainer._run_state_callbacks],
+        "run_state": [copy.deepcopy(c.state()["attributes"]) for c in trainer._run_state_callbacks],
     }
 
 
 def _restore(trainer, snap: dict) -> None:
     trainer.model.load_state_dict(snap["model"])
-    trainer.optimizer.load_state_dict(_clone(snap["optimizer"]))
-    trainer.lr_scheduler.load_state_dict(_clone(snap["scheduler"]))
+    trainer.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))
+    trainer.lr_scheduler.load_state_dict(copy.deepcopy(snap["scheduler"]))
     _set_rng_state(snap["rng"])
     trainer.state = copy.deepcopy(snap["state"])
     trainer._step = snap["step"]
@@ -354,7 +273,7 @@ def _restore(trainer, snap: dict) -> None:
     if snap["vllm_loaded_step"] is not None:
         trainer._last_loaded_step = snap["vllm_loaded_step"]
     for callback, state in zip(trainer._run_state_callbacks, snap["run_state"], strict=True):
-        callback.load_state_dict(_clone(state))
+        callback.load_state_dict(copy.deepcopy(state))
     trainer.model.zero_grad(set_to_none=True)
 
 
@@ -369,17 +288,14 @@ def _set_betas(trainer, arm: tuple, arm_setup: Callable[[Any, tuple], None] | No
 
 
 class _Recorder:
-    """Hooks the trainer's per-micro-batch metric call to count the four clip regions and hash the batch trained on.
-
-    `CEGPPOTrainer` hands every micro-batch and the policy's log-probabilities to `_preserve_gradient` at TRL's
-    forward pass; the recorder wraps that call (an instance attribute, so the class is untouched) and adds up token
-    counts per region, weighted by the loss mask.
-    """
+    """Counts the four clip regions' tokens (weighted by the loss mask) of every training micro-batch, by wrapping the
+    trainer's `_preserve_gradient` (an instance attribute: the class is untouched), and heads the left-drift warning
+    with the arm it comes from (its β is the arm's)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
         self.original = trainer._preserve_gradient
-        self.arm: tuple[float, float] | None = None  # the arm being trained: its name heads the drift warning
+        self.arm: tuple[float, float] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -392,25 +308,19 @@ class _Recorder:
         def hooked(batch, logps, entropies):
             if trainer.model.training and batch.get("old_per_token_logps") is not None:
                 low, high = math.log(1 - trainer.epsilon_low), math.log1p(trainer.epsilon_high)
-                mask = batch["completion_mask"] * batch.get("tool_mask", 1.0)
-                log_ratio = logps.detach() - batch["old_per_token_logps"]
-                advantages = batch["advantages"]
-                advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-                lr, adv, m = log_ratio, advantages.detach().expand_as(log_ratio), mask.detach().float()
-                for name, region in (
-                    ("pos_below", (adv > 0) & (lr < low)),
-                    ("pos_above", (adv > 0) & (lr > high)),
-                    ("neg_below", (adv < 0) & (lr < low)),
-                    ("neg_above", (adv < 0) & (lr > high)),
-                ):
-                    self.counts[name] += float((region.float() * m).sum())
-                self.tokens += float(m.sum())
+                mask = (batch["completion_mask"] * batch.get("tool_mask", 1.0)).detach().float()
+                lr = logps.detach() - batch["old_per_token_logps"]
+                adv = batch["advantages"].detach()
+                adv = (adv.unsqueeze(-1) if adv.dim() == 1 else adv).expand_as(lr)
+                for name, region in zip(REGIONS, ((adv > 0) & (lr < low), (adv > 0) & (lr > high),
+                                                  (adv < 0) & (lr < low), (adv < 0) & (lr > high))):  # fmt: skip
+                    self.counts[name] += float((region.float() * mask).sum())
+                self.tokens += float(mask.sum())
             return self.original(batch, logps, entropies)
 
         trainer._preserve_gradient = hooked
-        alarm = trainer.left_drift_alarm
-        if alarm is not None:
-            # The warning's β is the loss's (the arm's schedules); it says it is a probe arm, not the configured run.
+        if (alarm := trainer.left_drift_alarm) is not None:
+
             def labelled(*args, **kwargs):
                 text = type(alarm).warning(alarm, *args, **kwargs)
                 if text is None or self.arm is None:
@@ -430,23 +340,16 @@ class _Recorder:
         return {k: v / self.tokens if self.tokens else math.nan for k, v in self.counts.items()}
 
 
-def _batch_digest(trainer) -> tuple[str, float]:
-    """A hash of the buffered rollout batch's completion ids and masks (all micro-batches, in order), and its mean
-    |advantage| (reported beside it)."""
-    h = hashlib.sha256()
-    for part in trainer._buffered_inputs:
-        h.update(part["completion_ids"].to("cpu", torch.int64).contiguous().numpy().tobytes())
-        h.update(part["completion_mask"].to("cpu", torch.int64).contiguous().numpy().tobytes())
-    advantages = torch.cat([p["advantages"].reshape(-1) for p in trainer._buffered_inputs])
-    return h.hexdigest()[:16], float(advantages.abs().mean())
+def _batch_digest(trainer) -> str:
+    """A hash of the buffered rollout batch's completion ids and masks (all micro-batches, in order)."""
+    return _digest(t for part in trainer._buffered_inputs for t in (part["completion_ids"], part["completion_mask"]))
 
 
 class _VllmRequestSeed:
-    """Server-mode vLLM samples in the server's process, out of the snapshot's reach: `set(seed)` before a rollout
-    batch gives its requests that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`) so that every arm of
-    a branch point draws the same rollout batch; the user's `generation_kwargs` are put back on exit. Nothing changes
-    without vLLM, with colocated vLLM (it samples in this process, from the restored device generator) or with a seed
-    of the user's. A per-request seed gives two requests of the same prompt in one rollout batch the same samples."""
+    """Server-mode vLLM samples out of the snapshot's reach: `set(seed)` before a rollout batch gives its requests
+    that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`), so every arm of a branch point draws the same
+    batch; the user's `generation_kwargs` come back on exit. A no-op without vLLM, with colocated vLLM (it samples
+    from the restored device generator) or with a seed of the user's."""
 
     def __init__(self, trainer):
         generation = getattr(trainer, "vllm_generation", None)
@@ -468,18 +371,16 @@ class _VllmRequestSeed:
         return False
 
 
-def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[list[float], float, dict]:
-    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the losses, the
-    entropy change the trainer's per-step predictor summed over them (`cegppo/predictor/entropy_change`) and the mean
-    of its shares (`right_raise_frac`, `left_raise_frac` over the micro-batches that had such tokens)."""
+def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[float, dict]:
+    """The run's optimizer steps on one rollout batch, as `Trainer._inner_training_loop` takes them; the entropy
+    change the per-step predictor summed over them (`cegppo/predictor/entropy_change`) and the mean of its shares."""
     model = trainer.model
-    losses = []
     for start in range(0, len(batches), ga):
         micro = batches[start : start + ga]
         trainer.current_gradient_accumulation_steps = len(micro)
         for i, inputs in enumerate(micro):
             trainer.accelerator.gradient_state._set_sync_gradients(i == len(micro) - 1)
-            losses.append(float(trainer.training_step(model, inputs, None)))
+            trainer.training_step(model, inputs, None)
         if trainer.args.max_grad_norm is not None and trainer.args.max_grad_norm > 0:
             trainer._clip_grad_norm(model)
         trainer.optimizer.step()
@@ -492,7 +393,7 @@ def _train_rollout_batch(trainer, batches: Sequence[dict], ga: int) -> tuple[lis
               if (v := metrics.get(f"cegppo/predictor/{side}"))}  # fmt: skip
     for values in trainer._metrics.values():  # TRL's log() would clear them; nothing is logged here
         values.clear()
-    return losses, predicted, shares
+    return predicted, shares
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -524,22 +425,22 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
               log: Callable[[str], None] | None = print,
               on_branch: Callable[[list[dict]], None] | None = None,
               arm_setup: Callable[[Any, tuple], None] | None = None) -> dict:  # fmt: skip
-    """Run the β-response probe on a freshly built `CEGPPOTrainer` (see the module docstring for the protocol).
+    """Run the β-response probe on a freshly built `CEGPPOTrainer` (the module docstring gives the protocol).
 
     Args:
-        trainer: a `CEGPPOTrainer` that has not trained; its model is the starting point, its settings the run's.
+        trainer: a trainer that has not trained (`ResearchCEGPPOTrainer` with `log_predictor` for the predictor); its
+            model is the starting point, its settings the run's.
         probe_prompts: the probe set's prompts (held-out prompts of the task).
         settings: arms and branch points.
         log: where progress lines go (None: silent).
         on_branch: called with the branch records so far after each branch point (e.g. to save partial results).
-        arm_setup: called with the trainer and the arm after its β is set, before it trains (every arm, the reference
-            too): applies a labelled arm's variant of the loss (e.g. an attribute a `preserved_gradient_coefficient`
-            override reads).
+        arm_setup: called with the trainer and the arm after its β is set, before it trains (every arm): applies a
+            labelled arm's variant of the loss.
 
     Returns:
-        A JSON-ready dict: `settings`, `probe_set` (its digest and size), `branches` (per branch point: `step`,
-        `h0`, `batch_hash`, and per arm `h_after`, `delta`, `clip` shares, `batch_hash`, `seconds`) and `summary`
-        (`summarize_probe`).
+        A JSON-ready dict: `settings`, `probe_set` (its digest and size), `branches` (per branch point: `step`, `h0`,
+        `batch_hash`, and per arm `h_after`, `delta`, `clip` shares, `tokens`, `predicted`, `predictor_shares`,
+        `seconds`) and `summary` (`summarize_probe`).
     """
     settings = settings or ProbeSettings()
     if arm_setup is None and (labelled := [arm_name(a) for a in settings.arms if len(a) > 2]):
@@ -547,12 +448,9 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
     say = log or (lambda _: None)
     per_batch, ga = _check_trainer(trainer)
     steps_per_batch = per_batch // ga
-    total_steps = settings.branch_points * settings.branch_every * steps_per_batch
-    reference = settings.arms[0]
-    others = settings.arms[1:]
-    tokenizer = trainer.processing_class
-    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
-
+    total_steps = settings.branch_points * steps_per_batch
+    reference, others = settings.arms[0], settings.arms[1:]
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's tokenizer
     probe_set = build_probe_set(
         trainer.model, tokenizer, list(probe_prompts)[: settings.probe_prompts],
         max_new_tokens=trainer.args.max_completion_length, seed=settings.probe_seed,
@@ -582,15 +480,10 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
     recorder = _Recorder(trainer)
     with recorder, _VllmRequestSeed(trainer) as vllm_seed:
         for k in range(settings.branch_points):
-            for _ in range(settings.branch_every - 1):  # rollout batches between branch points: the reference arm
-                _set_betas(trainer, reference, arm_setup)
-                recorder.arm = reference
-                vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)  # one seed per rollout batch
-                _train_rollout_batch(trainer, next_batches(), ga)
             batches = next_batches()
             h0 = probe_entropy(trainer, probe_set)
             snap = _snapshot(trainer)
-            vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)
+            vllm_seed.set(trainer.args.seed * 1_000_003 + trainer.state.global_step)  # one seed per rollout batch
             record: dict = {"branch": k, "step": trainer.state.global_step, "h0": h0, "arms": {}}
             for arm in (*others, reference):  # the reference last: its end state is the base run's next state
                 t0 = time.perf_counter()
@@ -598,13 +491,12 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
                 _set_betas(trainer, arm, arm_setup)
                 recorder.reset()
                 recorder.arm = arm
-                losses, predicted, shares = _train_rollout_batch(trainer, batches, ga)
-                digest, adv = _batch_digest(trainer)
+                predicted, shares = _train_rollout_batch(trainer, batches, ga)
                 h = probe_entropy(trainer, probe_set)
                 record["arms"][arm_name(arm)] = {
                     "beta1": arm[0], "beta2": arm[1], "variant": arm[2] if len(arm) > 2 else None, "h_after": h,
-                    "delta": h - h0, "clip": recorder.shares(), "tokens": recorder.tokens, "batch_hash": digest, "mean_abs_advantage": adv,
-                    "loss_mean": sum(losses) / len(losses), "predicted": predicted, "predictor_shares": shares,
+                    "delta": h - h0, "clip": recorder.shares(), "tokens": recorder.tokens,
+                    "batch_hash": _batch_digest(trainer), "predicted": predicted, "predictor_shares": shares,
                     "seconds": time.perf_counter() - t0,
                 }  # fmt: skip
             hashes = {a["batch_hash"] for a in record["arms"].values()}
@@ -623,13 +515,10 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
                 f"{ref['delta']:+.4f}; " + ", ".join(
                     f"{arm_name(a)} D {record['arms'][arm_name(a)]['delta'] - ref['delta']:+.4f}" for a in others
                 ) + f" [{time.perf_counter() - started:.0f} s]")  # fmt: skip
-            if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
-                say(f"stopping after {k + 1} branch points: past max_seconds={settings.max_seconds:g}")
-                break
     result = {
         "settings": {"arms": [list(a) for a in settings.arms], "branch_points": settings.branch_points,
-                     "branch_every": settings.branch_every, "probe_prompts": settings.probe_prompts,
-                     "probe_seed": settings.probe_seed, "steps_per_rollout_batch": steps_per_batch},
+                     "probe_prompts": settings.probe_prompts, "probe_seed": settings.probe_seed,
+                     "steps_per_rollout_batch": steps_per_batch},
         "probe_set": {"digest": probe_set.digest(), "sequences": int(probe_set.prompt_ids.shape[0]),
                       "tokens": int(probe_set.completion_mask.sum())},
         "branches": branches,
@@ -639,26 +528,19 @@ def run_probe(trainer, probe_prompts: Sequence[Any], settings: ProbeSettings | N
     return result
 
 
-def arm_differences(branches: Sequence[dict], arm: str, reference: str) -> list[float]:
-    """D per branch point: the arm's probe-entropy change minus the reference arm's."""
-    return [b["arms"][arm]["delta"] - b["arms"][reference]["delta"] for b in branches]
-
-
 def summarize_probe(branches: Sequence[dict], reference: tuple[float, float] | str) -> dict[str, dict]:
-    """Per non-reference arm: K, mean D, its 95 % t-interval, the exact two-sided sign-flip p, mean clip shares."""
+    """Per arm: K, mean D, its 95 % t-interval, the exact two-sided sign-flip p, mean clip shares, and how often the
+    predictor's summed entropy change (arm minus reference, where it predicts anything) had D's sign."""
     ref = reference if isinstance(reference, str) else arm_name(reference)
     out = {}
-    arms = list(branches[0]["arms"]) if branches else []
-    for arm in arms:
+    for arm in list(branches[0]["arms"]) if branches else []:
         clip = {r: sum(b["arms"][arm]["clip"][r] for b in branches) / len(branches) for r in REGIONS}
         if arm == ref:
             out[arm] = {"reference": True, "k": len(branches), "clip": clip,
                         "mean_delta": sum(b["arms"][arm]["delta"] for b in branches) / len(branches)}  # fmt: skip
             continue
-        d = arm_differences(branches, arm, ref)
+        d = [b["arms"][arm]["delta"] - b["arms"][ref]["delta"] for b in branches]
         mean, low, high = t_interval(d) if len(d) > 1 else (d[0], math.nan, math.nan)
-        # The trainer's first-order predictor (docs/algorithm.md): does the sign of its summed entropy change, arm
-        # minus reference, say which way D went? Counted where it predicts anything (not 0).
         predicted = [b["arms"][arm].get("predicted", 0.0) - b["arms"][ref].get("predicted", 0.0) for b in branches]
         called = [(p, x) for p, x in zip(predicted, d, strict=True) if p != 0]
         out[arm] = {"k": len(d), "mean": mean, "ci95": [low, high], "p_two_sided": sign_flip_p(d, "two-sided"),
@@ -675,14 +557,12 @@ def format_summary(summary: dict[str, dict]) -> str:
         clip = " / ".join(f"{s['clip'][r]:.4f}" for r in REGIONS)
         if s.get("reference"):
             lines.append(f"{arm:<14}{s['k']:>4}{'reference':>15}{'(ΔH ' + format(s['mean_delta'], '+.4f') + ')':>26}"
-                         f"{'':>13}{'':>7}   {clip}")  # fmt: skip
+                         f"{'':>20}   {clip}")  # fmt: skip
             continue
         interval = f"[{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]"
-        predictor = (
-            f"   predictor's sign = D's: {s['predictor_agrees']}/{s['predictor_k']}" if "predictor_k" in s else ""
-        )
         lines.append(f"{arm:<14}{s['k']:>4}{s['mean']:>+15.4f}{interval:>26}{s['p_two_sided']:>13.4g}"
-                     f"{str(s['positive']) + '/' + str(s['k']):>7}   {clip}{predictor}")  # fmt: skip
+                     f"{str(s['positive']) + '/' + str(s['k']):>7}   {clip}"
+                     f"   predictor's sign = D's: {s['predictor_agrees']}/{s['predictor_k']}")  # fmt: skip
     lines.append("D = the arm's change in probe entropy over one rollout batch minus the reference arm's, per branch "
                  "point; p: exact two-sided sign-flip test over the branch points.")  # fmt: skip
     return "\n".join(lines)
@@ -697,15 +577,13 @@ def plot_probe(summary: dict[str, dict], path: str | Path, title: str = "β-resp
 
     arms = [a for a, s in summary.items() if not s.get("reference")]
     means = [summary[a]["mean"] for a in arms]
-    lows = [summary[a]["mean"] - summary[a]["ci95"][0] for a in arms]
-    highs = [summary[a]["ci95"][1] - summary[a]["mean"] for a in arms]
+    errors = [[m - summary[a]["ci95"][0] for a, m in zip(arms, means)],
+              [summary[a]["ci95"][1] - m for a, m in zip(arms, means)]]  # fmt: skip
     fig, ax = plt.subplots(figsize=(1.2 * len(arms) + 2, 3.5))
-    ax.errorbar(range(len(arms)), means, yerr=[lows, highs], fmt="o", capsize=4)
+    ax.errorbar(range(len(arms)), means, yerr=errors, fmt="o", capsize=4)
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xticks(range(len(arms)), arms)
-    ax.set_xlabel("arm (β1, β2)")
-    ax.set_ylabel("ΔH − ΔH(reference) (nats)")
-    ax.set_title(title)
+    ax.set(xlabel="arm (β1, β2)", ylabel="ΔH − ΔH(reference) (nats)", title=title)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -718,49 +596,37 @@ def plot_probe(summary: dict[str, dict], path: str | Path, title: str = "β-resp
 # `cegppo probe`
 # ----------------------------------------------------------------------------------------------------------------
 def _probe_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cegppo probe", add_help=False)
-    parser.add_argument("--probe_arms", default=";".join(f"{a:g},{b:g}" for a, b in DEFAULT_ARMS),
-                        help="arms as `beta1,beta2;...`; the first is the reference")  # fmt: skip
-    parser.add_argument("--probe_branch_points", type=int, default=ProbeSettings.branch_points)
-    parser.add_argument("--probe_branch_every", type=int, default=ProbeSettings.branch_every)
-    parser.add_argument("--probe_prompts", type=int, default=ProbeSettings.probe_prompts)
-    parser.add_argument("--probe_seed", type=int, default=ProbeSettings.probe_seed)
-    parser.add_argument("--probe_out", default=None, help="folder for probe.json and probe.png (default: output_dir)")
+    parser = argparse.ArgumentParser(
+        prog="cegppo probe", add_help=False, description="The β-response probe (cegppo_trl.research.probe). Takes "
+        "every `cegppo train` argument (`cegppo train --help`) plus:")  # fmt: skip
+    add = parser.add_argument
+    add("--probe_arms", default=";".join(f"{a:g},{b:g}" for a, b in DEFAULT_ARMS),
+        help="arms `beta1,beta2;...`; the first is the reference (default: %(default)s)")  # fmt: skip
+    add("--probe_branch_points", type=int, default=ProbeSettings.branch_points, help="K rollout-batch boundaries")
+    add("--probe_prompts", type=int, default=ProbeSettings.probe_prompts,
+        help="probe-set prompts (the test split's first rows, else the train split's)")  # fmt: skip
+    add("--probe_seed", type=int, default=ProbeSettings.probe_seed, help="the probe set's sampling seed")
+    add("--probe_out", default=None, help="folder for probe.json and probe.png (default: output_dir)")
     return parser
-
-
-PROBE_HELP = """\
-cegppo probe: the β-response probe (cegppo_trl.research.probe). Takes every `cegppo train` argument
-(`cegppo train --help`) plus:
-  --probe_arms "0,0;0.5,0;1,0;0,1;0.5,1;0.75,1"   arms (beta1,beta2); the first is the reference
-  --probe_branch_points 6      K branch points (rollout-batch boundaries)
-  --probe_branch_every 1       rollout batches between branch points (the reference arm trains the others)
-  --probe_prompts 32           probe-set prompts (the test split's first rows, else the train split's)
-  --probe_seed 1234            the probe set's sampling seed
-  --probe_out DIR              where probe.json and probe.png go (default: output_dir)
-"""
 
 
 def main(argv: list[str] | None = None) -> int:
     """`cegppo probe`: parse `cegppo train`'s arguments plus the probe's, run the probe, print and save its table."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _probe_parser()
     if "-h" in argv or "--help" in argv:
-        print(PROBE_HELP)
+        parser.print_help()
         return 0
     from ..scripts import check_command, parse_args
 
-    probe_args, rest = _probe_parser().parse_known_args(argv)
-    settings = ProbeSettings(
-        arms=parse_arms(probe_args.probe_arms), branch_points=probe_args.probe_branch_points,
-        branch_every=probe_args.probe_branch_every, probe_prompts=probe_args.probe_prompts,
-        probe_seed=probe_args.probe_seed,
-    )  # fmt: skip
+    probe_args, rest = parser.parse_known_args(argv)
+    settings = ProbeSettings(arms=parse_arms(probe_args.probe_arms), branch_points=probe_args.probe_branch_points,
+                             probe_prompts=probe_args.probe_prompts, probe_seed=probe_args.probe_seed)  # fmt: skip
     script_args, training_args, model_args = parse_args(rest, prog="cegppo probe")
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    trainer = _build_trainer(script_args, training_args, model_args, prepared)
-    prompts = _probe_prompts(script_args, prepared, settings.probe_prompts)
-    result = run_probe(trainer, prompts, settings)
+    trainer = _build_trainer(training_args, model_args, prepared)
+    result = run_probe(trainer, _probe_prompts(script_args, prepared, settings.probe_prompts), settings)
     out = Path(probe_args.probe_out or training_args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps(result, indent=1))
@@ -773,15 +639,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _build_trainer(script_args, training_args, model_args, prepared):
+def _build_trainer(training_args, model_args, prepared):
     from trl import get_quantization_config
 
     from .trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
 
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
+    training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
     args = ResearchCEGPPOConfig.from_grpo_config(training_args, log_predictor=True)  # the per-step predictor
     return ResearchCEGPPOTrainer(
         model=model_args.model_name_or_path, reward_funcs=prepared.reward_funcs, args=args,
@@ -796,10 +661,7 @@ def _probe_prompts(script_args, prepared, count: int) -> list:
 
     dataset = load_dataset_dict(script_args)
     split = script_args.dataset_test_split
-    if split in dataset:
-        rows = dataset[split]
-        column = "prompt" if "prompt" in rows.column_names else None
-        if column is not None:
-            return list(rows[column][:count])
+    if split in dataset and "prompt" in dataset[split].column_names:
+        return list(dataset[split]["prompt"][:count])
     logger.warning("No test split %r with a `prompt` column: the probe set uses the train split's prompts.", split)
     return list(prepared.train_dataset["prompt"][:count])

@@ -6,31 +6,22 @@
 - `gppo_beta_rule="entropy"` assigns each beta by the push's first-order entropy effect (`preserved_weight()`).
 - `log_predictor` logs the entropy predictor and the preserved gradient share (`research.diagnostics`) every
   micro-batch, at the cost of one gather and one host transfer each.
-
-The core package never imports this module.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 
+import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .._spec import format_number
 from ..config import CEGPPOConfig
 from ..schedules import parse_schedule
 from ..trainer import CEGPPOTrainer
 from .controller import EntropyController, parse_controller
-from .diagnostics import (
-    cegppo_diagnostics,
-    combine_diagnostics,
-    diagnostics_metrics,
-    entropy_rule_weight,
-    side_bound,
-)
-
-BETA_RULES = ("paper", "entropy")
+from .diagnostics import entropy_rule_weight, predictor_metrics, predictor_sums, side_bound
 
 
 @dataclass
@@ -39,9 +30,10 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
     [`CEGPPOConfig`] plus the entropy studies' options.
 
     Parameters:
-        entropy_controller (`str`, `dict` or `None`, *optional*, defaults to `None`):
-            Keep the mean token entropy in a band by moving beta1/beta2 around their scheduled values, e.g.
-            `"band=0.3-0.6,every=10"`. See `python -m pydoc cegppo_trl.research.controller`.
+        entropy_controller (`dict`, `str` or `None`, *optional*, defaults to `None`):
+            Keep the mean token entropy in a band by moving beta1/beta2 around their scheduled values: the fields of
+            `research.controller.EntropyControllerConfig`, as a mapping or its JSON text, e.g.
+            `'{"target_low": 0.3, "target_high": 0.6, "update_every": 10}'`.
         gppo_beta_rule (`str`, *optional*, defaults to `"paper"`):
             `"paper"` (Eq. 8: beta1 left-clipped, beta2 right-clipped) or `"entropy"` (beta2 where the push raises
             the position's entropy to first order, beta1 where it lowers it). Not the paper's rule.
@@ -49,9 +41,9 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
             Log `cegppo/predictor/*`, `cegppo/preserved/grad_share` and `cegppo/ratio/mean` every micro-batch.
     """
 
-    entropy_controller: str | dict | None = field(
+    entropy_controller: dict | str | None = field(
         default=None,
-        metadata={"help": "Entropy band controller for beta1/beta2, e.g. 'band=0.3-0.6,every=10'. None: off."},
+        metadata={"help": 'The entropy controller: JSON of EntropyControllerConfig\'s fields, {"target_low": ...}'},
     )
     gppo_beta_rule: str = field(
         default="paper",
@@ -62,8 +54,8 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
     )
 
     def __post_init__(self):
-        if self.gppo_beta_rule not in BETA_RULES:
-            raise ValueError(f"`gppo_beta_rule` must be one of {list(BETA_RULES)}, got {self.gppo_beta_rule!r}.")
+        if self.gppo_beta_rule not in ("paper", "entropy"):
+            raise ValueError(f"`gppo_beta_rule` must be 'paper' or 'entropy', got {self.gppo_beta_rule!r}.")
         if self.gppo_beta_rule == "entropy" and self.importance_sampling_level != "token":
             raise ValueError(
                 "`gppo_beta_rule='entropy'` assigns beta per token (by log p against the entropy H at its position); "
@@ -71,57 +63,36 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
                 "`importance_sampling_level='token'` or `gppo_beta_rule='paper'`."
             )
         try:
-            parse_controller(self.entropy_controller)
+            controller = parse_controller(self.entropy_controller)
         except ValueError as error:
             raise ValueError(f"`entropy_controller`: {error}") from None
         super().__post_init__()
-        self._validate_controller_bounds()
-
-    def _validate_controller_bounds(self) -> None:
-        """The controller's bounds must contain every nominal beta it moves: otherwise the clamp would replace the
-        configured beta from the first step, before the controller has measured anything."""
-        controller = parse_controller(self.entropy_controller)
-        if controller is None:
-            return
-        for beta in ("beta1", "beta2"):
-            if controller.mode not in (beta, "both"):
-                continue  # a coefficient the controller does not move is the nominal itself, bounds do not apply
-            schedule_field, constant_field = f"gppo_{beta}_schedule", f"gppo_{beta}"
-            spec = getattr(self, schedule_field)
-            low, high = parse_schedule(spec if spec is not None else getattr(self, constant_field)).value_range
-            bound_low, bound_high = getattr(controller, f"{beta}_min"), getattr(controller, f"{beta}_max")
-            if bound_low <= low and high <= bound_high:
-                continue
-            f = format_number
-            if spec is not None:
-                nominal = f"`{schedule_field}={spec!r}` takes values {f(low)}-{f(high)}"
-                fix_nominal = f"keep `{schedule_field}` within {f(bound_low)}-{f(bound_high)}"
-            else:
-                nominal = f"`{constant_field}={f(low)}`"
-                fix_nominal = f"set `{constant_field}` within {f(bound_low)}-{f(bound_high)}"
-            other = "beta2" if beta == "beta1" else "beta1"
-            raise ValueError(
-                f"{nominal}, outside the `entropy_controller` bounds {beta}={f(bound_low)}-{f(bound_high)}: the "
-                f"controller would replace the configured {beta} by the nearest bound, before measuring any entropy. "
-                f"Set `{beta}={f(min(low, bound_low))}-{f(max(high, bound_high))}` in `entropy_controller` (bounds "
-                f"that contain the nominal values), {fix_nominal}, or use `mode={other}` in `entropy_controller` so "
-                f"the controller leaves {beta} alone."
-            )
+        # The bounds must contain every nominal beta the controller moves, or the clamp would replace the configured
+        # beta before anything was measured.
+        for beta in ("beta1", "beta2") if controller is not None else ():
+            spec = getattr(self, f"gppo_{beta}_schedule") or getattr(self, f"gppo_{beta}")
+            low, high = parse_schedule(spec).value_range
+            bounds = getattr(controller, f"{beta}_min"), getattr(controller, f"{beta}_max")
+            if controller.mode in (beta, "both") and not bounds[0] <= low <= high <= bounds[1]:
+                raise ValueError(
+                    f"`entropy_controller`'s {beta} bounds {bounds[0]:g}-{bounds[1]:g} exclude the configured {beta} "
+                    f"({low:g}-{high:g}): the controller would replace it before measuring any entropy. Widen "
+                    f"`{beta}_min` / `{beta}_max`, change `gppo_{beta}`, or set the controller's `mode` to the other "
+                    "beta."
+                )
 
 
 class EntropyControllerState(TrainerCallback, ExportableState):
     """The entropy controller, kept where transformers keeps callback state: `state()` goes into
-    `trainer_state.json` at every checkpoint, and a resume restores it (`CheckpointHooks._load_rng_state`)."""
+    `trainer_state.json` at every checkpoint, and a resume restores it (`CheckpointHooks`)."""
 
-    def __init__(self, spec: str | dict, beta1: float, beta2: float):
+    def __init__(self, spec: dict | str, beta1: float, beta2: float):
         self.spec, self.initial = spec, (beta1, beta2)
         self.controller = EntropyController(parse_controller(spec), beta1, beta2)
 
     def state(self) -> dict:
-        return {
-            "args": {"spec": self.spec, "beta1": self.initial[0], "beta2": self.initial[1]},
-            "attributes": self.controller.state_dict(),
-        }
+        args = {"spec": self.spec, "beta1": self.initial[0], "beta2": self.initial[1]}
+        return {"args": args, "attributes": self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:  # `CheckpointHooks` restores the run-state callbacks with it
         self.controller.load_state_dict(state)
@@ -165,26 +136,17 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
             weight = super().preserved_weight(log_ratio, advantages, regions, beta1=beta1, beta2=beta2, logps=logps,
                                               entropies=entropies, mask=mask)  # fmt: skip
         if args.log_predictor:
-            self._log_predictor(log_ratio, advantages, regions, weight, logps, entropies, mask, beta1, beta2)
+            self._log_predictor(log_ratio, advantages, regions, weight, logps, entropies, mask)
         return weight
 
-    def _log_predictor(self, log_ratio, advantages, regions, weight, logps, entropies, mask, beta1, beta2) -> None:
-        mode = "train" if self.model.training else "eval"
-        bound = side_bound(log_ratio, regions, self.epsilon_low, self.epsilon_high)
-        settings = dict(
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta1=beta1,
-            beta2=beta2,
-            delta=self.args.delta,
-            delta_low=self.args.delta_low,
-            delta_low_mode=self.args.delta_low_mode,
-        )
-        diagnostics = cegppo_diagnostics(log_ratio, advantages, mask, **settings, logps=logps, entropies=entropies,
-                                         regions=regions, coefficient=weight * bound)  # fmt: skip
-        metrics = diagnostics_metrics(*combine_diagnostics(diagnostics, self.accelerator.gather))
+    def _log_predictor(self, log_ratio, advantages, regions, weight, logps, entropies, mask) -> None:
+        coefficient = weight * side_bound(log_ratio, regions, self.epsilon_low, self.epsilon_high)
+        sums = predictor_sums(log_ratio, advantages, mask, regions, coefficient, logps, entropies)
+        gathered = self.accelerator.gather(torch.stack(list(sums.values()))).view(-1, len(sums)).sum(0).tolist()
+        metrics = predictor_metrics(dict(zip(sums, gathered)))
         if "cegppo/predictor/entropy_change" in metrics:  # DDP averages the processes' gradients: so does the push
             metrics["cegppo/predictor/entropy_change"] /= self.accelerator.num_processes
+        mode = "train" if self.model.training else "eval"
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
 
@@ -197,8 +159,8 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
             if self.accelerator.sync_gradients:
                 window, self._entropy_window = self._entropy_window, []
                 controller.observe(sum(window), len(window), step_end=True)
-                self._metrics["train"]["cegppo/controller/target_low"].append(controller.target[0])
-                self._metrics["train"]["cegppo/controller/target_high"].append(controller.target[1])
+                self._metrics["train"]["cegppo/controller/target_low"].append(controller.config.target_low)
+                self._metrics["train"]["cegppo/controller/target_high"].append(controller.config.target_high)
                 if controller.last_entropy is not None:
                     self._metrics["train"]["cegppo/controller/entropy"].append(controller.last_entropy)
         return loss
@@ -207,7 +169,7 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
         settings = super().cegppo_settings()
         controller = self.entropy_controller
         if controller is not None:
-            settings["entropy_controller"] = controller.config.to_spec()
+            settings["entropy_controller"] = json.dumps(asdict(controller.config))
         if self.args.gppo_beta_rule != "paper":
             settings["gppo_beta_rule"] = self.args.gppo_beta_rule
         return settings

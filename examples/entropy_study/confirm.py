@@ -32,9 +32,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cegppo_trl.research.stats import sign_flip_p
+
 from . import digits
 from .digits import guard_base, guard_name, run_metrics, summarize
-from .stats import ALPHA, one_sided_p, paired_verdict
+from .stats import ALPHA, SAMPLES, paired_verdict
 
 __all__ = ["CLAIMS", "STAGES", "claim_rows", "confirm_markdown", "main", "run_addition_arm", "warning_leads"]
 
@@ -270,7 +272,7 @@ def warning_summary(leads: list[dict]) -> dict:
     stable = [r for r in leads if not r["collapsed"]]
     hits = [r for r in collapsed if r["warned_at"] is not None]
     values = [r["lead"] for r in collapsed]
-    p = one_sided_p(values) if values else 1.0
+    p = sign_flip_p(values, "greater", samples=SAMPLES)
     mean = statistics.fmean(values) if values else math.nan
     return {
         "runs": len(leads), "collapsed": len(collapsed), "hits": len(hits), "misses": len(collapsed) - len(hits),

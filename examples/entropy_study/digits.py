@@ -50,7 +50,8 @@ __all__ = [
 # to ~0.18 within 200 steps (discrimination check), so [0.30, 0.40] asks to keep most of the starting entropy.
 CONTROLLER_BAND = (0.30, 0.40)
 # raise_beta1: the study ran the symmetric rule (the default before it was found to raise beta1 into the hazard).
-CONTROLLER = f"band={CONTROLLER_BAND[0]}-{CONTROLLER_BAND[1]},step=0.1,mode=both,beta1=0-1,beta2=0.5-1.5,every=8,raise_beta1=true"
+CONTROLLER = {"target_low": CONTROLLER_BAND[0], "target_high": CONTROLLER_BAND[1], "step_size": 0.1, "update_every": 8,
+              "raise_beta1": True}  # fmt: skip
 MATCHED_REWARD = 0.5  # "at matched reward": entropy of the first rollout batch whose mean reward reaches this
 
 

@@ -1,9 +1,8 @@
 """Claim verdicts for the entropy studies: per-seed pairs of two arms, a one-sided sign-flip test, a verdict.
 
-The test is `cegppo_trl.research.stats.sign_flip_p` with `alternative="greater"` on the differences oriented so that
-the claim predicts a positive mean: exact over all 2^n sign patterns, which is instant for the 3-10 seeds a CPU study
-runs; past its `MAX_EXACT` pairs (the third study's test over runs) estimated from `SAMPLES` random sign patterns
-with a fixed seed.
+The test is `cegppo_trl.research.stats.sign_flip_p(..., "greater", samples=SAMPLES)` on the differences oriented so
+that the claim predicts a positive mean: exact for the 3-10 seeds a CPU study runs, past its `MAX_EXACT` pairs (the
+third study's test over runs) estimated from `SAMPLES` random sign patterns with a fixed seed.
 """
 
 from __future__ import annotations
@@ -14,15 +13,8 @@ from collections.abc import Sequence
 
 from cegppo_trl.research.stats import sign_flip_p
 
-__all__ = ["ALPHA", "SAMPLES", "one_sided_p", "paired_verdict"]
-
 ALPHA = 0.05  # one-sided significance level, fixed before the sweep
-SAMPLES = 100_000  # random sign patterns past `cegppo_trl.research.stats.MAX_EXACT` pairs
-
-
-def one_sided_p(differences: Sequence[float]) -> float:
-    """The studies' p-value of "mean difference > 0": `sign_flip_p(differences, "greater", samples=SAMPLES)`."""
-    return sign_flip_p(differences, "greater", samples=SAMPLES)
+SAMPLES = 100_000  # random sign patterns past `MAX_EXACT` pairs
 
 
 def paired_verdict(left: Sequence[float], right: Sequence[float], relation: str) -> dict:
@@ -52,7 +44,7 @@ def paired_verdict(left: Sequence[float], right: Sequence[float], relation: str)
         return {**out, "mean_left": math.nan, "mean_right": math.nan, "mean_diff": math.nan, "std_diff": math.nan,
                 "seeds_held": 0, "p": 1.0, "verdict": "no data"}  # fmt: skip
     mean_diff = statistics.fmean(diffs)
-    p = one_sided_p([sign * d for d in diffs])
+    p = sign_flip_p([sign * d for d in diffs], "greater", samples=SAMPLES)
     if sign * mean_diff <= 0:
         verdict = "failed"
     else:

@@ -123,7 +123,7 @@ def train(out_dir: str, loss_type: str, spec: dict) -> None:
         sft_loss_coef=0.1,
         dynamic_sampling=True,
         gppo_beta1_schedule="linear:0.5->0.25",
-        entropy_controller="band=0-1,step=0.05,mode=both,damping=0,raise_beta1=true",  # moves beta1 both ways
+        entropy_controller={"target_low": 0, "target_high": 1, "damping": 0, "raise_beta1": True},  # beta1 both ways
         disable_tqdm=True,
         # transformers wants the eval strategy to match the save strategy: evaluate at each save, or never (the
         # trainer state resumed from a checkpoint can still name a best checkpoint).
