@@ -194,8 +194,7 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
     """`_compute_loss` + backward of each trainer on one identical off-policy batch, paired, many repetitions.
 
     The batch is the second (off-policy) step of a short GRPO run; both trainers' models are the same initial
-    weights. ``cegppo_no_metrics`` is CE-GPPO with its extra ``cegppo/*`` metrics switched off, to split the
-    overhead between the objective and the logging.
+    weights.
     """
     from bench_loss import paired_times
 
@@ -233,6 +232,8 @@ def compare(
     """Paired timing (CE-GPPO / GRPO) over `reps` repetitions plus `memory_reps` profiled runs each for peak memory."""
     runs = {name: [] for name in TRAINERS}
     names = list(TRAINERS)
+    for name in names:  # not counted: the first run in a process pays one-off initialisation
+        timed_run(name, output_dir, 2, 0, **kwargs)
     for rep in range(reps):
         for name in names if rep % 2 == 0 else reversed(names):
             runs[name].append(timed_run(name, output_dir, steps, warmup, **kwargs))
@@ -249,10 +250,9 @@ def compare(
         for name in names if rep % 2 == 0 else reversed(names):
             memory[name].append(peak_memory(name, output_dir, 4, **kwargs))
     pairs = list(zip(runs["cegppo"], runs["grpo"]))
-    ratio = {key: statistics.median(c[key] / g[key] for c, g in pairs) for key in ("step", "loss")}
+    ratio = {key: spread(c[key] / g[key] for c, g in pairs) for key in ("step", "loss")}
     same = same_batch_loss_times(output_dir, 3 * reps, **kwargs)
     same_ms = {name: 1e3 * statistics.median(times) for name, times in same.items()}
-    same_ratio = {name: statistics.median(a / b for a, b in zip(same[name], same["grpo"])) for name in same}
     return {
         "step_ms": {n: 1e3 * statistics.median(r["step"] for r in runs[n]) for n in names},
         "loss_ms": {n: 1e3 * statistics.median(r["loss"] for r in runs[n]) for n in names},
@@ -260,10 +260,43 @@ def compare(
         "step_ratio": ratio["step"],
         "loss_ratio": ratio["loss"],
         "memory_mib": {n: statistics.median(memory[n]) / 2**20 for n in names},
-        "memory_ratio": statistics.median(c / g for c, g in zip(memory["cegppo"], memory["grpo"])),
+        "memory_ratio": spread(c / g for c, g in zip(memory["cegppo"], memory["grpo"])),
         "same_batch_ms": same_ms,
-        "same_batch_ratio": same_ratio,
+        "same_batch_ratio": spread(a / b for a, b in zip(same["cegppo"], same["grpo"])),
     }
+
+
+def spread(ratios) -> tuple[float, float, float]:
+    """Median, min and max of paired ratios."""
+    ratios = list(ratios)
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def print_table(result: dict, seconds: bool = False) -> None:
+    """The comparison as a markdown table: medians, and each ratio's median (min-max) over the pairs."""
+    scale, unit, digits = (1e-3, "s", 2) if seconds else (1.0, "ms", 1)
+
+    def row(label, values, ratio, value_digits=digits):
+        c, g = (f"{scale * values[n]:.{value_digits}f}" for n in ("cegppo", "grpo"))
+        print(f"| {label} | {c} | {g} | {ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f}) |")
+
+    print("| | CE-GPPO | GRPO | CE-GPPO / GRPO, median (min-max) of paired ratios |\n|---|---|---|---|")
+    row(f"time per optimizer step, generation included ({unit})", result["step_ms"], result["step_ratio"])
+    row(f"of which `_compute_loss` ({unit})", result["loss_ms"], result["loss_ratio"])
+    row(f"`_compute_loss` + backward, identical batch ({unit})", result["same_batch_ms"], result["same_batch_ratio"],
+        digits + 1)  # fmt: skip
+    row("peak torch memory in `train()` (MiB)", {n: v / scale for n, v in result["memory_mib"].items()},
+        result["memory_ratio"], 1)  # fmt: skip
+    lengths = result["completion_length"]
+    print(f"| mean completion length | {lengths['cegppo']:.1f} | {lengths['grpo']:.1f} | |")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def quiet() -> None:
@@ -303,7 +336,7 @@ def main(argv=None):
     steps = args.steps or (8 if args.quick else 16)
     warmup = 2
     print(
-        f"# bench_train_step: {datetime.date.today()} | {platform.machine()} | torch {torch.__version__} | "
+        f"# bench_train_step: {datetime.date.today()} | {cpu_name()} | torch {torch.__version__} | "
         f"threads={torch.get_num_threads()} | reps={reps} x {steps} steps (first {warmup} dropped) | tiny Llama "
         f"hidden={args.hidden_size}, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
         f"generations, {args.completion_length} completion tokens, num_iterations=2, loss_type=dapo, delta=10"
@@ -317,28 +350,7 @@ def main(argv=None):
         num_generations=args.num_generations,
         hidden_size=args.hidden_size,
     )
-    print("| | CE-GPPO | GRPO (dapo) | CE-GPPO / GRPO (median of paired ratios) |\n|---|---|---|---|")
-    print(
-        f"| time per optimizer step (ms) | {result['step_ms']['cegppo']:.1f} | {result['step_ms']['grpo']:.1f} "
-        f"| {result['step_ratio']:.3f}x |"
-    )
-    print(
-        f"| of which `_compute_loss` (ms) | {result['loss_ms']['cegppo']:.1f} | {result['loss_ms']['grpo']:.1f} "
-        f"| {result['loss_ratio']:.3f}x |"
-    )
-    same_ms, same_ratio = result["same_batch_ms"], result["same_batch_ratio"]
-    print(
-        f"| `_compute_loss` + backward, identical batch (ms) | {same_ms['cegppo']:.2f} | {same_ms['grpo']:.2f} "
-        f"| {same_ratio['cegppo']:.3f}x |"
-    )
-    print(
-        f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.2f} "
-        f"| {result['memory_mib']['grpo']:.2f} | {result['memory_ratio']:.3f}x |"
-    )
-    print(
-        f"| mean completion length | {result['completion_length']['cegppo']:.1f} "
-        f"| {result['completion_length']['grpo']:.1f} | |"
-    )
+    print_table(result)
     return result
 
 
@@ -356,26 +368,17 @@ def smollm2_main(args) -> dict:
     reps, steps, warmup = args.reps or 2, args.steps or 4, 0
     length = args.completion_length if args.completion_length != 32 else 16
     print(
-        f"# bench_train_step --model smollm2: {datetime.date.today()} | {platform.machine()} | torch "
-        f"{torch.__version__} | threads={torch.get_num_threads()} | reps={reps} x {steps} steps | SmolLM2-135M-Instruct "
-        f"fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} generations, {length} completion "
-        f"tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
+        f"# bench_train_step --model smollm2: {datetime.date.today()} | {cpu_name()} | torch "
+        f"{torch.__version__} | threads={torch.get_num_threads()} | reps={reps} x {steps} steps | "
+        f"SmolLM2-135M-Instruct fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
+        f"generations, {length} completion tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
     )
     result = compare(
         reps, steps, warmup, args.output_dir, memory_reps=args.memory_reps, completion_length=length,
         num_generations=args.num_generations, tokenizer=tokenizer, learning_rate=1e-5,
         model_factory=lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
     )  # fmt: skip
-    print("| | CE-GPPO | GRPO (dapo) | CE-GPPO / GRPO (median of paired ratios) |\n|---|---|---|---|")
-    print(f"| time per optimizer step (s) | {result['step_ms']['cegppo'] / 1e3:.2f} | "
-          f"{result['step_ms']['grpo'] / 1e3:.2f} | {result['step_ratio']:.3f}x |")  # fmt: skip
-    print(f"| of which `_compute_loss` (s) | {result['loss_ms']['cegppo'] / 1e3:.2f} | "
-          f"{result['loss_ms']['grpo'] / 1e3:.2f} | {result['loss_ratio']:.3f}x |")  # fmt: skip
-    same_ms, same_ratio = result["same_batch_ms"], result["same_batch_ratio"]
-    print(f"| `_compute_loss` + backward, identical batch (s) | {same_ms['cegppo'] / 1e3:.2f} | "
-          f"{same_ms['grpo'] / 1e3:.2f} | {same_ratio['cegppo']:.3f}x |")  # fmt: skip
-    print(f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.0f} | "
-          f"{result['memory_mib']['grpo']:.0f} | {result['memory_ratio']:.3f}x |")  # fmt: skip
+    print_table(result, seconds=True)
     return result
 
 
