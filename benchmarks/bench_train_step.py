@@ -42,6 +42,9 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
 from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 TRAINERS = {"cegppo": (CEGPPOTrainer, CEGPPOConfig), "grpo": (GRPOTrainer, GRPOConfig)}
+# Every timer's clock: wall time, or (`--clock cpu`) this thread's CPU time, which on a CPU shared with other jobs
+# leaves out the time they hold the core (all the work runs on this thread with one torch thread and no GPU).
+CLOCK = [time.perf_counter]
 
 
 def token_sum_reward(completion_ids, **kwargs):
@@ -63,11 +66,11 @@ class StepTimer(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         _sync()
-        self._start = time.perf_counter()
+        self._start = CLOCK[0]()
 
     def on_step_end(self, args, state, control, **kwargs):
         _sync()
-        self.durations.append(time.perf_counter() - self._start)
+        self.durations.append(CLOCK[0]() - self._start)
 
 
 def build_trainer(
@@ -148,9 +151,9 @@ def timed_run(name: str, output_dir: str, steps: int, warmup: int, **kwargs) -> 
     compute_loss = trainer._compute_loss
 
     def timed_compute_loss(*args, **kw):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         out = compute_loss(*args, **kw)
-        loss_times.append(time.perf_counter() - start)
+        loss_times.append(CLOCK[0]() - start)
         return out
 
     trainer._compute_loss = timed_compute_loss
@@ -223,7 +226,7 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
         return run
 
     calls = {"cegppo": call("cegppo"), "grpo": call("grpo")}
-    return paired_times(calls, reps, min_block_s=0.05)
+    return paired_times(calls, reps, min_block_s=0.05, clock=CLOCK[0])
 
 
 def compare(
@@ -316,7 +319,9 @@ def main(argv=None):
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default 1; smollm2: 2, 1 with cpu clock)"
+    )
     parser.add_argument("--output-dir", default="/tmp/cegppo_bench_train_step")
     parser.add_argument(
         "--model",
@@ -326,20 +331,23 @@ def main(argv=None):
         "(cegppo_trl.demos.smollm2.smollm2_checkpoint), fp32, 2 reps x 4 steps and 2 threads unless given",
     )
     parser.add_argument("--memory-reps", type=int, default=3, help="paired profiled runs for peak memory")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="wall time or this thread's CPU time")
     args = parser.parse_args(argv)
+    CLOCK[0] = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.model == "smollm2":
         return smollm2_main(args)
 
     quiet()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 1)
     reps = args.reps or (3 if args.quick else 7)
     steps = args.steps or (8 if args.quick else 16)
     warmup = 2
     print(
         f"# bench_train_step: {datetime.date.today()} | {cpu_name()} | torch {torch.__version__} | "
-        f"threads={torch.get_num_threads()} | reps={reps} x {steps} steps (first {warmup} dropped) | tiny Llama "
-        f"hidden={args.hidden_size}, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
-        f"generations, {args.completion_length} completion tokens, num_iterations=2, loss_type=dapo, delta=10"
+        f"threads={torch.get_num_threads()} | {args.clock} clock | reps={reps} x {steps} steps (first {warmup} "
+        f"dropped) | tiny Llama hidden={args.hidden_size}, batch {2 * args.num_generations} = 2 prompts x "
+        f"{args.num_generations} generations, {args.completion_length} completion tokens, num_iterations=2, "
+        "loss_type=dapo, delta=10"
     )
     result = compare(
         reps,
@@ -361,7 +369,7 @@ def smollm2_main(args) -> dict:
     from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     quiet()
-    torch.set_num_threads(args.threads if args.threads != 1 else 2)
+    torch.set_num_threads(args.threads or (1 if args.clock == "cpu" else 2))
     path = smollm2_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
@@ -369,7 +377,7 @@ def smollm2_main(args) -> dict:
     length = args.completion_length if args.completion_length != 32 else 16
     print(
         f"# bench_train_step --model smollm2: {datetime.date.today()} | {cpu_name()} | torch "
-        f"{torch.__version__} | threads={torch.get_num_threads()} | reps={reps} x {steps} steps | "
+        f"{torch.__version__} | threads={torch.get_num_threads()} | {args.clock} clock | reps={reps} x {steps} steps | "
         f"SmolLM2-135M-Instruct fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
         f"generations, {length} completion tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
     )
