@@ -231,7 +231,9 @@ def run(
             ms_cegppo=1e3 * statistics.median(times["cegppo"]),
             vs_authors=ratios["authors"],
             vs_trl=ratios["trl_clip"],
+            vs_trl_range=paired_range(times["cegppo"], times["trl_clip"]),
             stats_vs_trl=statistics.median(c / b for c, b in zip(times["cegppo+stats"], times["trl_clip"])),
+            stats_vs_trl_range=paired_range(times["cegppo+stats"], times["trl_clip"]),
             saved_cegppo=saved["cegppo"] / (batch * length),
             saved_authors=saved["authors"] / (batch * length),
             saved_trl=saved["trl_clip"] / (batch * length),
@@ -243,9 +245,14 @@ def run(
     return rows
 
 
+def paired_range(a: list[float], b: list[float]) -> tuple[float, float]:
+    ratios = [x / y for x, y in zip(a, b)]
+    return min(ratios), max(ratios)
+
+
 def header() -> str:
-    columns = ["log-ratio std (clipped)", "dtype", "B x T", "cegppo ms (median)", "cegppo / TRL clip"]
-    columns += ["cegppo+stats / TRL clip", "cegppo / authors", "saved B/token: cegppo / authors / TRL"]
+    columns = ["log-ratio std (clipped)", "dtype", "B x T", "cegppo ms (median)", "cegppo / TRL clip (min-max)"]
+    columns += ["cegppo+stats / TRL clip (min-max)", "cegppo / authors", "saved B/token: cegppo / authors / TRL"]
     return "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
 
 
@@ -255,12 +262,20 @@ def _format_row(row) -> str:
         row["dtype"],
         row["size"],
         f"{row['ms_cegppo']:.2f}",
-        f"{row['vs_trl']:.2f}x",
-        f"{row['stats_vs_trl']:.2f}x",
+        f"{row['vs_trl']:.2f}x ({row['vs_trl_range'][0]:.2f}-{row['vs_trl_range'][1]:.2f})",
+        f"{row['stats_vs_trl']:.2f}x ({row['stats_vs_trl_range'][0]:.2f}-{row['stats_vs_trl_range'][1]:.2f})",
         f"{row['vs_authors']:.2f}x",
         f"{row['saved_cegppo']:.0f} / {row['saved_authors']:.0f} / {row['saved_trl']:.0f}",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def main(argv=None):
@@ -301,7 +316,7 @@ def main(argv=None):
     dtypes = [torch.float32, torch.bfloat16] if args.dtype == "both" else [getattr(torch, args.dtype)]
     delta = None if args.no_delta else DELTA
     print(
-        f"# bench_loss: {datetime.date.today()} | {platform.processor() or platform.machine()} | "
+        f"# bench_loss: {datetime.date.today()} | {cpu_name()} | "
         f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | {args.clock} clock | "
         f"eps={EPSILON_LOW}/{EPSILON_HIGH} beta1={BETA1} beta2={BETA2} delta={delta} | forward+backward, "
         f"advantages {'(B, 1)' if args.advantages == 'b1' else '(B, T)'}; "
