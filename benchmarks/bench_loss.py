@@ -1,10 +1,13 @@
-"""Loss benchmark: what CE-GPPO's term adds to TRL's per-token loss, forward + backward, side by side.
+"""Loss benchmark: TRL's clipped surrogate with CE-GPPO's advantage against without it, forward + backward.
 
-Implementations, all given the same inputs (current log-probs, old log-probs, advantages) and returning d(loss)/d(logp)
-under the same incoming gradient (standing in for TRL's mask and normaliser):
+A logits-free loss over ``(B, T)`` tensors: every implementation gets the same current log-probs (``requires_grad``),
+old log-probs and advantages and returns d(loss)/d(logp) under the same incoming gradient (standing in for TRL's
+mask and normaliser); no model, no vocabulary.
 
-- ``cegppo``: what the trainer computes, TRL's clipped surrogate plus `cegppo_trl.loss.preserved_gradient_term`
-  (its `preserved_coefficient` included): element-wise on [B, T], value 0.
+- ``cegppo``: what `CEGPPOTrainer` hands TRL per micro-batch: `cegppo_trl.loss.cegppo_regions`, `preserved_weight` and
+  `preserved_advantages` (``A_hat``, value ``A``), then TRL's surrogate on ``A_hat``.
+- ``cegppo+stats``: the same plus the step's statistics the trainer gathers per micro-batch
+  (`cegppo_trl.monitoring.loss_statistics`: the default `cegppo/` metrics' on-device sums, no host sync).
 - ``trl_clip``: TRL 1.16's own clipped surrogate alone (``GRPOTrainer._compute_loss``, loss types grpo/bnpo/dr_grpo/
   dapo/luspo), ``-min(r * A, clamp(r, 1 - eps_l, 1 + eps_h) * A)`` with ``r`` capped at ``delta``: GRPO's cost.
 - ``authors``: the authors' formulation (docs/algorithm.md §5), written here from that description:
@@ -32,7 +35,8 @@ from collections.abc import Callable
 
 import torch
 
-from cegppo_trl.loss import cegppo_regions, preserved_coefficient, preserved_gradient_term
+from cegppo_trl.loss import cegppo_regions, preserved_advantages, preserved_weight
+from cegppo_trl.monitoring import loss_statistics
 
 # The paper's clip range and 1.5B coefficients; the recipes' dual clip.
 EPSILON_LOW, EPSILON_HIGH, BETA1, BETA2, DELTA = 0.2, 0.2, 0.5, 1.0, 10.0
@@ -68,19 +72,23 @@ def trl_clip(logp, old_logp, advantages, *, epsilon_low, epsilon_high, delta, **
     return -torch.min(coef_1 * advantages, coef_2 * advantages)
 
 
-def cegppo_term(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta, **guard):
-    """The trainer's per-token loss: TRL's surrogate plus the preserved-gradient term (`CEGPPOTrainer._cegppo_terms`)."""
+def cegppo_term(logp, old_logp, advantages, *, epsilon_low, epsilon_high, beta1, beta2, delta, stats=False, **guard):
+    """The trainer's per-token loss: TRL's surrogate on the preserved advantages (`CEGPPOTrainer._preserve_gradient`);
+    with `stats`, also the micro-batch's `loss_statistics` (the default metrics' per-micro-batch work)."""
     log_ratio = logp - old_logp
-    coefficient = preserved_coefficient(
-        log_ratio.detach(), advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, beta1=beta1, beta2=beta2,
-        **guard,
-    )  # fmt: skip
-    surrogate = trl_clip(logp, old_logp, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta=delta)
-    return surrogate + preserved_gradient_term(log_ratio, advantages, coefficient)
+    bounds = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    regions = cegppo_regions(log_ratio.detach(), advantages, delta=delta, delta_low=guard.get("delta_low"), **bounds)
+    weight = preserved_weight(log_ratio.detach(), advantages, beta1=beta1, beta2=beta2, regions=regions, **bounds,
+                              **guard)  # fmt: skip
+    loss = trl_clip(logp, old_logp, preserved_advantages(advantages, log_ratio, weight), delta=delta, **bounds)
+    if stats:
+        loss_statistics(log_ratio.detach(), torch.ones_like(logp, dtype=torch.long), regions)
+    return loss
 
 
 IMPLEMENTATIONS: dict[str, Callable] = {
     "cegppo": cegppo_term,
+    "cegppo+stats": functools.partial(cegppo_term, stats=True),
     "authors": authors_form,
     "trl_clip": trl_clip,
 }
@@ -223,6 +231,9 @@ def run(
             ms_cegppo=1e3 * statistics.median(times["cegppo"]),
             vs_authors=ratios["authors"],
             vs_trl=ratios["trl_clip"],
+            vs_trl_range=paired_range(times["cegppo"], times["trl_clip"]),
+            stats_vs_trl=statistics.median(c / b for c, b in zip(times["cegppo+stats"], times["trl_clip"])),
+            stats_vs_trl_range=paired_range(times["cegppo+stats"], times["trl_clip"]),
             saved_cegppo=saved["cegppo"] / (batch * length),
             saved_authors=saved["authors"] / (batch * length),
             saved_trl=saved["trl_clip"] / (batch * length),
@@ -234,9 +245,14 @@ def run(
     return rows
 
 
+def paired_range(a: list[float], b: list[float]) -> tuple[float, float]:
+    ratios = [x / y for x, y in zip(a, b)]
+    return min(ratios), max(ratios)
+
+
 def header() -> str:
-    columns = ["log-ratio std (clipped)", "dtype", "B x T", "cegppo ms (median)", "cegppo / TRL clip"]
-    columns += ["cegppo / authors", "saved B/token: cegppo / authors / TRL"]
+    columns = ["log-ratio std (clipped)", "dtype", "B x T", "cegppo ms (median)", "cegppo / TRL clip (min-max)"]
+    columns += ["cegppo+stats / TRL clip (min-max)", "cegppo / authors", "saved B/token: cegppo / authors / TRL"]
     return "| " + " | ".join(columns) + " |\n" + "|---" * len(columns) + "|"
 
 
@@ -246,11 +262,20 @@ def _format_row(row) -> str:
         row["dtype"],
         row["size"],
         f"{row['ms_cegppo']:.2f}",
-        f"{row['vs_trl']:.2f}x",
+        f"{row['vs_trl']:.2f}x ({row['vs_trl_range'][0]:.2f}-{row['vs_trl_range'][1]:.2f})",
+        f"{row['stats_vs_trl']:.2f}x ({row['stats_vs_trl_range'][0]:.2f}-{row['stats_vs_trl_range'][1]:.2f})",
         f"{row['vs_authors']:.2f}x",
         f"{row['saved_cegppo']:.0f} / {row['saved_authors']:.0f} / {row['saved_trl']:.0f}",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def main(argv=None):
@@ -291,7 +316,7 @@ def main(argv=None):
     dtypes = [torch.float32, torch.bfloat16] if args.dtype == "both" else [getattr(torch, args.dtype)]
     delta = None if args.no_delta else DELTA
     print(
-        f"# bench_loss: {datetime.date.today()} | {platform.processor() or platform.machine()} | "
+        f"# bench_loss: {datetime.date.today()} | {cpu_name()} | "
         f"torch {torch.__version__} | threads={torch.get_num_threads()} | reps={reps} | {args.clock} clock | "
         f"eps={EPSILON_LOW}/{EPSILON_HIGH} beta1={BETA1} beta2={BETA2} delta={delta} | forward+backward, "
         f"advantages {'(B, 1)' if args.advantages == 'b1' else '(B, T)'}; "
@@ -300,6 +325,7 @@ def main(argv=None):
     if args.delta_low is not None:
         guard = dict(delta_low=args.delta_low, delta_low_mode=args.delta_low_mode)
         IMPLEMENTATIONS["cegppo"] = functools.partial(cegppo_term, **guard)
+        IMPLEMENTATIONS["cegppo+stats"] = functools.partial(cegppo_term, stats=True, **guard)
         print(f"# cegppo with the left guard {guard}; the other implementations without")
     print(header())
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter

@@ -42,6 +42,9 @@ from cegppo_trl import CEGPPOConfig, CEGPPOTrainer  # noqa: E402
 from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 TRAINERS = {"cegppo": (CEGPPOTrainer, CEGPPOConfig), "grpo": (GRPOTrainer, GRPOConfig)}
+# Every timer's clock: wall time, or (`--clock cpu`) this thread's CPU time, which on a CPU shared with other jobs
+# leaves out the time they hold the core (all the work runs on this thread with one torch thread and no GPU).
+CLOCK = [time.perf_counter]
 
 
 def token_sum_reward(completion_ids, **kwargs):
@@ -63,11 +66,11 @@ class StepTimer(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         _sync()
-        self._start = time.perf_counter()
+        self._start = CLOCK[0]()
 
     def on_step_end(self, args, state, control, **kwargs):
         _sync()
-        self.durations.append(time.perf_counter() - self._start)
+        self.durations.append(CLOCK[0]() - self._start)
 
 
 def build_trainer(
@@ -148,9 +151,9 @@ def timed_run(name: str, output_dir: str, steps: int, warmup: int, **kwargs) -> 
     compute_loss = trainer._compute_loss
 
     def timed_compute_loss(*args, **kw):
-        start = time.perf_counter()
+        start = CLOCK[0]()
         out = compute_loss(*args, **kw)
-        loss_times.append(time.perf_counter() - start)
+        loss_times.append(CLOCK[0]() - start)
         return out
 
     trainer._compute_loss = timed_compute_loss
@@ -194,8 +197,7 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
     """`_compute_loss` + backward of each trainer on one identical off-policy batch, paired, many repetitions.
 
     The batch is the second (off-policy) step of a short GRPO run; both trainers' models are the same initial
-    weights. ``cegppo_no_metrics`` is CE-GPPO with its extra ``cegppo/*`` metrics switched off, to split the
-    overhead between the objective and the logging.
+    weights.
     """
     from bench_loss import paired_times
 
@@ -224,7 +226,7 @@ def same_batch_loss_times(output_dir: str, reps: int, **kwargs) -> dict[str, lis
         return run
 
     calls = {"cegppo": call("cegppo"), "grpo": call("grpo")}
-    return paired_times(calls, reps, min_block_s=0.05)
+    return paired_times(calls, reps, min_block_s=0.05, clock=CLOCK[0])
 
 
 def compare(
@@ -233,6 +235,8 @@ def compare(
     """Paired timing (CE-GPPO / GRPO) over `reps` repetitions plus `memory_reps` profiled runs each for peak memory."""
     runs = {name: [] for name in TRAINERS}
     names = list(TRAINERS)
+    for name in names:  # not counted: the first run in a process pays one-off initialisation
+        timed_run(name, output_dir, 2, 0, **kwargs)
     for rep in range(reps):
         for name in names if rep % 2 == 0 else reversed(names):
             runs[name].append(timed_run(name, output_dir, steps, warmup, **kwargs))
@@ -249,10 +253,9 @@ def compare(
         for name in names if rep % 2 == 0 else reversed(names):
             memory[name].append(peak_memory(name, output_dir, 4, **kwargs))
     pairs = list(zip(runs["cegppo"], runs["grpo"]))
-    ratio = {key: statistics.median(c[key] / g[key] for c, g in pairs) for key in ("step", "loss")}
+    ratio = {key: spread(c[key] / g[key] for c, g in pairs) for key in ("step", "loss")}
     same = same_batch_loss_times(output_dir, 3 * reps, **kwargs)
     same_ms = {name: 1e3 * statistics.median(times) for name, times in same.items()}
-    same_ratio = {name: statistics.median(a / b for a, b in zip(same[name], same["grpo"])) for name in same}
     return {
         "step_ms": {n: 1e3 * statistics.median(r["step"] for r in runs[n]) for n in names},
         "loss_ms": {n: 1e3 * statistics.median(r["loss"] for r in runs[n]) for n in names},
@@ -260,10 +263,43 @@ def compare(
         "step_ratio": ratio["step"],
         "loss_ratio": ratio["loss"],
         "memory_mib": {n: statistics.median(memory[n]) / 2**20 for n in names},
-        "memory_ratio": statistics.median(c / g for c, g in zip(memory["cegppo"], memory["grpo"])),
+        "memory_ratio": spread(c / g for c, g in zip(memory["cegppo"], memory["grpo"])),
         "same_batch_ms": same_ms,
-        "same_batch_ratio": same_ratio,
+        "same_batch_ratio": spread(a / b for a, b in zip(same["cegppo"], same["grpo"])),
     }
+
+
+def spread(ratios) -> tuple[float, float, float]:
+    """Median, min and max of paired ratios."""
+    ratios = list(ratios)
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def print_table(result: dict, seconds: bool = False) -> None:
+    """The comparison as a markdown table: medians, and each ratio's median (min-max) over the pairs."""
+    scale, unit, digits = (1e-3, "s", 2) if seconds else (1.0, "ms", 1)
+
+    def row(label, values, ratio, value_digits=digits):
+        c, g = (f"{scale * values[n]:.{value_digits}f}" for n in ("cegppo", "grpo"))
+        print(f"| {label} | {c} | {g} | {ratio[0]:.3f}x ({ratio[1]:.3f}-{ratio[2]:.3f}) |")
+
+    print("| | CE-GPPO | GRPO | CE-GPPO / GRPO, median (min-max) of paired ratios |\n|---|---|---|---|")
+    row(f"time per optimizer step, generation included ({unit})", result["step_ms"], result["step_ratio"])
+    row(f"of which `_compute_loss` ({unit})", result["loss_ms"], result["loss_ratio"])
+    row(f"`_compute_loss` + backward, identical batch ({unit})", result["same_batch_ms"], result["same_batch_ratio"],
+        digits + 1)  # fmt: skip
+    row("peak torch memory in `train()` (MiB)", {n: v / scale for n, v in result["memory_mib"].items()},
+        result["memory_ratio"], 1)  # fmt: skip
+    lengths = result["completion_length"]
+    print(f"| mean completion length | {lengths['cegppo']:.1f} | {lengths['grpo']:.1f} | |")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def quiet() -> None:
@@ -283,7 +319,9 @@ def main(argv=None):
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default 1; smollm2: 2, 1 with cpu clock)"
+    )
     parser.add_argument("--output-dir", default="/tmp/cegppo_bench_train_step")
     parser.add_argument(
         "--model",
@@ -293,20 +331,23 @@ def main(argv=None):
         "(cegppo_trl.demos.smollm2.smollm2_checkpoint), fp32, 2 reps x 4 steps and 2 threads unless given",
     )
     parser.add_argument("--memory-reps", type=int, default=3, help="paired profiled runs for peak memory")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="wall time or this thread's CPU time")
     args = parser.parse_args(argv)
+    CLOCK[0] = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.model == "smollm2":
         return smollm2_main(args)
 
     quiet()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads or 1)
     reps = args.reps or (3 if args.quick else 7)
     steps = args.steps or (8 if args.quick else 16)
     warmup = 2
     print(
-        f"# bench_train_step: {datetime.date.today()} | {platform.machine()} | torch {torch.__version__} | "
-        f"threads={torch.get_num_threads()} | reps={reps} x {steps} steps (first {warmup} dropped) | tiny Llama "
-        f"hidden={args.hidden_size}, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
-        f"generations, {args.completion_length} completion tokens, num_iterations=2, loss_type=dapo, delta=10"
+        f"# bench_train_step: {datetime.date.today()} | {cpu_name()} | torch {torch.__version__} | "
+        f"threads={torch.get_num_threads()} | {args.clock} clock | reps={reps} x {steps} steps (first {warmup} "
+        f"dropped) | tiny Llama hidden={args.hidden_size}, batch {2 * args.num_generations} = 2 prompts x "
+        f"{args.num_generations} generations, {args.completion_length} completion tokens, num_iterations=2, "
+        "loss_type=dapo, delta=10"
     )
     result = compare(
         reps,
@@ -317,28 +358,7 @@ def main(argv=None):
         num_generations=args.num_generations,
         hidden_size=args.hidden_size,
     )
-    print("| | CE-GPPO | GRPO (dapo) | CE-GPPO / GRPO (median of paired ratios) |\n|---|---|---|---|")
-    print(
-        f"| time per optimizer step (ms) | {result['step_ms']['cegppo']:.1f} | {result['step_ms']['grpo']:.1f} "
-        f"| {result['step_ratio']:.3f}x |"
-    )
-    print(
-        f"| of which `_compute_loss` (ms) | {result['loss_ms']['cegppo']:.1f} | {result['loss_ms']['grpo']:.1f} "
-        f"| {result['loss_ratio']:.3f}x |"
-    )
-    same_ms, same_ratio = result["same_batch_ms"], result["same_batch_ratio"]
-    print(
-        f"| `_compute_loss` + backward, identical batch (ms) | {same_ms['cegppo']:.2f} | {same_ms['grpo']:.2f} "
-        f"| {same_ratio['cegppo']:.3f}x |"
-    )
-    print(
-        f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.2f} "
-        f"| {result['memory_mib']['grpo']:.2f} | {result['memory_ratio']:.3f}x |"
-    )
-    print(
-        f"| mean completion length | {result['completion_length']['cegppo']:.1f} "
-        f"| {result['completion_length']['grpo']:.1f} | |"
-    )
+    print_table(result)
     return result
 
 
@@ -349,33 +369,24 @@ def smollm2_main(args) -> dict:
     from cegppo_trl.demos.smollm2 import smollm2_checkpoint
 
     quiet()
-    torch.set_num_threads(args.threads if args.threads != 1 else 2)
+    torch.set_num_threads(args.threads or (1 if args.clock == "cpu" else 2))
     path = smollm2_checkpoint()
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     reps, steps, warmup = args.reps or 2, args.steps or 4, 0
     length = args.completion_length if args.completion_length != 32 else 16
     print(
-        f"# bench_train_step --model smollm2: {datetime.date.today()} | {platform.machine()} | torch "
-        f"{torch.__version__} | threads={torch.get_num_threads()} | reps={reps} x {steps} steps | SmolLM2-135M-Instruct "
-        f"fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} generations, {length} completion "
-        f"tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
+        f"# bench_train_step --model smollm2: {datetime.date.today()} | {cpu_name()} | torch "
+        f"{torch.__version__} | threads={torch.get_num_threads()} | {args.clock} clock | reps={reps} x {steps} steps | "
+        f"SmolLM2-135M-Instruct fp32, batch {2 * args.num_generations} = 2 prompts x {args.num_generations} "
+        f"generations, {length} completion tokens (forced), num_iterations=2, loss_type=dapo, delta=10"
     )
     result = compare(
         reps, steps, warmup, args.output_dir, memory_reps=args.memory_reps, completion_length=length,
         num_generations=args.num_generations, tokenizer=tokenizer, learning_rate=1e-5,
         model_factory=lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
     )  # fmt: skip
-    print("| | CE-GPPO | GRPO (dapo) | CE-GPPO / GRPO (median of paired ratios) |\n|---|---|---|---|")
-    print(f"| time per optimizer step (s) | {result['step_ms']['cegppo'] / 1e3:.2f} | "
-          f"{result['step_ms']['grpo'] / 1e3:.2f} | {result['step_ratio']:.3f}x |")  # fmt: skip
-    print(f"| of which `_compute_loss` (s) | {result['loss_ms']['cegppo'] / 1e3:.2f} | "
-          f"{result['loss_ms']['grpo'] / 1e3:.2f} | {result['loss_ratio']:.3f}x |")  # fmt: skip
-    same_ms, same_ratio = result["same_batch_ms"], result["same_batch_ratio"]
-    print(f"| `_compute_loss` + backward, identical batch (s) | {same_ms['cegppo'] / 1e3:.2f} | "
-          f"{same_ms['grpo'] / 1e3:.2f} | {same_ratio['cegppo']:.3f}x |")  # fmt: skip
-    print(f"| peak torch memory in `train()` (MiB) | {result['memory_mib']['cegppo']:.0f} | "
-          f"{result['memory_mib']['grpo']:.0f} | {result['memory_ratio']:.3f}x |")  # fmt: skip
+    print_table(result, seconds=True)
     return result
 
 
