@@ -2,8 +2,8 @@
 
 1. `tiny`: a real `CEGPPOTrainer` run (tiny Llama, `--per_device` completions a micro-batch, `--spg` micro-batches a
    rollout batch, `save_steps=1`) at each completion length of `--lengths`: at every checkpoint inside a rollout batch,
-   the size of `rollout_batch_0.safetensors` against the rest of the checkpoint folder, and the time of
-   `_save_rollout_batch` against the rest of `_save_checkpoint` (the marker's fsyncs included). Medians.
+   the size of `rollout_batch_0.pt` against the rest of the checkpoint folder, and the time of
+   `rollout_state.save_rollout_batch` against the rest of `_save_checkpoint` (the marker's fsyncs included). Medians.
 2. `smollm2`: SmolLM2-135M-Instruct's architecture (its config, random fp32 weights: the same tensors and bytes) with
    AdamW state, saved as transformers' checkpoint saves its bulk (`save_pretrained` safetensors and
    `torch.save(optimizer.state_dict())`, fsynced), against the rollout batch of the largest `--lengths` run (the
@@ -43,6 +43,7 @@ def tiny_run(length: int, args, work: str) -> dict:
     from datasets import Dataset
 
     from cegppo_trl import CEGPPOConfig, CEGPPOTrainer
+    from cegppo_trl import checkpoint_hooks as hooks
     from cegppo_trl.demos.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
@@ -58,13 +59,13 @@ def tiny_run(length: int, args, work: str) -> dict:
         args=config, train_dataset=prompts, processing_class=tokenizer,
     )  # fmt: skip
     timings, batch = [], {}
-    save_checkpoint, save_batch = trainer._save_checkpoint, trainer._save_rollout_batch
+    save_checkpoint, save_batch = trainer._save_checkpoint, hooks.save_rollout_batch
 
-    def timed_batch(folder):
+    def timed_batch(path, micro_batches, step, layout):
         start = time.perf_counter()
-        save_batch(folder)
+        save_batch(path, micro_batches, step, layout)
         batch["s"] = time.perf_counter() - start
-        batch["inputs"] = trainer._buffered_inputs
+        batch["inputs"] = micro_batches
 
     def timed_checkpoint(model, trial):
         batch.pop("s", None)
@@ -72,12 +73,15 @@ def tiny_run(length: int, args, work: str) -> dict:
         save_checkpoint(model, trial)
         total = time.perf_counter() - start
         folder = os.path.join(out, f"checkpoint-{trainer.state.global_step}")
-        path = os.path.join(folder, "rollout_batch_0.safetensors")
+        path = os.path.join(folder, "rollout_batch_0.pt")
         if os.path.exists(path):
-            rest = _folder_bytes(folder, but="rollout_batch_0.safetensors")
+            rest = _folder_bytes(folder, but="rollout_batch_0.pt")
             timings.append((batch["s"], total - batch["s"], os.path.getsize(path), rest))
 
-    trainer._save_rollout_batch, trainer._save_checkpoint = timed_batch, timed_checkpoint
+    hooks.save_rollout_batch, trainer._save_checkpoint = (
+        timed_batch,
+        timed_checkpoint,
+    )  # the name `_save_checkpoint` calls
     trainer.train()
     completion = batch["inputs"][0]["completion_ids"].shape[1]
     result = {
@@ -116,14 +120,14 @@ def smollm2_run(inputs, args, work: str) -> dict:
             with open(os.path.join(folder, name), "rb+") as f:
                 os.fsync(f.fileno())
         checkpoint_s.append(time.perf_counter() - start)
-        path = os.path.join(folder, "rollout_batch_0.safetensors")
+        path = os.path.join(folder, "rollout_batch_0.pt")
         start = time.perf_counter()
         save_rollout_batch(path, inputs, 1, {})
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
         batch_s.append(time.perf_counter() - start)
     batch_bytes = os.path.getsize(path)
-    rest = _folder_bytes(folder, but="rollout_batch_0.safetensors")
+    rest = _folder_bytes(folder, but="rollout_batch_0.pt")
     shutil.rmtree(folder, ignore_errors=True)
     return {
         "parameters": sum(p.numel() for p in model.parameters()), "batch_file_bytes": batch_bytes,

@@ -109,8 +109,8 @@ def test_a_sharded_fsdp_checkpoint_with_a_pickled_index_is_refused_before_anythi
     dist_cp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "pytorch_model_fsdp_0"))
     index = tmp_path / "pytorch_model_fsdp_0" / ".metadata"
     pickle.loads(index.read_bytes())  # a plain pickle
-    with pytest.raises(UnsafeCheckpointError, match=r"(?s)\.metadata is the index of a torch distributed checkpoint.*"
-                       r"plain `pickle.load`.*FULL_STATE_DICT.*" + TRUST_ENV):  # fmt: skip
+    with pytest.raises(UnsafeCheckpointError, match=r"(?s)\.metadata indexes a torch distributed checkpoint.*"
+                       r"read by pickle.*would run code.*FULL_STATE_DICT.*" + TRUST_ENV):  # fmt: skip
         with safe_resume_loads(str(tmp_path)):
             pytest.fail("entered the resume")
     monkeypatch.setenv(TRUST_ENV, "1")

@@ -348,8 +348,8 @@ def _batch_digest(trainer) -> str:
 class _VllmRequestSeed:
     """Server-mode vLLM samples out of the snapshot's reach: `set(seed)` before a rollout batch gives its requests
     that seed (`SamplingParams.seed`, through TRL's `generation_kwargs`), so every arm of a branch point draws the same
-    batch; the user's `generation_kwargs` come back on exit. A no-op without vLLM, with colocated vLLM (it samples
-    from the restored device generator) or with a seed of the user's."""
+    batch; the user's `generation_kwargs` come back on exit. A no-op without vLLM, with colocated vLLM (which samples
+    with the restored device generator) or with a seed of the user's."""
 
     def __init__(self, trainer):
         generation = getattr(trainer, "vllm_generation", None)
