@@ -94,8 +94,6 @@ def _describe_reward(func) -> str:
 
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
-    import shutil
-
     try:
         options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
         from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
@@ -107,7 +105,7 @@ def check_main(argv: list[str] | None = None) -> int:
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
     report, _ = check_command(*parsed, call_rewards=options.call_rewards, plan_resume=True)
-    print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
+    print(report.format())
     return 1 if report.errors else 0
 
 

@@ -56,13 +56,13 @@ def _answer_part(text: str) -> str | None:
     return text.split("</think>", 1)[1] if closes else text
 
 
-def missing_reference_message(reward: str, columns: Sequence[str]) -> str:
-    """Why `reward` cannot score a batch without a `solution` column, and how to give it one."""
+def missing_reference_message(reward: str, columns: Sequence[str], column: str = "COLUMN") -> str:
+    """Why `reward` cannot score data without a `solution` column, and how to name one (`column`, when known)."""
     columns = [c for c in columns if c not in TRAINER_KWARGS]
     return (
         f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has none "
-        f"(its columns: {', '.join(columns) or 'none'}). Name it: `cegppo train --solution_column COLUMN` (Python: "
-        "`dataset.rename_column(COLUMN, 'solution')`), or use a reference-free reward such as `format`."
+        f"(its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
+        f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`."
     )
 
 

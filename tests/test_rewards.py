@@ -99,7 +99,7 @@ def test_math_verify_scores_a_missing_or_unparseable_reference_as_wrong(gold):
 def test_reference_reward_without_a_solution_column_raises_naming_the_column_and_the_fix(name):
     # Scoring every rollout "wrong" would train on nothing (reward -1, loss 0, no gradient) without a word.
     with pytest.raises(ValueError, match=rf"Reward `{name}` .* `solution` column, and the data has none \(its "
-                       r"columns: answer\).*`cegppo train --solution_column COLUMN`.*rename_column"):  # fmt: skip
+                       r"columns: answer\): `--solution_column COLUMN`.*rename_column"):  # fmt: skip
         get_reward_func(name)(["\\boxed{4}"], answer=["4"], prompts=["2+2?"], trainer_state=None)
     with pytest.raises(ValueError, match=r"columns: none\)"):
         REWARD_FUNCS[name]([R1_CORRECT])
