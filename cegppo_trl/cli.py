@@ -146,7 +146,9 @@ def _train(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
-    from .resources import accelerate_configs_dir, config_path, recipe_names, recipes_dir
+    import contextlib
+
+    from .resources import accelerate_configs_dir, recipe_names, recipes_dir, resolve_accelerate_config, resolve_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
@@ -156,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "check":
         return check_main(argv[1:])
     if command == "config-path":
-        try:
-            print(config_path(parser.parse_args(argv).name))
-        except ValueError as error:
-            parser.exit(2, f"cegppo config-path: error: {error}\n")
+        name = parser.parse_args(argv).name
+        for resolve in (resolve_accelerate_config, resolve_config):
+            with contextlib.suppress(ValueError):
+                return print(os.path.abspath(resolve(name))) or 0
+        parser.exit(2, f"cegppo config-path: error: {name!r} is neither a shipped accelerate config "
+                    f"({', '.join(recipe_names(accelerate_configs_dir()))}) nor a shipped recipe.\n")  # fmt: skip
     elif command == "recipes":
         print(f"Recipes for `cegppo train --config NAME` (or a YAML path), in {recipes_dir()}:\n  "
               + ", ".join(recipe_names()))  # fmt: skip

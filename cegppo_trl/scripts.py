@@ -27,7 +27,7 @@ from .preflight import (
     missing_checkpoint,
     run_checks,
 )
-from .resources import resolve_config_args
+from .resources import resolve_config
 from .rewards import (
     REFERENCE_COLUMN,
     REWARD_FUNCS,
@@ -111,13 +111,17 @@ def parse_args(
     """Flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key (with a
     did-you-mean) or `--config` twice exits 2 with one line; a refused value raises its field's `ValueError`."""
     parser = make_parser(prog, epilog)
-    args = list(sys.argv[1:] if args is None else args)
-    if (n := sum(a == "--config" or a.startswith("--config=") for a in args)) > 1:  # TrlParser reads one
+    argv = sys.argv[1:] if args is None else args
+    args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+    if (n := args.count("--config")) > 1:  # TrlParser reads one
         parser.error(f"`--config` given {n} times: one YAML per run; override its fields with flags")
-    try:
-        args = resolve_config_args(args)
-    except ValueError as error:
-        parser.error(str(error))
+    if n and ((i := args.index("--config") + 1) == len(args) or args[i].startswith("--")):
+        parser.error("--config needs a value: a recipe name (`cegppo recipes` lists them) or a path.")
+    if n:  # TRL's parser reads a path only
+        try:
+            args[i] = resolve_config(args[i])
+        except ValueError as error:
+            parser.error(f"--config {error}")
     try:
         *parsed, from_config, from_flags = parser.parse_args_and_config(
             args, return_remaining_strings=True, separate_remaining_strings=True

@@ -145,7 +145,7 @@ def test_missing_repository_path_points_to_the_shipped_name(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
         parse_args(["--config", "examples/recipes/cpu_smoke.yaml"])
-    assert "A recipe of that name ships with the package: `--config cpu_smoke`." in capsys.readouterr().err
+    assert "A recipe of that name ships with the package: `cpu_smoke`." in capsys.readouterr().err
 
 
 def test_config_without_a_value_is_refused(capsys):
