@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
-    command = parser.parse_args(argv[:1]).command  # only the subcommand: the others parse the rest themselves
+    command = parser.parse_args(argv[: 2 if argv[:1] == ["config-path"] else 1]).command  # the rest: parsed by each
     if command == "train":
         return _train(argv[1:])
     if command == "check":

@@ -165,6 +165,12 @@ def test_cegppo_recipes_lists_every_recipe_and_the_accelerate_configs(capsys):
     assert "multi_gpu" in out and "two_nodes" in out
 
 
+def test_cegppo_config_path_prints_a_shipped_files_path(capsys):
+    """`cegppo config-path NAME` exited 2 (its subcommand was parsed without its argument)."""
+    assert cli.main(["config-path", "multi_gpu"]) == 0
+    assert capsys.readouterr().out.strip() == str(resources.accelerate_configs_dir() / "multi_gpu.yaml")
+
+
 def test_launch_lines_work_without_a_repository_checkout(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
