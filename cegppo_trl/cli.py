@@ -94,8 +94,6 @@ def _describe_reward(func) -> str:
 
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
-    import shutil
-
     try:
         options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
         from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
@@ -107,7 +105,7 @@ def check_main(argv: list[str] | None = None) -> int:
         print(f"cegppo check: error: {error}", file=sys.stderr)
         return 1
     report, _ = check_command(*parsed, call_rewards=options.call_rewards, plan_resume=True)
-    print(report.format(max(60, min(shutil.get_terminal_size((100, 20)).columns, 119))))
+    print(report.format())
     return 1 if report.errors else 0
 
 
@@ -148,20 +146,24 @@ def _train(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
-    from .resources import accelerate_configs_dir, config_path, recipe_names, recipes_dir
+    import contextlib
+
+    from .resources import accelerate_configs_dir, recipe_names, recipes_dir, resolve_accelerate_config, resolve_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
-    command = parser.parse_args(argv[:1]).command  # only the subcommand: the others parse the rest themselves
+    command = parser.parse_args(argv[: 2 if argv[:1] == ["config-path"] else 1]).command  # the rest: parsed by each
     if command == "train":
         return _train(argv[1:])
     if command == "check":
         return check_main(argv[1:])
     if command == "config-path":
-        try:
-            print(config_path(parser.parse_args(argv).name))
-        except ValueError as error:
-            parser.exit(2, f"cegppo config-path: error: {error}\n")
+        name = parser.parse_args(argv).name
+        for resolve in (resolve_accelerate_config, resolve_config):
+            with contextlib.suppress(ValueError):
+                return print(os.path.abspath(resolve(name))) or 0
+        parser.exit(2, f"cegppo config-path: error: {name!r} is neither a shipped accelerate config "
+                    f"({', '.join(recipe_names(accelerate_configs_dir()))}) nor a shipped recipe.\n")  # fmt: skip
     elif command == "recipes":
         print(f"Recipes for `cegppo train --config NAME` (or a YAML path), in {recipes_dir()}:\n  "
               + ", ".join(recipe_names()))  # fmt: skip

@@ -2,20 +2,19 @@
 
 `run_checks` fills a `Report`, section by section, with what only a plan can show (the prompts as the model gets
 them, the columns each reward reads, the batch layout, the output folder's state) and refuses what would train on
-nothing or not at all. What TRL, transformers, torch or accelerate refuse themselves is left to them. No reward of
-yours is called unless asked (`--call_rewards`); the package's and TRL's are called on the reference answers. The
-report ends with what it did not check. `Report.raise_errors` raises `CEGPPOUsageError` (`cegppo train`: exit 2).
+nothing or not at all; what TRL, transformers, torch or accelerate refuse is left to them. No reward of yours is
+called unless asked (`--call_rewards`); the package's and TRL's are called on the reference answers.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .rewards import (
     REFERENCE_COLUMN,
@@ -25,6 +24,7 @@ from .rewards import (
     GSM8KReward,
     MathVerifyReward,
     extract_gsm8k_gold,
+    missing_reference_message,
     reward_value_range,
 )
 
@@ -38,8 +38,10 @@ SECTIONS = {
     "not_checked": "Not checked (TRL, transformers and torch check these when the trainer is built or trains)",
 }
 MADE_UP_COMPLETION = "Let me think step by step. The answer is 42."  # for a reward with no reference form
-_LIKELY_PROMPT_COLUMNS = ("question", "problem", "query", "instruction", "input", "messages", "text")
-_LIKELY_REFERENCE_COLUMNS = ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label")
+_LIKELY = {
+    "prompt_column": ("question", "problem", "query", "instruction", "input", "messages", "text"),
+    "solution_column": ("answer", "ground_truth", "reward_model", "final_answer", "reference", "target", "label"),
+}
 WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 
@@ -47,9 +49,8 @@ class CEGPPOUsageError(ValueError):
     """A setting or input `cegppo train` refuses before the model loads: one line, exit status 2."""
 
 
-@dataclass
-class Finding:
-    """One problem: `severity` is "error" or "warning"; `code` "trainer" marks a warning the trainer gives too."""
+class Finding(NamedTuple):
+    """One problem: `severity` "error" or "warning"; `code` "trainer" marks a warning the trainer gives too."""
 
     severity: str
     section: str
@@ -57,12 +58,12 @@ class Finding:
     code: str = ""
 
 
-@dataclass
 class Report:
-    """What the run will see, section by section, and the findings."""
+    """What the run will see (`lines`, by section) and the findings."""
 
-    lines: dict[str, list[str]] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.lines: dict[str, list[str]] = {}
+        self.findings: list[Finding] = []
 
     def info(self, section: str, line: str) -> None:
         self.lines.setdefault(section, []).append(line)
@@ -90,26 +91,15 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     def raise_errors(self) -> None:
-        """Raise `CEGPPOUsageError` with every error's message (numbered when several)."""
-        if len(self.errors) == 1:
-            raise CEGPPOUsageError(self.errors[0].message)
+        """Raise `CEGPPOUsageError` with every error's message, one per line."""
         if self.errors:
-            listed = "\n".join(f"  {i}. {f.message}" for i, f in enumerate(self.errors, 1))
-            raise CEGPPOUsageError(f"{len(self.errors)} problems found before loading the model:\n{listed}")
+            raise CEGPPOUsageError("\n".join(f.message for f in self.errors))
 
-    def format(self, width: int = 100) -> str:
-        """The report as text: each section's lines, then the findings, then a one-line verdict."""
-        import textwrap
-
-        def wrap(text: str, **kwargs: str) -> list[str]:  # paths and flags stay whole (copy-pasteable)
-            return textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False, **kwargs)
-
-        out = []
-        for section, title in SECTIONS.items():
-            if lines := self.lines.get(section):
-                out += [title, *(w for line in lines for w in wrap(line, initial_indent="  ", subsequent_indent="      ")), ""]  # fmt: skip
-        for f in self.findings:
-            out += wrap(f"{f.severity.upper()} [{f.section}] {f.message}", subsequent_indent="    ")
+    def format(self) -> str:
+        """Each section's lines, the findings, and a one-line verdict."""
+        out = [f"{title}\n" + "".join(f"  {line}\n" for line in self.lines[s]) for s, title in SECTIONS.items()
+               if s in self.lines]  # fmt: skip
+        out += [f"{f.severity.upper()} [{f.section}] {f.message}" for f in self.findings]
         verdict = "fix the errors above" if self.errors else "ready to train (what is listed as not checked aside)"
         return "\n".join([*out, f"{len(self.errors)} error(s), {len(self.warnings)} warning(s): {verdict}."])
 
@@ -135,12 +125,48 @@ def sample_rows(dataset: Any, n: int = 3) -> list[dict]:
 
 def likely_column(columns: Sequence[str], option: str) -> str | None:
     """The column that most likely holds the prompt (`option="prompt_column"`) or the reference answer."""
-    likely = _LIKELY_PROMPT_COLUMNS if option == "prompt_column" else _LIKELY_REFERENCE_COLUMNS
-    found = next((c for c in likely if c in columns), None)
+    found = next((c for c in _LIKELY[option] if c in columns), None)
     return "reward_model.ground_truth" if found == "reward_model" else found  # verl's layout
 
 
 # --- Data and prompts
+def _is_prompt(value: Any) -> bool:  # text or chat messages (a tool call may carry no `content`)
+    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and ("role" in m or "content" in m) for m in value))  # fmt: skip
+
+
+def column_problems(dataset: Any, prompt_column: str, solution_column: str | None) -> list[str]:
+    """What is wrong with `prompt_column` / `solution_column` in the first rows: each component of a dotted path is
+    followed (a misspelled nested field would pass `None` to every reward); a prompt must be text or chat messages."""
+    rows = sample_rows(dataset)
+    top = list(dataset.column_names) if dataset.column_names is not None else list(rows[0] if rows else [])
+    problems = []
+    for option, path in (("prompt_column", prompt_column), ("solution_column", solution_column)):
+        if path is None or not top:
+            continue
+        keys, values, available = path.split("."), rows, top
+        for depth, key in enumerate(keys):
+            if available is not None and key not in available:
+                where, names = ("the dataset", "columns") if depth == 0 else (f"`{'.'.join(keys[:depth])}`", "fields")
+                close = difflib.get_close_matches(key, [str(a) for a in available], n=1, cutoff=0.6)
+                likely = likely_column(available, option) if depth == 0 else None
+                hint = (f" The {option[:-7]} looks like it is in `{likely}`: pass `--{option} {likely}`." if likely
+                        else f" Did you mean `{'.'.join([*keys[:depth], close[0]])}`?" if close else "")  # fmt: skip
+                problems.append(f"`{option}={path}`: `{key}` is not a {names[:-1]} of {where} (its {names}: "
+                                f"{', '.join(map(str, available))}).{hint}")  # fmt: skip
+                break
+            values = [v.get(key) if isinstance(v, dict) else None for v in values]
+            nested = [v for v in values if v is not None]  # a non-record on the way has no fields
+            available = sorted({k for v in nested if isinstance(v, dict) for k in v}) if nested else None
+        else:  # a None prompt is a row's problem: `inspect_dataset` names the row
+            bad = next((v for v in values if v is not None and not _is_prompt(v)), None)
+            if option == "prompt_column" and bad is not None:
+                text = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
+                problems.append(f"`prompt_column={path}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not "
+                                f"text or chat messages: pass `--prompt_column` (text columns: {', '.join(text)}).")  # fmt: skip
+    return problems
+
+
 def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -> list[dict]:
     """Rows, columns and types, and whether every prompt is text or chat messages; returns a few rows."""
     if not (rows := sample_rows(dataset)):
@@ -152,15 +178,13 @@ def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -
         "dataset", f"{name}: {size}; columns: " + ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
     )
     if "prompt" not in columns:
-        report.error("dataset", f"`{name}` has no `prompt` column (its columns: {', '.join(columns)}): "
-                     f"`--prompt_column {likely_column(columns, 'prompt_column') or '<column>'}`.")  # fmt: skip
+        report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0])
         return rows
     prompts = dataset["prompt"] if hasattr(dataset, "__len__") else [r.get("prompt") for r in sample_rows(dataset, 64)]
     if bad := [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]:
         scope = f"all {len(prompts)} rows" if hasattr(dataset, "__len__") else "the stream's first rows"
         more = f"{len(bad) - 1} more of {scope} too" if len(bad) > 1 else f"{scope} checked"
-        report.error("dataset", f"`{name}` row {bad[0][0]}: the prompt {bad[0][1]} ({more}): the tokenizer fails on "
-                     "it. Fix or drop those rows.")  # fmt: skip
+        report.error("dataset", f"`{name}` row {bad[0][0]}: the prompt {bad[0][1]} ({more}): fix or drop those rows.")
     return rows
 
 
@@ -184,7 +208,7 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(isinstance(r.get("prompt"), list) for r in rows) and not getattr(tokenizer, "chat_template", None):
         report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base model): "
-                     "pass `--chat_prompts false` with plain-text data, or use an instruct model.")  # fmt: skip
+                     "pass `--chat_prompts false`, or use an instruct model.")  # fmt: skip
         return
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
@@ -238,56 +262,35 @@ def reference_completion(func: Callable, solution: Any) -> Any:
     return None if think is None else [{"role": "assistant", "content": think + boxed}]
 
 
-def reward_reads_reference(func: Callable) -> bool | None:
-    """Whether a reward reads the `solution` column; None when a `**kwargs` reward that declares nothing may."""
-    if REFERENCE_COLUMN in reward_required_columns(func) or reference_completion(func, "0") is not None:
-        return True
-    if getattr(func, "required_columns", None) is not None or is_own_reward(func):
-        return False
-    try:
-        parameters = inspect.signature(func).parameters
-    except (TypeError, ValueError):
-        return None
-    if REFERENCE_COLUMN in parameters:
-        return True
-    return None if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()) else False
-
-
 def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], rows: list[dict],
                     columns: Sequence[str], call: list[dict] | None = None) -> None:  # fmt: skip
-    """The columns each reward reads (its signature; no call); the package's own rewards called on the reference
+    """The columns each reward needs (its signature; no call); the package's own rewards called on the reference
     answers of `rows`; with `call` (`--call_rewards`) every reward on that rollout batch."""
-    import difflib
-
     alike = {}  # reward -> the one score it gave every completion it was called on
     for name, func in zip(names, funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
             report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
             continue
-        if missing := [c for c in reward_required_columns(func) if c not in columns]:
-            if missing == [REFERENCE_COLUMN]:
-                likely = likely_column([c for c in columns if c not in TRAINER_KWARGS], "solution_column")
-                report.error("rewards", f"Reward `{name}` compares with a reference answer, the `solution` column, "
-                             f"and the data has none (its columns: {', '.join(columns)}): `--solution_column "
-                             f"{likely or '<column>'}`, or a reference-free reward such as `format`.")  # fmt: skip
-            else:
-                close = {m: difflib.get_close_matches(m, list(columns), n=1, cutoff=0.6) for m in missing}
-                hint = "".join(f" Did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
-                report.error("rewards", f"Reward `{name}` needs the dataset column(s) {missing}, which the data "
-                             f"lacks (columns: {', '.join(columns)}).{hint}")  # fmt: skip
+        needs = reward_required_columns(func)
+        if REFERENCE_COLUMN in needs and REFERENCE_COLUMN not in columns:
+            likely = likely_column([c for c in columns if c not in TRAINER_KWARGS], "solution_column")
+            report.error("rewards", missing_reference_message(name, columns, likely or "COLUMN"))
+            continue
+        if missing := [c for c in needs if c not in columns]:
+            close = {m: difflib.get_close_matches(m, list(columns), n=1, cutoff=0.6) for m in missing}
+            hint = "".join(f" Did you mean `{c[0]}` for `{m}`?" for m, c in close.items() if c)
+            report.error("rewards", f"Reward `{name}` needs the dataset column(s) {missing}, which the data lacks "
+                         f"(columns: {', '.join(columns)}).{hint}")  # fmt: skip
             continue
         value_range = reward_value_range(func)
         span = "range not declared" if value_range is None else f"scores {value_range[0]:g} to {value_range[1]:g}"
-        given = ", ".join(c for c in columns if c != "prompt") or "(none)"
-        report.info("rewards", f"{name} ({span}): receives prompts, completions and the columns {given} as keyword "
-                    f"lists{'' if reward_reads_reference(func) else '; reads no reference'}")  # fmt: skip
-        if (
-            _from_trl(func)
-            and getattr(func, "__name__", "") in TRL_REWARD_FUNCS
-            and isinstance(rows[0].get("prompt"), str)
-        ):
+        given = ", ".join(c for c in columns if c != "prompt") or "no other column"
+        report.info("rewards", f"{name} ({span}): needs the columns {', '.join(needs) or '(none)'}; receives "
+                    f"prompts, completions and {given}")  # fmt: skip
+        trl_on_text = getattr(func, "__name__", "") in TRL_REWARD_FUNCS and isinstance(rows[0].get("prompt"), str)
+        if _from_trl(func) and trl_on_text:
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
-                         "`--chat_prompts true` with a chat model, or `math_verify_01` (reads both).")  # fmt: skip
+                         "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
         elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
             if score := _call_reward(
                 report, name, func, rows if call is None else call, value_range, call is not None
@@ -303,15 +306,14 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     """A rollout batch as TRL draws it: `generation_batch_size / num_generations` rows, each `num_generations` times."""
     size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
-    return [
-        row for row in sample_rows(dataset, max(1, size // args.num_generations)) for _ in range(args.num_generations)
-    ]
+    rows = sample_rows(dataset, max(1, size // args.num_generations))
+    return [row for row in rows for _ in range(args.num_generations)]
 
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
     """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
-    one looks (a made-up one otherwise). Errors: what TRL fails on, no score at all (`cegppo train` exits 4), a
-    reference answer without the top score. Returns the score when every completion got the same one."""
+    one looks (a made-up one otherwise): what TRL fails on, no score at all (`cegppo train` exits 4) and a reference
+    answer without the top score are errors. Returns the score when every completion got the same made-up one."""
     import asyncio
 
     from transformers import TrainerState
@@ -319,13 +321,15 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
     texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]
     completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) and isinstance(r.get("prompt"), list)
                    else c for r, c in zip(rows, [t or MADE_UP_COMPLETION for t in texts], strict=True)]  # fmt: skip
-    extra = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
-    trainer = dict(completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=lambda *a, **k: None,
-                   log_metric=lambda *a, **k: None)  # fmt: skip
+    kwargs = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
+    nothing = lambda *a, **k: None  # noqa: E731
+    kwargs.update(
+        completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=nothing, log_metric=nothing
+    )
     called = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
     where = f"Reward `{name}`, {called}"
     try:
-        scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **trainer, **extra)
+        scores = func(prompts=[row.get("prompt") for row in rows], completions=completions, **kwargs)
         scores = asyncio.run(scores) if asyncio.iscoroutine(scores) else scores  # TRL awaits async rewards
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
@@ -334,21 +338,18 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
     top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
     wrong = None if top is None else next((i for i, v in enumerate(values) if v is None or abs(v - top) > 1e-6), None)
     if len(values) != len(rows):
-        report.error("rewards", f"{where}, returned {len(values)} value(s) for {len(rows)} completions (one float or "
-                     f"None each): {short_repr(list(scores))}.")  # fmt: skip
+        report.error("rewards", f"{where}, returned {len(values)} value(s) for {len(rows)} completions.")
     elif all(v is None or math.isnan(v) for v in values):
-        report.error("rewards", f"{where}, returned no score (None or NaN): nothing would train (`cegppo train` exits "
-                     f"4): {short_repr(list(scores))}.")  # fmt: skip
+        report.error("rewards", f"{where}, returned no score (None or NaN): `cegppo train` would exit 4.")
     elif wrong is not None:
         report.error("rewards", f"Reward `{name}` gives the reference answer itself (row {wrong}: solution="
                      f"{short_repr(rows[wrong].get(REFERENCE_COLUMN))}) the score {values[wrong]}, not its top score "
-                     f"{top:g}: the reference column does not hold what this reward reads. Check `--solution_column`.")  # fmt: skip
+                     f"{top:g}: the reference column does not hold what this reward reads.")  # fmt: skip
     else:
         scored = "the reference answers score the top score" if top is not None else "scores"
         report.info("rewards", f"  {called}: {scored} {short_repr(values)}")
         if any(v is not None and math.isinf(v) for v in values):
-            report.warning("rewards", f"{where}, returned an infinite score ({short_repr(values)}): TRL sets that "
-                           "group's advantages to 0; `cegppo train` warns the same.")  # fmt: skip
+            report.warning("rewards", f"{where}, returned an infinite score: TRL sets that group's advantages to 0.")
         elif top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
             return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
     return None
@@ -359,8 +360,8 @@ def inspect_reward_weights(report: Report, args: Any) -> None:
     weights = getattr(args, "reward_weights", None)
     if weights is not None and not all(math.isfinite(float(w)) for w in weights):
         finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
-        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite (every reward would "
-                     f"be NaN): e.g. `--reward_weights {finite}`.")  # fmt: skip
+        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: e.g. "
+                     f"`--reward_weights {finite}`.")  # fmt: skip
 
 
 # --- The batch layout
@@ -379,14 +380,13 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
                 f"{args.num_generations} generations ({per_device} per device x {world_size} process(es) on "
                 f"{args.device.type} x {spg} steps_per_generation)")  # fmt: skip
     report.info("batch", f"optimizer steps per rollout batch: {spg * args.num_iterations / ga:g} (steps_per_generation "
-                f"{spg} x num_iterations {args.num_iterations} / gradient_accumulation_steps {ga}), learning rate "
-                f"{args.learning_rate:g}")  # fmt: skip
+                f"x num_iterations / gradient_accumulation_steps), learning rate {args.learning_rate:g}")  # fmt: skip
     if args.learning_rate == 0:  # the run would train to its end and change nothing
         report.error("batch", "`learning_rate=0`: the optimizer would leave the weights as they are: e.g. "
                      "`--learning_rate 1e-6`.")  # fmt: skip
     if spg % ga:
         report.warning("batch", f"`steps_per_generation={spg}` is not a multiple of `gradient_accumulation_steps={ga}`:"
-                       f" optimizer steps straddle two rollout batches. Set it to a multiple of {ga}.")  # fmt: skip
+                       f" optimizer steps straddle two rollout batches.")  # fmt: skip
     if args.loss_type not in CEGPPO_LOSS_TYPES:
         report.info("batch", f"loss_type={args.loss_type}: TRL's objective, unchanged (a baseline)")
     elif is_on_policy(args):
@@ -399,46 +399,26 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
 
 
 # --- Model and output directory
-def check_model_path(name: str) -> None:
-    """Refuse a local-looking path that is not there (transformers would try it as a Hub id) and a local directory
-    without a weights file."""
-    path = os.path.expanduser(name)
-    if os.path.isdir(path):
-        if not any(f.endswith(WEIGHTS_SUFFIXES) for f in os.listdir(path)):
-            raise OSError(f"`model_name_or_path`: no file named model.safetensors or pytorch_model.bin (or another "
-                          f"{'/'.join(WEIGHTS_SUFFIXES)}) found in directory {path}: point to the folder "
-                          "`save_pretrained` wrote.")  # fmt: skip
-        return
-    parent = os.path.dirname(path.rstrip("/"))
-    looks_local = name.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
-    if not os.path.exists(path) and (looks_local or (name.count("/") != 1 and not _in_hub_cache(name))):
-        raise ValueError(f"`model_name_or_path`: no model at {os.path.abspath(path)} ({name!r} is not a local "
-                         "directory, and not a Hub id of the form `owner/name`).")  # fmt: skip
-
-
-def _in_hub_cache(repo_id: str) -> bool:  # a legacy Hub id without an owner (`gpt2`) that is cached
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    except Exception:  # not a valid repo id for the cache either
-        return False
-
-
 def inspect_model(report: Report, model: str, args: Any) -> None:
-    """The model is there (`check_model_path`) and its config names its architecture."""
+    """A local folder with a weights file, or a config transformers can read; its architecture."""
     from transformers import AutoConfig
 
-    errors = len(report.errors)
-    report.collect("model", check_model_path, model)
-    if len(report.errors) > errors:
-        return
+    path = os.path.expanduser(model)
+    if os.path.isdir(path) and not any(f.endswith(WEIGHTS_SUFFIXES) for f in os.listdir(path)):
+        return report.error("model", f"`model_name_or_path`: no file named model.safetensors or pytorch_model.bin "
+                            f"(or another {'/'.join(WEIGHTS_SUFFIXES)}) found in directory {path}.")  # fmt: skip
+    parent = os.path.dirname(path.rstrip("/"))
+    local = model.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
     try:
+        if local and not os.path.exists(path):  # transformers would try it as a Hub id
+            raise OSError
         revision = (args.model_init_kwargs or {}).get("revision")
         config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=args.trust_remote_code)
     except Exception as error:  # the model load fails on the same
-        report.error("model", f"Cannot read the config of `{model}`: {error}")
-        return
+        what = f"{error}" if os.path.exists(path) or not (local or model.count("/") != 1) else (
+            f"no model at {os.path.abspath(path)} ({model!r} is not a local directory, and not a Hub id of the form "
+            "`owner/name`).")  # fmt: skip
+        return report.error("model", f"`model_name_or_path`: {what}")
     report.info("model", f"{model}: {', '.join(getattr(config, 'architectures', None) or [config.model_type])}")
 
 
@@ -488,14 +468,14 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
         if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
         columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
-        call = rollout_rows(train_dataset, args) if call_rewards else None
-        inspect_rewards(report, funcs, names, rows, columns, call)
+        inspect_rewards(
+            report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else None
+        )
     inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads
-    if (
-        yours := [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
-    ) and not call_rewards:
+    yours = [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
+    if yours and not call_rewards:
         report.info("not_checked", f"rewards of yours ({', '.join(yours)}): not called (`--call_rewards` calls them on "
                     "a rollout batch of real rows)")  # fmt: skip
     report.info("not_checked", "the model's weights: not read (a truncated or corrupt weights file fails at load)")

@@ -56,23 +56,14 @@ def _answer_part(text: str) -> str | None:
     return text.split("</think>", 1)[1] if closes else text
 
 
-def missing_reference_message(reward: str, columns: Sequence[str]) -> str:
-    """Why `reward` cannot score a batch without a `solution` column, and how to give it one."""
+def missing_reference_message(reward: str, columns: Sequence[str], column: str = "COLUMN") -> str:
+    """Why `reward` cannot score data without a `solution` column, and how to name one (`column`, when known)."""
     columns = [c for c in columns if c not in TRAINER_KWARGS]
     return (
         f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has none "
-        f"(its columns: {', '.join(columns) or 'none'}). Name it: `cegppo train --solution_column COLUMN` (Python: "
-        "`dataset.rename_column(COLUMN, 'solution')`), or use a reference-free reward such as `format`."
+        f"(its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
+        f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`."
     )
-
-
-def require_math_verify(reward: str) -> None:
-    """Raise an `ImportError` naming the package when `math-verify` cannot be imported."""
-    try:
-        import math_verify  # noqa: F401
-    except ImportError as error:
-        raise ImportError(f"Reward `{reward}` checks answers with the `math-verify` package, which cannot be "
-                          f"imported ({error}): `pip install math-verify`.") from error  # fmt: skip
 
 
 class _ReferenceReward:
@@ -108,11 +99,6 @@ class MathVerifyReward(_ReferenceReward):
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
         super().__init__(correct, incorrect, name or "math_verify")
         self.require_boxed = require_boxed
-
-    def __call__(self, completions: list, solution: list | None = None, **kwargs):
-        if solution is not None:
-            require_math_verify(self.__name__)
-        return super().__call__(completions, solution, **kwargs)
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
@@ -221,7 +207,6 @@ TRL_REWARD_FUNCS: dict[str, str] = {
     "reasoning_accuracy_reward": "accuracy_reward on the text after </think>; 0 when the reasoning is not closed.",
     "think_format_reward": "1 if the completion opens with one <think>...</think> block, else 0; no reference.",
 }
-_MATH_VERIFY_REWARDS = ("math_verify", "math_verify_01", "accuracy_reward", "reasoning_accuracy_reward")
 
 
 def _unknown_reward_message(name: str) -> str:
@@ -245,7 +230,6 @@ def get_reward_func(name: str) -> Callable:
 
     Raises:
         ValueError: an unknown name that is not an importable `module.attribute` path.
-        ImportError: the reward needs `math-verify` and it is not installed (before any model loads).
     """
     import importlib
     import os
@@ -253,21 +237,14 @@ def get_reward_func(name: str) -> Callable:
 
     check_reward_name(name)
     if name in REWARD_FUNCS:
-        func = REWARD_FUNCS[name]
-    elif name in TRL_REWARD_FUNCS:
-        func = getattr(importlib.import_module("trl.rewards"), name)
-    else:
-        module_path, attr = name.rsplit(".", 1)
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            func = getattr(importlib.import_module(module_path), attr)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"Could not import reward function {name!r}: {error}") from error
-    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
-    if (key := getattr(func, "__name__", name) if from_trl else name) in _MATH_VERIFY_REWARDS:
-        require_math_verify(key)
-    return func
+        return REWARD_FUNCS[name]
+    module_path, attr = ("trl.rewards", name) if name in TRL_REWARD_FUNCS else name.rsplit(".", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return getattr(importlib.import_module(module_path), attr)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"Could not import reward function {name!r}: {error}") from error
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:

@@ -21,18 +21,21 @@ from .config import CEGPPOConfig
 from .preflight import (
     CEGPPOUsageError,
     Report,
+    column_problems,
     inspect_model,
     inspect_output_dir,
-    likely_column,
     missing_checkpoint,
-    reward_reads_reference,
     run_checks,
-    sample_rows,
-    short_repr,
-    type_name,
 )
-from .resources import resolve_config_args
-from .rewards import REFERENCE_COLUMN, REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func
+from .resources import resolve_config
+from .rewards import (
+    REFERENCE_COLUMN,
+    REWARD_FUNCS,
+    TRL_REWARD_FUNCS,
+    check_reward_name,
+    get_reward_func,
+    reward_value_range,
+)
 
 if TYPE_CHECKING:
     from .trainer import CEGPPOTrainer
@@ -108,13 +111,17 @@ def parse_args(
     """Flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key (with a
     did-you-mean) or `--config` twice exits 2 with one line; a refused value raises its field's `ValueError`."""
     parser = make_parser(prog, epilog)
-    args = list(sys.argv[1:] if args is None else args)
-    if (n := sum(a == "--config" or a.startswith("--config=") for a in args)) > 1:  # TrlParser reads one
+    argv = sys.argv[1:] if args is None else args
+    args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
+    if (n := args.count("--config")) > 1:  # TrlParser reads one
         parser.error(f"`--config` given {n} times: one YAML per run; override its fields with flags")
-    try:
-        args = resolve_config_args(args)
-    except ValueError as error:
-        parser.error(str(error))
+    if n and ((i := args.index("--config") + 1) == len(args) or args[i].startswith("--")):
+        parser.error("--config needs a value: a recipe name (`cegppo recipes` lists them) or a path.")
+    if n:  # TRL's parser reads a path only
+        try:
+            args[i] = resolve_config(args[i])
+        except ValueError as error:
+            parser.error(f"--config {error}")
     try:
         *parsed, from_config, from_flags = parser.parse_args_and_config(
             args, return_remaining_strings=True, separate_remaining_strings=True
@@ -190,15 +197,14 @@ def _get_path(row: Any, path: str) -> Any:
     return row
 
 
-def prepare_dataset(dataset: Any, script_args: Any, reward_funcs: list | None = None) -> Any:
+def prepare_dataset(dataset: Any, script_args: Any) -> Any:
     """The rows with the `prompt` (and `solution`) columns TRL and the rewards read, the prompt options applied.
 
-    Other columns stay and reach the rewards as keyword arguments. With the default `solution_column` and data
-    without it, no reference is mapped when no selected reward reads one.
+    Other columns stay and reach the rewards as keyword arguments. The default `solution_column` on data without it
+    maps nothing: the pre-flight names a reward that needs it.
     """
     from datasets import Dataset, IterableDataset
 
-    funcs = [get_reward_func(name) for name in script_args.reward_funcs] if reward_funcs is None else reward_funcs
     if (limit := script_args.max_train_samples) is not None:
         streaming = isinstance(dataset, IterableDataset)
         dataset = dataset.take(limit) if streaming else dataset.select(range(min(limit, len(dataset))))
@@ -206,12 +212,9 @@ def prepare_dataset(dataset: Any, script_args: Any, reward_funcs: list | None = 
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows"
                          f"{'' if limit is None else f' after `max_train_samples={limit}`'}): check `--dataset_name`.")  # fmt: skip
     prompt_col, solution_col, system = script_args.prompt_column, script_args.solution_column, script_args.system_prompt  # fmt: skip
-    columns = dataset.column_names
-    if solution_col == REFERENCE_COLUMN and columns is not None and REFERENCE_COLUMN not in columns:
-        if funcs and all(reward_reads_reference(f) is False for f in funcs):
-            solution_col = None  # no selected reward reads a reference
-    readers = [n for n, f in zip(script_args.reward_funcs, funcs, strict=False) if reward_reads_reference(f)]
-    if problems := column_problems(dataset, prompt_col, solution_col, readers):
+    if solution_col == REFERENCE_COLUMN and REFERENCE_COLUMN not in (dataset.column_names or [REFERENCE_COLUMN]):
+        solution_col = None
+    if problems := column_problems(dataset, prompt_col, solution_col):
         raise ValueError(" ".join(problems))
     first_is_text = not isinstance(dataset, Dataset) or isinstance(dataset[0][prompt_col.split(".")[0]], str)
     if (prompt_col, script_args.prompt_template, system) == ("prompt", None, None) and solution_col in (
@@ -245,50 +248,6 @@ def _format_prompt(prompt: Any, script_args: Any) -> Any:
     if system and messages[0].get("role") != "system":
         messages.insert(0, {"role": "system", "content": system})
     return messages
-
-
-def _is_prompt(value: Any) -> bool:  # text or chat messages (a tool call may carry no `content`)
-    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and ("role" in m or "content" in m) for m in value))  # fmt: skip
-
-
-def column_problems(dataset: Any, prompt_column: str, solution_column: str | None, readers=()) -> list[str]:
-    """What is wrong with `prompt_column` / `solution_column` in the first rows: each component of a dotted path is
-    followed (a misspelled nested field would pass `None` to every reward); a prompt must be text or chat messages."""
-    rows = sample_rows(dataset)
-    top = list(dataset.column_names) if dataset.column_names is not None else list(rows[0] if rows else [])
-    problems = []
-    for option, path in (("prompt_column", prompt_column), ("solution_column", solution_column)):
-        if path is None or not top:
-            continue
-        keys, values, available = path.split("."), rows, top
-        for depth, key in enumerate(keys):
-            if available is not None and key not in available:
-                where = "the dataset" if depth == 0 else f"`{'.'.join(keys[:depth])}`"
-                close = difflib.get_close_matches(key, [str(a) for a in available], n=1, cutoff=0.6)
-                likely = likely_column(available, option) if depth == 0 else None
-                what = "reference answer" if option == "solution_column" else "prompt"
-                hint = (f" The {what} looks like it is in `{likely}`: pass `--{option} {likely}`." if likely
-                        else f" Did you mean `{'.'.join([*keys[:depth], close[0]])}`?" if close else "")  # fmt: skip
-                if option == "solution_column" and path == REFERENCE_COLUMN and readers:
-                    hint += f" ({', '.join(readers)} read(s) the reference as `solution`.)"
-                elif option == "solution_column" and depth == 0:
-                    hint += " `--solution_column none` runs reference-free rewards only."
-                kind, names = ("a column of", "columns") if depth == 0 else ("a field of", "fields")
-                problems.append(f"`{option}={path}`: `{key}` is not {kind} {where} (its {names}: "
-                                f"{', '.join(map(str, available))}).{hint}")  # fmt: skip
-                break
-            values = [v.get(key) if isinstance(v, dict) else None for v in values]
-            nested = [v for v in values if v is not None]  # a non-record on the way has no fields
-            available = sorted({k for v in nested if isinstance(v, dict) for k in v}) if nested else None
-        else:
-            given = [v for v in values if v is not None]  # a None prompt is a row's problem: the pre-flight names it
-            if option == "prompt_column" and (bad := next((v for v in given if not _is_prompt(v)), None)) is not None:
-                text = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
-                problems.append(f"`prompt_column={path}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not "
-                                "text or chat messages: name the prompt column with `--prompt_column`"
-                                + (f" (text columns: {', '.join(text)})." if text else "."))  # fmt: skip
-    return problems
 
 
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
@@ -333,7 +292,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): "
                              f"`--{option} {next(iter(dataset), '<split>')}`" + (" or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
-            loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args, prepared.reward_funcs)
+            loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args)
             setattr(prepared, attribute, loaded)
     processing_class = None
     if model_name is not None and not any(f.section == "model" for f in report.errors):  # the trainer's loader
@@ -379,32 +338,33 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 def named_failures(funcs: list, names: list[str]) -> list:
     """Each reward function wrapped so that an exception it raises becomes `RewardFailed` naming it; TRL sees the same
     name (its metrics), kind (sync or async) and score range."""
+    import contextlib
     import functools
     import inspect
-
-    from .rewards import reward_value_range
 
     def wrap(func: Any, name: str) -> Any:
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):  # a reward model
             return func
-        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
 
-            async def guarded(*args, **kwargs):
-                try:
-                    return await func(*args, **kwargs)
-                except Exception as error:
-                    raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
-        else:
+        @contextlib.contextmanager
+        def named():
+            try:
+                yield
+            except Exception as error:
+                raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
 
-            def guarded(*args, **kwargs):
-                try:
-                    return func(*args, **kwargs)
-                except Exception as error:
-                    raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
+        async def guarded_async(*args, **kwargs):
+            with named():
+                return await func(*args, **kwargs)
 
-        functools.update_wrapper(guarded, func)  # `__name__` (TRL's metric names), `__module__`, attributes
-        guarded.reward_range = reward_value_range(func)
-        return guarded
+        def guarded(*args, **kwargs):
+            with named():
+                return func(*args, **kwargs)
+
+        is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+        wrapped = functools.update_wrapper(guarded_async if is_async else guarded, func)  # name, module, attributes
+        wrapped.reward_range = reward_value_range(func)
+        return wrapped
 
     return [wrap(func, name) for func, name in zip(funcs, names, strict=True)]
 

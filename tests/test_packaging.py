@@ -145,7 +145,7 @@ def test_missing_repository_path_points_to_the_shipped_name(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
         parse_args(["--config", "examples/recipes/cpu_smoke.yaml"])
-    assert "A recipe of that name ships with the package: `--config cpu_smoke`." in capsys.readouterr().err
+    assert "A recipe of that name ships with the package: `cpu_smoke`." in capsys.readouterr().err
 
 
 def test_config_without_a_value_is_refused(capsys):
@@ -163,6 +163,12 @@ def test_cegppo_recipes_lists_every_recipe_and_the_accelerate_configs(capsys):
     assert str(resources.recipes_dir()) in out and str(resources.accelerate_configs_dir()) in out
     assert ", ".join(resources.recipe_names()) in out
     assert "multi_gpu" in out and "two_nodes" in out
+
+
+def test_cegppo_config_path_prints_a_shipped_files_path(capsys):
+    """`cegppo config-path NAME` exited 2 (its subcommand was parsed without its argument)."""
+    assert cli.main(["config-path", "multi_gpu"]) == 0
+    assert capsys.readouterr().out.strip() == str(resources.accelerate_configs_dir() / "multi_gpu.yaml")
 
 
 def test_launch_lines_work_without_a_repository_checkout(capsys):

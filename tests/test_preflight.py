@@ -82,7 +82,7 @@ def test_the_correct_nested_path_passes_and_the_reference_scores_top(capsys, mod
     assert "called on 3 completions of real rows: the reference answers score the top score [1.0, 1.0, 1.0]" in (
         " ".join(out.split())
     )
-    assert "format (scores 0 to 1)" in out and "reads no reference" in out
+    assert "format (scores 0 to 1): needs the columns (none)" in " ".join(out.split())
     assert "0 error(s)" in out
 
 
@@ -110,7 +110,7 @@ def test_a_reward_of_yours_is_called_only_when_check_is_asked_to(capsys, model_d
     status, out = check(capsys, *argv)
     text = " ".join(out.split())
     assert status == 0 and not counter.exists(), out
-    assert "receives prompts, completions and the columns solution" in text
+    assert "needs the columns solution; receives prompts, completions and solution" in text
     assert "Not checked" in text and "rewards of yours (test_preflight.own_reference_reward): not called" in text
     status, out = check(capsys, "--call_rewards", *argv)
     text = " ".join(out.split())
@@ -135,9 +135,10 @@ def test_default_solution_column_with_question_answer_data_names_the_answer_colu
 ):
     args = parse_args(cli_args(model_dir, gsm8k_file, tmp_path, "--prompt_column", "question",
                                "--reward_funcs", "gsm8k"))  # fmt: skip
-    with pytest.raises(ValueError, match="`solution_column=solution`.*pass `--solution_column answer`") as error:
+    with pytest.raises(
+        CEGPPOUsageError, match="Reward `gsm8k` compares with a reference answer.*`--solution_column answer`"
+    ):
         train(*args)
-    assert "solution_column: null" not in str(error.value)
 
 
 def test_default_solution_column_is_not_required_when_no_reward_reads_it(capsys, model_dir, gsm8k_file, tmp_path):
@@ -264,7 +265,7 @@ def test_cegppo_check_on_each_shipped_recipe_prints_a_readable_report(capsys, re
     for title in ("Model", "Dataset (as the trainer sees it)", "Prompts (as the model gets them)", "Rewards",
                   "Batch layout", "Output directory", "Not checked"):  # fmt: skip
         assert f"\n{title}" in "\n" + out, out
-    assert "the reference answers score the top score" in " ".join(out.split()) or "reads no reference" in out
+    assert "the reference answers score the top score" in " ".join(out.split()) or "needs the columns (none)" in out
     assert [line for line in out.splitlines() if line.startswith("ERROR")] == [] and status == 0, out
 
 

@@ -280,8 +280,13 @@ def test_prepare_dataset_wraps_plain_prompts_for_the_chat_template_unless_disabl
 
 def test_prepare_dataset_names_a_missing_column():
     data = Dataset.from_list([{"question": "1+1=", "answer": "#### 2"}])
-    with pytest.raises(ValueError, match="solution_column=solution"):
-        prepare_dataset(data, CEGPPOScriptArguments(dataset_name="x", prompt_column="question"))
+    with pytest.raises(ValueError, match=r"`solution_column=gold`: .*pass `--solution_column answer`"):
+        prepare_dataset(
+            data, CEGPPOScriptArguments(dataset_name="x", prompt_column="question", solution_column="gold")
+        )
+    assert (
+        "solution" not in prepare_dataset(data, CEGPPOScriptArguments(dataset_name="x", prompt_column="question"))[0]
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
