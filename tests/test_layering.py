@@ -210,8 +210,8 @@ def test_the_trainer_reaches_the_preflight_by_no_chain_of_imports():
 @pytest.mark.slow
 def test_importing_the_trainer_and_running_the_cli_load_no_research_or_demo_module():
     """At run time too: `from cegppo_trl import CEGPPOTrainer, CEGPPOConfig`, a trainer's config and `cegppo --help`
-    leave no `cegppo_trl.research*` or `cegppo_trl.demos*` module in `sys.modules` (`cegppo --help` reads the probe's
-    one-line summary from its file, importing neither it nor its package)."""
+    leave no `cegppo_trl.research*` or `cegppo_trl.demos*` module in `sys.modules` (`cegppo --help` lists the probe by
+    its entry point, importing neither it nor its package)."""
     script = (
         "import sys, contextlib, io\n"
         "import cegppo_trl\n"
@@ -230,7 +230,7 @@ def test_importing_the_trainer_and_running_the_cli_load_no_research_or_demo_modu
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["trainer", "[]"], result.stdout
     help_text = " ".join(result.stdout.split())
-    assert "probe the β-response probe: how (β1, β2) move entropy" in help_text  # found, and read, not imported
+    assert "probe `cegppo probe --help` (cegppo_trl.research.probe:main)" in help_text  # listed, not imported
 
 
 def test_building_a_trainer_calls_nothing_in_the_preflight(make_trainer, monkeypatch):
