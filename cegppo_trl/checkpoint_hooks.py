@@ -157,11 +157,16 @@ class CheckpointHooks:
         code = 3 if error else 0 if batch is None else 2 if why else 1
         codes = self.accelerator.gather(torch.tensor([code], device=self.accelerator.device)).tolist()
         if 3 in codes or 0 in codes and any(codes):  # a file refused, or the files of some processes only
-            raise error or RolloutBatchError(f"{checkpoint}: the processes' rollout-batch files do not continue one "
-                                             f"batch ({codes}; 0: none, 3: refused). Resume an earlier checkpoint.")
+            raise error or RolloutBatchError(
+                f"{checkpoint}: the processes' rollout-batch files do not continue one "
+                f"batch ({codes}; 0: none, 3: refused). Resume an earlier checkpoint."
+            )
         if codes == [1] * len(codes):
             self._step, self._buffered_inputs = batch["step"], batch["micro_batches"]
         elif any(codes):
-            logger.warning(f"{checkpoint} falls inside a rollout batch, whose saved micro-batches are not used ("
-                           f"{why or 'another process could not use its file'}): a new batch is generated, as TRL "
-                           "does, so the run goes on but not as the uninterrupted one would.", main_process_only=True)
+            logger.warning(
+                f"{checkpoint} falls inside a rollout batch, whose saved micro-batches are not used ("
+                f"{why or 'another process could not use its file'}): a new batch is generated, as TRL "
+                "does, so the run goes on but not as the uninterrupted one would.",
+                main_process_only=True,
+            )

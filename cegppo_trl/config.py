@@ -65,43 +65,25 @@ class CEGPPOConfig(GRPOConfig):
     or `steps_per_generation` a multiple of `gradient_accumulation_steps` above it); the trainer warns otherwise.
 
     Parameters:
-        gppo_beta1 (`float`, *optional*, defaults to `0.5`):
-            Gradient scale of negative-advantage tokens whose ratio fell below `1 - epsilon` (NA&LP, left clip); larger
-            makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
-        gppo_beta2 (`float`, *optional*, defaults to `1.0`):
-            Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right clip);
+        gppo_beta1 (`float`, defaults to `0.5`): gradient scale of left-clipped negative-advantage tokens (NA&LP);
+            larger makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
+        gppo_beta2 (`float`, defaults to `1.0`): gradient scale of right-clipped positive-advantage tokens (PA&LP);
             larger makes entropy fall slower.
-        gppo_beta1_schedule (`str` or `None`, *optional*, defaults to `None`):
-            beta1 over optimizer steps, overriding `gppo_beta1`: a number, `"linear:0->0.5@10%-60%"` or
-            `"piecewise:0,0.5@58.5%"` (the paper's switch), see `cegppo_trl.schedules`.
-        gppo_beta2_schedule (`str` or `None`, *optional*, defaults to `None`):
-            beta2 over optimizer steps, overriding `gppo_beta2`.
-        sft_loss_coef (`float`, *optional*, defaults to `0.0`):
-            Weight of the authors' SFT term, the token-mean NLL of the completions judged correct (recipes: `0.1`).
-        sft_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
-            Which completions are correct: with `None` those whose total reward is positive and the best of their
-            group, else those whose total reward is at least this.
-        delta_low (`float` or `None`, *optional*, defaults to `None`):
-            The left guard, `delta`'s left-side counterpart: negative-advantage tokens whose ratio fell below it
-            (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
-            decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
-            cannot push a token out of the policy. `None` is the paper's objective.
-        delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
-            `"cutoff"` or `"decay"`, see `delta_low`.
-        left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
-            Warn, once per episode of drift, when an optimizer step's mean log-ratio of left-clipped tokens
-            (`cegppo/preserved/left_log_ratio`) falls below it. `None` disables the warning.
-        dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            Drop the prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as
-            the authors' recipes do (no refill; training only).
-        max_unscorable_batches (`int`, *optional*, defaults to `10`):
-            Stop after this many training rollout batches in a row without any reward (all None/NaN); fewer only
-            warn, as TRL does. `0` never stops.
-        max_zero_signal_batches (`int`, *optional*, defaults to `100`):
-            Stop after this many training rollout batches in a row in which no group has reward spread (no policy
-            gradient) or no completion token is in the loss. `0` never stops. A stop is transformers'
-            `should_training_stop` at the step's end: `train()` returns with `trainer.stop_reason` `"zero_signal"`
-            (`"unscorable"`), and `cegppo train` saves the model and exits 3 (4).
+        gppo_beta1_schedule, gppo_beta2_schedule (`str` or `None`): the beta over optimizer steps, overriding
+            `gppo_beta1` / `gppo_beta2`, e.g. `"piecewise:0,0.5@58.5%"` (the paper's switch; `cegppo_trl.schedules`).
+        sft_loss_coef (`float`, defaults to `0.0`): weight of the authors' SFT term, the token-mean NLL of the correct
+            completions (recipes: `0.1`).
+        sft_reward_threshold (`float` or `None`): correct is total reward >= this; `None`: positive and the best of
+            its group.
+        delta_low (`float` or `None`): the left guard, in `(0, 1 - epsilon]`: left-clipped tokens with a ratio below
+            it keep their loss value but lose (`delta_low_mode="cutoff"`) or decay (`"decay"`: times `r / delta_low`)
+            its gradient, so that `gppo_beta1` cannot push a token out of the policy. `None`: the paper's objective.
+        left_drift_warning (`float` or `None`, defaults to `-1.5`): warn, once per episode, when an optimizer step's
+            `cegppo/preserved/left_log_ratio` falls below it.
+        dynamic_sampling (`bool`): drop the groups whose advantages are all zero from the loss, as the authors do.
+        max_unscorable_batches, max_zero_signal_batches (`int`, defaults to `10`, `100`): stop (transformers'
+            `should_training_stop`; `trainer.stop_reason` `"unscorable"` / `"zero_signal"`, `cegppo train` exits 4 / 3)
+            after this many training rollout batches in a row without any reward / without reward spread. `0`: never.
     """
 
     gppo_beta1: float = field(

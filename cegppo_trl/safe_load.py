@@ -64,10 +64,12 @@ def safe_resume_loads(checkpoint: str | None) -> Iterator[None]:
         yield
         return
     if index := sorted(glob.glob(os.path.join(glob.escape(checkpoint), "*", ".metadata"))):
-        raise UnsafeCheckpointError(f"Refusing to load {checkpoint}: {', '.join(index)} is the index of a torch "
-                                    "distributed checkpoint (FSDP `SHARDED_STATE_DICT`), which torch reads with plain "
-                                    "`pickle.load`: a tampered file would run code. Save with `fsdp_state_dict_type: "
-                                    f"FULL_STATE_DICT`, or, for a checkpoint you wrote yourself, set {TRUST_ENV}=1.")
+        raise UnsafeCheckpointError(
+            f"Refusing to load {checkpoint}: {', '.join(index)} is the index of a torch "
+            "distributed checkpoint (FSDP `SHARDED_STATE_DICT`), which torch reads with plain "
+            "`pickle.load`: a tampered file would run code. Save with `fsdp_state_dict_type: "
+            f"FULL_STATE_DICT`, or, for a checkpoint you wrote yourself, set {TRUST_ENV}=1."
+        )
     try:  # DeepSpeed's engine loads through `load_checkpoint_file`, whose refusal names the file
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine as engine
     except ImportError:  # without DeepSpeed there is no DeepSpeed checkpoint to read
