@@ -76,8 +76,8 @@ class CEGPPOConfig(GRPOConfig):
         sft_reward_threshold (`float` or `None`): correct is total reward >= this; `None`: positive and the best of
             its group.
         delta_low (`float` or `None`): the left guard, in `(0, 1 - epsilon]`: left-clipped tokens with a ratio below
-            it keep their loss value but lose (`delta_low_mode="cutoff"`) or decay (`"decay"`: times `r / delta_low`)
-            its gradient, so that `gppo_beta1` cannot push a token out of the policy. `None`: the paper's objective.
+            it keep their loss value but lose (`delta_low_mode="cutoff"`) or decay (`"decay"`: weight
+            `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient. `None`: the paper's objective.
         left_drift_warning (`float` or `None`, defaults to `-1.5`): warn, once per episode, when an optimizer step's
             `cegppo/preserved/left_log_ratio` falls below it.
         dynamic_sampling (`bool`): drop the groups whose advantages are all zero from the loss, as the authors do.

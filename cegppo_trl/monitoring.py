@@ -100,9 +100,10 @@ class RewardSignalMonitor:
         if self.unscorable_batches >= self.max_unscorable_batches:
             return self._stop(
                 "unscorable",
-                f"No completion of the last {self.unscorable_batches} rollout batch(es) got a reward from "
-                f"{', '.join(self.reward_names)}. Training stops after this step (`max_unscorable_batches="
-                f"{self.max_unscorable_batches}`, 0 never stops). `cegppo check` shows what each reward receives.",
+                f"No completion of the last {self.unscorable_batches} rollout batch(es) got a reward: every reward "
+                f"function ({', '.join(self.reward_names)}) returned None or NaN for all {rewards_per_func.size(0)} "
+                f"completions. Training stops after this step (`max_unscorable_batches={self.max_unscorable_batches}`, "
+                "0 never stops). `cegppo check` shows what each reward receives.",
             )
         return (
             f"No completion of this rollout batch got a reward (zero gradient): {self.unscorable_batches} "
@@ -297,8 +298,9 @@ class LeftDriftAlarm(TrainerCallback, ExportableState):
 def left_drift_message(value: float, step: int, threshold: float, args: Any, beta1: float) -> str:
     """The drift warning, naming each fix with the run's values."""
     steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
-    guard = f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, check validation first)"
-    guard = guard if args.delta_low else "the left guard `delta_low` (e.g. 0.5)"
+    guard = "the left guard `delta_low` (e.g. 0.5)"
+    if args.delta_low:
+        guard = f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, check validation first)"
     return (
         f"cegppo/preserved/left_log_ratio = {value:.2f} at step {step} is below `left_drift_warning` = {threshold:g}: "
         "left-clipped tokens are pushed far below the rollout policy, which preceded most entropy collapses in "
