@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
 
 from trl import GRPOConfig
 
@@ -25,30 +25,20 @@ def is_on_policy(args: Any) -> bool:
 
 
 def on_policy_message(args: Any, vllm_importance_sampling_correction: bool = False) -> str | None:
-    """The warning for a CE-GPPO run that is GRPO because it is on-policy (`is_on_policy`), else None.
-
-    Args:
-        args: the run's config (its batch layout and `loss_type`).
-        vllm_importance_sampling_correction: whether TRL corrects vLLM's sampling; its old log-probs then come from the
-            training model on the same weights, so the ratio stays 1, which the message explains.
-    """
+    """The warning for a CE-GPPO run that is GRPO because it is on-policy (`is_on_policy`), else None; it explains
+    that TRL's vLLM importance-sampling correction (`vllm_importance_sampling_correction`) keeps the ratio at 1."""
     if args.loss_type not in CEGPPO_LOSS_TYPES or not is_on_policy(args):
         return None
-    vllm_note = (
-        " vLLM importance-sampling correction does not change this: it reweights tokens by the trainer/vLLM "
-        "probability ratio, while the clipped ratio compares the policy with old log-probs the training "
-        "model recomputes on the same weights."
-        if vllm_importance_sampling_correction
-        else ""
-    )
+    vllm_note = (" vLLM importance-sampling correction does not change this: the clipped ratio compares the policy "
+                 "with old log-probs the training model recomputes on the same weights.")  # fmt: skip
+    vllm_note = vllm_note if vllm_importance_sampling_correction else ""
     return (
         "CE-GPPO is identical to GRPO with this configuration: every optimizer step uses fresh rollouts "
         f"(gradient_accumulation_steps={args.gradient_accumulation_steps} is a multiple of "
         f"steps_per_generation={args.steps_per_generation} x num_iterations={args.num_iterations}), so the "
         "probability ratio is 1, no token is clipped and there is no gradient to preserve." + vllm_note + " "
-        "To train off-policy as the paper does, take several optimizer steps per rollout batch: set "
-        "`num_iterations=2` (or more), or `steps_per_generation` to a multiple of "
-        "`gradient_accumulation_steps` greater than it (the authors use 8 optimizer steps per batch)."
+        "To train off-policy as the paper does, set `num_iterations=2` (or more), or `steps_per_generation` to a "
+        "multiple of `gradient_accumulation_steps` greater than it (the authors take 8 optimizer steps per batch)."
     )
 
 
@@ -75,44 +65,25 @@ class CEGPPOConfig(GRPOConfig):
     or `steps_per_generation` a multiple of `gradient_accumulation_steps` above it); the trainer warns otherwise.
 
     Parameters:
-        gppo_beta1 (`float`, *optional*, defaults to `0.5`):
-            Gradient scale of negative-advantage tokens whose ratio fell below `1 - epsilon` (NA&LP, left clip); larger
-            makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
-        gppo_beta2 (`float`, *optional*, defaults to `1.0`):
-            Gradient scale of positive-advantage tokens whose ratio rose above `1 + epsilon_high` (PA&LP, right clip);
+        gppo_beta1 (`float`, defaults to `0.5`): gradient scale of left-clipped negative-advantage tokens (NA&LP);
+            larger makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
+        gppo_beta2 (`float`, defaults to `1.0`): gradient scale of right-clipped positive-advantage tokens (PA&LP);
             larger makes entropy fall slower.
-        gppo_beta1_schedule (`str` or `None`, *optional*, defaults to `None`):
-            beta1 over optimizer steps, overriding `gppo_beta1`: a number, `"linear:0->0.5@10%-60%"` or
-            `"piecewise:0,0.5@58.5%"` (the paper's switch), see `cegppo_trl.schedules`. A callable is given to the
-            trainer instead: `trainer.beta1_schedule = parse_schedule(fn)`.
-        gppo_beta2_schedule (`str` or `None`, *optional*, defaults to `None`):
-            beta2 over optimizer steps, overriding `gppo_beta2`.
-        sft_loss_coef (`float`, *optional*, defaults to `0.0`):
-            Weight of the authors' SFT term, the token-mean NLL of the completions judged correct (recipes: `0.1`).
-        sft_reward_threshold (`float` or `None`, *optional*, defaults to `None`):
-            Which completions are correct: with `None` those whose total reward is positive and the best of their
-            group, else those whose total reward is at least this.
-        delta_low (`float` or `None`, *optional*, defaults to `None`):
-            The left guard, `delta`'s left-side counterpart: negative-advantage tokens whose ratio fell below it
-            (`0 < delta_low <= 1 - epsilon`) keep the left-clipped loss value but lose (`delta_low_mode="cutoff"`) or
-            decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient, so that `gppo_beta1`
-            cannot push a token out of the policy. `None` is the paper's objective.
-        delta_low_mode (`str`, *optional*, defaults to `"cutoff"`):
-            `"cutoff"` or `"decay"`, see `delta_low`.
-        left_drift_warning (`float` or `None`, *optional*, defaults to `-1.5`):
-            Warn, once per episode of drift, when an optimizer step's mean log-ratio of left-clipped tokens
-            (`cegppo/preserved/left_log_ratio`) falls below it. `None` disables the warning.
-        dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            Drop the prompt groups whose advantages are all zero from the loss, its normalisers and the metrics, as
-            the authors' recipes do (no refill; training only).
-        max_unscorable_batches (`int`, *optional*, defaults to `10`):
-            Stop after this many training rollout batches in a row without any reward (all None/NaN); fewer only
-            warn, as TRL does. `0` never stops.
-        max_zero_signal_batches (`int`, *optional*, defaults to `100`):
-            Stop after this many training rollout batches in a row in which no group has reward spread (no policy
-            gradient) or no completion token is in the loss. `0` never stops. A stop is transformers'
-            `should_training_stop` at the step's end: `train()` returns with `trainer.stop_reason` `"zero_signal"`
-            (`"unscorable"`), and `cegppo train` saves the model and exits 3 (4).
+        gppo_beta1_schedule, gppo_beta2_schedule (`str` or `None`): the beta over optimizer steps, overriding
+            `gppo_beta1` / `gppo_beta2`, e.g. `"piecewise:0,0.5@58.5%"` (the paper's switch; `cegppo_trl.schedules`).
+        sft_loss_coef (`float`, defaults to `0.0`): weight of the authors' SFT term, the token-mean NLL of the correct
+            completions (recipes: `0.1`).
+        sft_reward_threshold (`float` or `None`): correct is total reward >= this; `None`: positive and the best of
+            its group.
+        delta_low (`float` or `None`): the left guard, in `(0, 1 - epsilon]`: left-clipped tokens with a ratio below
+            it keep their loss value but lose (`delta_low_mode="cutoff"`) or decay (`"decay"`: weight
+            `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient. `None`: the paper's objective.
+        left_drift_warning (`float` or `None`, defaults to `-1.5`): warn, once per episode, when an optimizer step's
+            `cegppo/preserved/left_log_ratio` falls below it.
+        dynamic_sampling (`bool`): drop the groups whose advantages are all zero from the loss, as the authors do.
+        max_unscorable_batches, max_zero_signal_batches (`int`, defaults to `10`, `100`): stop (transformers'
+            `should_training_stop`; `trainer.stop_reason` `"unscorable"` / `"zero_signal"`, `cegppo train` exits 4 / 3)
+            after this many training rollout batches in a row without any reward / without reward spread. `0`: never.
     """
 
     gppo_beta1: float = field(
@@ -160,6 +131,8 @@ class CEGPPOConfig(GRPOConfig):
         default=100,
         metadata={"help": "Stop (exit 3) after this many batches in a row with no reward spread; 0: never."},
     )
+    # The trainer class that reads this class's own fields: another refuses them set (`for_trainer`)
+    trainer_class: ClassVar[str] = "CEGPPOTrainer"
 
     def __post_init__(self):
         self._validate_cegppo()  # first, so that a bad CE-GPPO field is named before TRL's own checks
@@ -169,14 +142,9 @@ class CEGPPOConfig(GRPOConfig):
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
         """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords.
 
-        `CEGPPOConfig(**grpo_config.to_dict())` fails: a built `GRPOConfig` holds both `steps_per_generation` and the
-        `generation_batch_size` derived from it, and `to_dict` masks tokens. The rollout batch is derived afresh as
-        `CEGPPOConfig(...)` with the resulting fields would: from an overridden `steps_per_generation` or
-        `generation_batch_size`; else from the source's `steps_per_generation`, unless that is TRL's default (equal to
-        `gradient_accumulation_steps`) and the overrides change the batch. A changed `per_device_train_batch_size`
-        with a layout that was set is refused: the source does not say which of the two was set.
-
-        Example: `CEGPPOConfig.from_grpo_config(GRPOConfig(output_dir="out", num_iterations=2), gppo_beta1=0.5)`.
+        (`CEGPPOConfig(**grpo_config.to_dict())` fails: a built `GRPOConfig` holds both `steps_per_generation` and the
+        `generation_batch_size` derived from it.) The rollout batch is derived afresh from an overridden layout, else
+        from the source's `steps_per_generation`, unless that is TRL's default and the overrides change the batch.
         """
         if not isinstance(grpo_config, GRPOConfig):
             raise TypeError(f"`grpo_config` must be a `trl.GRPOConfig`, got `{type(grpo_config).__name__}`.")
@@ -207,10 +175,19 @@ class CEGPPOConfig(GRPOConfig):
         return cls(**{**values, **overrides})
 
     @classmethod
-    def for_trainer(cls, model: Any, args: Any) -> CEGPPOConfig:
-        """`CEGPPOTrainer`'s `args`: a `CEGPPOConfig` as given, TRL's default for None (named `<model>-CE-GPPO`), and a
-        `GRPOConfig` converted (`from_grpo_config`, CE-GPPO's defaults) with one line saying so: a drop-in user swaps
-        the class, not the config. Anything else is passed on for `GRPOTrainer` to take or refuse."""
+    def for_trainer(cls, model: Any, args: Any, trainer: type | None = None) -> CEGPPOConfig:
+        """The `args` of a `trainer` class: a `CEGPPOConfig` as given, TRL's default for None (named
+        `<model>-CE-GPPO`), and a `GRPOConfig` converted (`from_grpo_config`, CE-GPPO's defaults) with one line saying
+        so: a drop-in user swaps the class, not the config. Anything else is passed on for `GRPOTrainer` to take or
+        refuse. A config whose fields beyond `cls`'s only another trainer class reads (its `trainer_class`) is refused
+        when it sets them: `trainer` would ignore them."""
+        if isinstance(args, cls) and trainer and args.trainer_class not in {c.__name__ for c in trainer.mro()}:
+            own, unset = {f.name for f in fields(cls)}, lambda f: f.default if f.default is not MISSING else None
+            if unread := [f.name for f in fields(args) if f.name not in own and getattr(args, f.name) != unset(f)]:
+                raise ValueError(
+                    f"`{type(args).__name__}` sets {unread}, which only `{args.trainer_class}` reads: "
+                    f"`{trainer.__name__}` would ignore them. Use `{args.trainer_class}`, or leave them at their defaults."
+                )
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             return cls(f"{model_name.split('/')[-1]}-CE-GPPO")
@@ -233,13 +210,10 @@ class CEGPPOConfig(GRPOConfig):
                     f"`{name}` takes a string or a number: it is saved with the run's settings. Give a callable to "
                     f"the trainer instead: `trainer.{name[5:]} = parse_schedule(fn)` (`cegppo_trl.schedules`)."
                 )
-            if spec is not None:
-                try:
-                    schedule = parse_schedule(spec)
-                except ValueError as error:
-                    raise ValueError(f"`{name}`: {error}") from None
-                if self.max_steps > 0:  # a window mixing steps and percentages may be empty for this run
-                    schedule.check(self.max_steps, field=name)
+            try:
+                _ = spec is None or parse_schedule(spec)
+            except ValueError as error:
+                raise ValueError(f"`{name}`: {error}") from None
         if self.sft_reward_threshold is not None and not is_finite_number(self.sft_reward_threshold):
             raise ValueError(
                 f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
@@ -261,9 +235,8 @@ class CEGPPOConfig(GRPOConfig):
             if not (is_finite_number(threshold) and threshold < left_bound):
                 raise ValueError(
                     f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} "
-                    f"(every left-clipped token is below it), or None to disable the warning; got {threshold!r}. The "
-                    "default -1.5 comes from cegppo-trl's entropy studies (it caught 50 of 59 collapses of a tiny "
-                    "model, with 16 false alarms in 101 stable runs)."
+                    f"(every left-clipped token is below it), or None to disable the warning; got {threshold!r} "
+                    "(default -1.5)."
                 )
         for name in ("max_unscorable_batches", "max_zero_signal_batches"):
             if isinstance(value := getattr(self, name), bool) or not isinstance(value, int) or value < 0:

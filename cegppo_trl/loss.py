@@ -45,24 +45,16 @@ def cegppo_objective(
     delta_low: float | None = None,
     delta_low_mode: str = "cutoff",
 ) -> torch.Tensor:
-    """The CE-GPPO per-token loss by its definition (the module docstring), before masking and aggregation.
-
-    Computes in at least fp32 (the gradient returns in the input's dtype). `old_logp` and `advantages` are constants,
-    as in PPO. Not guarded against an overflowing ``r``.
+    """The CE-GPPO per-token loss by its definition (the module docstring), before masking and aggregation, computed
+    in at least fp32 and not guarded against an overflowing ``r``.
 
     Args:
         logp: log-probabilities under the current policy, ``(B, T)`` (``(B, 1)`` for a sequence-level ratio).
-        old_logp: log-probabilities under the sampling policy, broadcastable to `logp`.
+        old_logp: log-probabilities under the sampling policy, broadcastable to `logp` (a constant, as in PPO).
         advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low, epsilon_high: the clip range ``[1 - epsilon_low, 1 + epsilon_high]``.
-        beta1: gradient scale of left-clipped negative-advantage tokens (NA&LP), ``>= 0``.
-        beta2: gradient scale of right-clipped positive-advantage tokens (PA&LP), ``>= 0``.
-        delta: the dual clip ``c`` (TRL's `delta`); None: none.
-        delta_low: the left guard, ``0 < delta_low <= 1 - epsilon_low``; None: the paper's objective.
-        delta_low_mode: ``"cutoff"`` or ``"decay"``.
-
-    Returns:
-        The per-token loss, shape ``broadcast(logp, advantages)``.
+        epsilon_low, epsilon_high, beta1, beta2: the clip range ``[1 - epsilon_low, 1 + epsilon_high]`` and the
+            gradient scales of its left-clipped (A < 0) and right-clipped (A > 0) tokens.
+        delta, delta_low, delta_low_mode: the dual clip ``c`` (TRL's `delta`) and the left guard; None: off.
     """
     check_left_guard(delta_low, delta_low_mode, epsilon_low)
     dtype = torch.promote_types(logp.dtype, torch.float32)  # a bf16 r is 1 +- 0.004
@@ -99,19 +91,12 @@ def check_left_guard(delta_low: float | None, delta_low_mode: str, epsilon_low: 
 
 
 class CEGPPORegions(NamedTuple):
-    """Boolean masks of the special regions, each of the broadcast shape of the ratio and the advantages.
+    """Boolean masks of the module docstring's regions, of the broadcast shape of the ratio and the advantages."""
 
-    Attributes:
-        left: NA&LP, ``A < 0`` and ``r < 1 - eps_l``: gradient scaled by ``beta1``.
-        right: PA&LP, ``A > 0`` and ``r > 1 + eps_h``: gradient scaled by ``beta2``.
-        dual: ``A < 0`` and ``r > delta``: constant, no gradient (all False without ``delta``).
-        guard: ``A < 0`` and ``r < delta_low``, inside `left` (all False without ``delta_low``).
-    """
-
-    left: torch.Tensor
-    right: torch.Tensor
-    dual: torch.Tensor
-    guard: torch.Tensor
+    left: torch.Tensor  # A < 0, r < 1 - eps_l (NA&LP): gradient scaled by beta1
+    right: torch.Tensor  # A > 0, r > 1 + eps_h (PA&LP): gradient scaled by beta2
+    dual: torch.Tensor  # A < 0, r > delta: no gradient (all False without delta)
+    guard: torch.Tensor  # A < 0, r < delta_low, inside `left` (all False without delta_low)
 
 
 @torch.no_grad()
@@ -124,13 +109,8 @@ def cegppo_regions(
     delta: float | None = None,
     delta_low: float | None = None,
 ) -> CEGPPORegions:
-    """`CEGPPORegions` of ``r = exp(log_ratio)``, compared in `log_ratio`'s dtype as TRL compares its ratio.
-
-    Args:
-        log_ratio: ``logp - old_logp``, ``(B, T)`` (``(B, 1)`` for a sequence-level ratio).
-        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low, epsilon_high, delta, delta_low: as in `cegppo_objective`.
-    """
+    """`CEGPPORegions` of ``r = exp(log_ratio)`` (shapes and settings as in `cegppo_objective`), compared in
+    `log_ratio`'s dtype as TRL compares its ratio."""
     ratio, adv = torch.exp(log_ratio), _as_rows(advantages, log_ratio)
     negative = adv < 0
 
@@ -160,18 +140,8 @@ def preserved_weight(
     regions: CEGPPORegions | None = None,
 ) -> torch.Tensor:
     """Per token, the share ``w`` of the clipped gradient CE-GPPO keeps: `beta1` on left-clipped tokens (under the left
-    guard 0, or ``beta1 * r / delta_low`` with ``"decay"``), `beta2` on right-clipped ones, 0 elsewhere. The bound is
-    not in it: TRL's ``clip(r)`` multiplies it in.
-
-    Args:
-        log_ratio: ``log r``, ``(B, T)`` (``(B, 1)`` for a sequence-level ratio).
-        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``.
-        epsilon_low, epsilon_high, beta1, beta2, delta_low, delta_low_mode: as in `cegppo_objective`.
-        regions: `cegppo_regions` of the same inputs, if at hand.
-
-    Returns:
-        ``broadcast(log_ratio, advantages)``-shaped, in `log_ratio`'s dtype, without gradient.
-    """
+    guard 0, or ``beta1 * r / delta_low`` with ``"decay"``), `beta2` on right-clipped ones, 0 elsewhere; TRL's
+    ``clip(r)`` multiplies the bound in. Arguments as in `cegppo_objective`; `regions` of the same inputs if at hand."""
     if regions is None:
         regions = cegppo_regions(
             log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
@@ -184,28 +154,14 @@ def preserved_weight(
 
 
 def preserved_advantages(advantages: torch.Tensor, log_ratio: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``A * (1 + w * (log r - sg(log r)))``: `advantages` in value, gradient ``A * w`` w.r.t. ``log r``.
-
-    Args:
-        advantages: ``(B,)``, ``(B, 1)`` or ``(B, T)``, no gradient.
-        log_ratio: ``logp - old_logp`` with its graph, ``(B, T)`` (``(B, 1)``: TRL's per-sequence mean).
-        weight: `preserved_weight`.
-
-    Returns:
-        ``broadcast(advantages, log_ratio)``-shaped, in `advantages`' dtype.
-    """
+    """``A * (1 + w * (log r - sg(log r)))`` in `advantages`' dtype: `advantages` in value, gradient ``A * w`` w.r.t.
+    `log_ratio` (with its graph; `weight` from `preserved_weight`)."""
     A = _as_rows(advantages, advantages)
     return A * (1 + weight.to(A.dtype) * (log_ratio - log_ratio.detach()).to(A.dtype))
 
 
 def sft_loss(per_token_logps: torch.Tensor, mask: torch.Tensor, normaliser: torch.Tensor | float) -> torch.Tensor:
-    """The authors' SFT term of one micro-batch: the masked tokens' NLL over `normaliser`, the correct completions'
-    tokens in its share of the accumulation window, so that the window's sum is their token mean (Klear-Reasoner's "RL
-    with SFT loss") however the rollout batch is split.
-
-    Args:
-        per_token_logps: ``(B, T)`` completion log-probabilities, with their graph.
-        mask: ``(B, T)``, the correct completions' tokens that enter the loss.
-        normaliser: correct-completion tokens per micro-batch share of the window (clamped to at least 1).
-    """
+    """The authors' SFT term of one micro-batch: the NLL of the `mask`ed ``(B, T)`` tokens over `normaliser`, the
+    correct completions' tokens in its share of the accumulation window, so that the window's sum is their token mean
+    (Klear-Reasoner's "RL with SFT loss") however the rollout batch is split."""
     return -(per_token_logps * mask).sum() / torch.as_tensor(normaliser).clamp(min=1.0)

@@ -1,7 +1,5 @@
 """The model card: TRL's card (tags, paper link and citation from the trainer's `_tag_names` / `_paper`) plus a CE-GPPO
-section with the settings table, and a line saying so when the run was stopped early for lack of a learning signal.
-`CEGPPOTrainer.create_model_card` writes it wherever TRL writes its card (checkpoints, `push_to_hub`), and `cegppo
-train` before its final save.
+section with the settings table, and a line when the run was stopped early for lack of a learning signal.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ PAPER = {  # the paper as TRL's card cites it (the trainer's `_paper`); `eprint`
 
 
 def cegppo_settings(trainer: Any) -> dict[str, object]:
-    """The settings that define a CE-GPPO run, as the card's table shows them; `stopped_early` when the reward
-    monitor stopped the run (`trainer.stop_reason`)."""
+    """The settings that define a CE-GPPO run, and `stopped_early` when the reward monitor stopped it."""
     args = trainer.args
     settings: dict[str, object] = {"loss_type": args.loss_type}
     if trainer.loss_type in CEGPPO_LOSS_TYPES:
@@ -53,8 +50,7 @@ def cegppo_settings(trainer: Any) -> dict[str, object]:
 
 
 def rewrite_card(card: str, settings: Mapping[str, object]) -> str:
-    """TRL's fresh `card` with the CE-GPPO section before its citations. TRL links a local base model to the Hub as
-    `[None](https://huggingface.co/None)`: named "a local model" here."""
+    """TRL's fresh `card` with the CE-GPPO section before its citations."""
     settings = dict(settings)
     stopped = settings.pop("stopped_early", None)
     rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in settings.items())

@@ -1,12 +1,10 @@
 """Run health: is there still a learning signal, is the left-clipped log-ratio drifting; the `cegppo/` metrics.
 
 `RewardSignalMonitor` counts the training rollout batches in a row that are *unscorable* (every reward None/NaN) or
-have *zero signal* (every group's rewards are equal, the batches dynamic sampling would empty, and no other loss term
-has a gradient; or no completion is in the loss), warns at a streak's first batch with its kind (`_ADVICE`), and
-stops after `max_unscorable_batches` / `max_zero_signal_batches` in a row, or at the end of a run that never had a
-signal. A stop is transformers' `control.should_training_stop` (`StopWhenNothingToLearn`, whose `ExportableState`
-holds the counts); `cegppo train` then exits with `STOP_EXIT_STATUS[stop_reason]`. `LeftDriftAlarm` warns once per
-episode of `cegppo/preserved/left_log_ratio` below `left_drift_warning` (docs/entropy-study.md).
+have *zero signal* (no group with reward spread and no other loss term with a gradient, or no completion in the loss),
+warns at a streak's first batch, and stops at the limits or at the end of a run that never had a signal, through
+transformers' `control.should_training_stop` (`StopWhenNothingToLearn`). `LeftDriftAlarm` warns once per episode of
+`cegppo/preserved/left_log_ratio` below `left_drift_warning`.
 """
 
 from __future__ import annotations
@@ -29,36 +27,25 @@ logger = logging.getLogger(__name__)
 # `cegppo train`'s exit status after each stop (0: trained to the end; 2: a refused setting).
 STOP_EXIT_STATUS = {"zero_signal": 3, "unscorable": 4}
 _ADVICE = {  # each zero-signal kind: what the batch shows ({value}) and what to do
-    "top": "every completion got the top reward ({value}): the task is solved or too easy. Stop, or train on harder "
-    "prompts.",
-    "lowest": "every completion got the lowest reward ({value}): the task is too hard, or the reward cannot score this "
-    "data (reference column, answer format): `cegppo check` with the same arguments shows what each reward receives.",
-    "equal": "the completions of each prompt got one reward ({value}), not all the lowest or all the top one"
-    "{range_note}: the reward is constant on them. Check the reward function (`cegppo check`).",
-    "mixed": "each prompt's completions got one reward, the top for some prompts and the lowest for others ({value}): "
-    "each prompt is all or nothing. Mix in prompts of intermediate difficulty, or raise `num_generations`.",
-    "nonfinite": "a reward is infinite ({value}), so the group's advantages are NaN. Return finite numbers (None for "
-    "a completion a reward cannot score).",
-    "masked": "every completion is masked out of the loss, e.g. `mask_truncated_completions=True` with every "
-    "completion cut at `max_completion_length`: raise it, or turn `mask_truncated_completions` off.",
+    "top": "every completion got the top reward ({value}): the task is solved; stop, or train on harder prompts.",
+    "lowest": "every completion got the lowest reward ({value}): the task is too hard or unscorable; `cegppo check`.",
+    "equal": "each prompt's completions got one reward ({value}), not all the lowest or all the top one{range_note}: "
+    "the reward is constant on them; `cegppo check`.",
+    "mixed": "each prompt's completions got one reward, the top or the lowest ({value}): mix in prompts of "
+    "intermediate difficulty, or raise `num_generations`.",
+    "nonfinite": "a reward is infinite ({value}), so its group's advantages are NaN: return finite numbers or None.",
+    "masked": "every completion is masked out of the loss (`mask_truncated_completions=True` with every completion "
+    "cut): raise `max_completion_length`.",
 }
 _STATE = ("unscorable_batches", "zero_signal_batches", "zero_signal_kind", "last_values", "observed_min",
           "observed_max", "scored", "learned")  # fmt: skip
 
 
 class RewardSignalMonitor:
-    """Counts consecutive unscorable and zero-signal training rollout batches; warns, and stops at the limits.
-
-    Args:
-        max_unscorable_batches: stop after this many consecutive batches without any reward (0: never).
-        max_zero_signal_batches: stop after this many consecutive zero-signal batches (0: never).
-        reward_range: `(lowest, top)` of the total (weighted) reward when every reward declares its range, else None
-            (the run's observed extremes are used).
-        reward_names: the reward functions' names, for the messages.
-        other_terms: a loss term has a gradient whatever the rewards (TRL's KL term, its entropy bonus).
-        sft_term, sft_reward_threshold: the SFT term is on (a batch in which it trains a completion has a signal), and
-            its threshold (`rollouts.correct_completions`).
-    """
+    """Counts consecutive unscorable and zero-signal training rollout batches; warns, and stops at the limits (0:
+    never). `reward_range` is the total reward's `(lowest, top)` when every reward declares it (else the run's observed
+    extremes are used); `other_terms`: a loss term has a gradient whatever the rewards (TRL's KL term, entropy bonus);
+    `sft_term`: a batch in which the SFT term trains a completion has a signal."""
 
     def __init__(
         self,
@@ -73,16 +60,15 @@ class RewardSignalMonitor:
         self.max_unscorable_batches, self.max_zero_signal_batches = max_unscorable_batches, max_zero_signal_batches
         self.reward_range, self.reward_names, self.other_terms = reward_range, list(reward_names), other_terms
         self.sft_term, self.sft_reward_threshold = sft_term, sft_reward_threshold
-        self.warned_infinite = False  # the infinite-reward warning is given once per run
+        self.warned_infinite = False  # once per run
         self.unscorable_batches = self.zero_signal_batches = 0  # the current streaks
         self.zero_signal_kind, self.last_values = None, []  # the last zero-signal batch's kind and group values
-        self.observed_min = self.observed_max = None  # extremes of the finite total rewards seen in training
-        self.scored = self.learned = False  # whether a training batch of this run got a reward / had a signal
-        self.stop_reason = self.stop_message = None  # set at a stop; not saved: a resumed streak reaches it again
+        self.observed_min = self.observed_max = None  # of the finite total rewards seen in training
+        self.scored = self.learned = False  # a training batch of this run got a reward / had a signal
+        self.stop_reason = self.stop_message = None  # not saved: a resumed streak reaches the stop again
 
     @classmethod
     def for_trainer(cls, trainer) -> RewardSignalMonitor:
-        """The monitor of a `CEGPPOTrainer`: its limits, reward names and the total reward's declared range."""
         from .rewards import reward_value_range
 
         args = trainer.args
@@ -97,8 +83,7 @@ class RewardSignalMonitor:
                    args.beta != 0 or entropy_bonus, sft_term, args.sft_reward_threshold)  # fmt: skip
 
     def observe_rewards(self, rewards_per_func: torch.Tensor) -> str | None:
-        """Count one training batch's per-function rewards `[N, num_funcs]` (NaN: unscorable); a warning to log when
-        it has no reward at all (the stop's message at the limit) or, once per run, an infinite one."""
+        """Count one training batch's rewards `[N, num_funcs]` (NaN: unscorable); the warning to log, if any."""
         unscorable = bool(torch.isnan(rewards_per_func).all()) if rewards_per_func.numel() else False
         self.scored = self.scored or not unscorable
         self.unscorable_batches = self.unscorable_batches + 1 if unscorable else 0
@@ -108,8 +93,7 @@ class RewardSignalMonitor:
             names = [n for i, n in enumerate(self.reward_names) if bool(infinite[:, i].any())] or self.reward_names
             return (
                 f"Reward {', '.join(names)} returned an infinite score for {int(infinite.any(1).sum())} of "
-                f"{rewards_per_func.size(0)} completions: their groups' advantages are NaN, which TRL sets to 0, so "
-                "those prompts train on nothing (warned once per run). Return a finite score (or None)."
+                f"{rewards_per_func.size(0)} completions: their groups train on nothing. Return a finite score or None."
             )
         if not unscorable or not self.max_unscorable_batches:
             return None
@@ -118,9 +102,8 @@ class RewardSignalMonitor:
                 "unscorable",
                 f"No completion of the last {self.unscorable_batches} rollout batch(es) got a reward: every reward "
                 f"function ({', '.join(self.reward_names)}) returned None or NaN for all {rewards_per_func.size(0)} "
-                "completions. Training stops after this step (`max_unscorable_batches="
-                f"{self.max_unscorable_batches}`, 0 never stops). Check the reward functions' dataset columns and the "
-                "completion format: `cegppo check` with the same arguments shows what each reward receives.",
+                f"completions. Training stops after this step (`max_unscorable_batches={self.max_unscorable_batches}`, "
+                "0 never stops). `cegppo check` shows what each reward receives.",
             )
         return (
             f"No completion of this rollout batch got a reward (zero gradient): {self.unscorable_batches} "
@@ -129,9 +112,8 @@ class RewardSignalMonitor:
         )
 
     def observe_signal(self, rewards, advantages, num_generations: int, trained=None) -> str | None:
-        """Count one training batch's learning signal from its `(N,)` total rewards (all processes, group by group),
-        TRL's advantages (both NaN where unscorable) and which completions have a token in the loss (None: all);
-        a warning at the first zero-signal batch of a streak (the stop's message at the limit), else None."""
+        """Count one training batch's learning signal from its `(N,)` total rewards, TRL's advantages (both NaN where
+        unscorable) and which completions have a token in the loss (None: all); the warning to log, if any."""
         scorable = rewards[~torch.isnan(rewards)]
         if scorable.numel() == 0:  # unscorable: `observe_rewards` counts it; it neither counts nor resets here
             return None
@@ -167,23 +149,20 @@ class RewardSignalMonitor:
         )
 
     def other_term_has_gradient(self, rewards: torch.Tensor, num_generations: int, trained=None) -> bool:
-        """Whether a loss term besides the policy's has a gradient: `other_terms`, or the SFT term on a trained
-        completion it selects."""
         if self.other_terms or not self.sft_term:
             return self.other_terms
         selected = correct_completions(rewards, num_generations, self.sft_reward_threshold)
         return bool((selected if trained is None else selected & trained.bool()).any())
 
     def end_of_run(self, steps: int) -> str | None:
-        """At the end of `train()`: a run of `steps` optimizer steps without any learning signal ends with a stop
-        reason (its message returned), however short it was."""
+        """At the end of `train()`: a run without any learning signal ends with a stop reason, however short."""
         if self.stop_reason is not None or steps < 1 or self.learned:
             return None
         if not self.scored:
             return self._stop(
                 "unscorable",
-                f"No completion of this run got a reward: every reward function ({', '.join(self.reward_names)}) "
-                "returned None or NaN. Check that they can score this task (`cegppo check --call_rewards`).",
+                f"No completion of this run got a reward from {', '.join(self.reward_names)}: check that they can "
+                "score this task (`cegppo check --call_rewards`).",
             )
         return self._stop(
             "zero_signal",
@@ -197,7 +176,6 @@ class RewardSignalMonitor:
         return message
 
     def classify(self, rewards: torch.Tensor, num_generations: int) -> tuple[str, list[float]]:
-        """The kind of a zero-signal batch (`_ADVICE`'s keys) and its distinct group values."""
         if bool(torch.isinf(rewards).any()):
             return "nonfinite", sorted({float(v) for v in rewards[torch.isinf(rewards)]})
         grouped = torch.nan_to_num(rewards.view(-1, num_generations), nan=-math.inf).amax(dim=1)
@@ -215,27 +193,22 @@ class RewardSignalMonitor:
 
     def _advice(self, kind: str, values: list[float]) -> str:
         shown = ", ".join(f"{v:g}" for v in values[:4]) + (", ..." if len(values) > 4 else "")
-        if self.reward_range is not None:
-            range_note = f" ({self.reward_range[0]:g} to {self.reward_range[1]:g})"
-        else:
-            range_note = (f"; the rewards ({', '.join(self.reward_names)}) declare no score range (a `reward_range` "
-                          "attribute), so the lowest and top are the extremes seen so far")  # fmt: skip
+        low_top = self.reward_range
+        range_note = f" ({low_top[0]:g} to {low_top[1]:g})" if low_top else "; the rewards declare no score range"
         return _ADVICE[kind].format(value=shown, range_note=range_note)
 
     def state_dict(self) -> dict:
-        """The counts and observed extremes, JSON-able (for checkpoints)."""
         return {key: getattr(self, key) for key in _STATE}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` returned; a checkpoint without `scored` / `learned` came from a run that was
-        not stopped: it learned."""
+        # a checkpoint without `scored` / `learned` came from a run that was not stopped: it learned
         for key in _STATE:
             setattr(self, key, state.get(key, True if key in ("scored", "learned") else getattr(self, key)))
 
 
 class StopWhenNothingToLearn(TrainerCallback, ExportableState):
-    """Ends training at the end of the optimizer step in which `monitor` reached a stop: transformers' own early stop
-    (`control.should_training_stop`). The monitor's counts are this callback's state in `trainer_state.json`."""
+    """Ends training at the end of the optimizer step in which `monitor` reached a stop; the monitor's counts are this
+    callback's state in `trainer_state.json`."""
 
     def __init__(self, monitor: RewardSignalMonitor | None = None):
         self.monitor = monitor
@@ -267,15 +240,9 @@ STATISTICS = ("tokens", "left", "left_log_ratio", "dual", "guard", "sft_nll", "s
 
 @torch.no_grad()
 def loss_statistics(log_ratio, mask, regions: CEGPPORegions, logps=None, sft_mask=None) -> torch.Tensor:
-    """One micro-batch's local statistics as one tensor, without a host transfer: the `STATISTICS` sums over the loss's
-    entries (tokens, or sequences with a token for a sequence-level ratio), then ``min r`` and ``-max r`` (``inf``
-    without entries): windows and processes combine by adding the sums and taking the minimum of the rest.
-
-    Args:
-        log_ratio, mask, regions: ``log r`` (detached, ``(B, T)`` or ``(B, 1)``), the ``(B, T)`` loss mask and
-            `loss.cegppo_regions` of the ratio (TRL logs the clip fractions itself).
-        logps, sft_mask: ``(B, T)`` log-probabilities and the SFT term's token mask, when the term is on.
-    """
+    """One micro-batch's statistics as one tensor, without a host transfer: the `STATISTICS` sums over the loss's
+    entries (tokens, or sequences for a sequence-level ratio), then ``min r`` and ``-max r``: windows and processes
+    combine by adding the sums and taking the minimum of the rest. `logps` and `sft_mask` when the SFT term is on."""
     log_ratio = log_ratio.float()
     count = mask.float() if log_ratio.shape[-1] != 1 else (mask.sum(-1, keepdim=True) > 0).float()  # [B, T] | [B, 1]
     left, _, dual, guard = (x.float().expand_as(log_ratio) for x in regions)
@@ -288,8 +255,7 @@ def loss_statistics(log_ratio, mask, regions: CEGPPORegions, logps=None, sft_mas
 
 
 def statistics_metrics(values: Sequence[float], dual: bool, left_guard: bool) -> dict[str, float]:
-    """The `cegppo/` metrics of an optimizer step from its combined `loss_statistics` (all micro-batches and
-    processes); `dual`, `left_guard`: whether `delta` and `delta_low` are on."""
+    """The `cegppo/` metrics of an optimizer step from its combined `loss_statistics`."""
     sums = dict(zip(STATISTICS, values))
     count = sums["tokens"]
     if count == 0:  # every group, on every process, was dropped: nothing to measure
@@ -307,9 +273,8 @@ def statistics_metrics(values: Sequence[float], dual: bool, left_guard: bool) ->
 
 
 class LeftDriftAlarm(TrainerCallback, ExportableState):
-    """Fires on the first optimizer step of an episode of drift (mean left-clipped log r below `threshold`), stays
-    silent while it lasts, and re-arms once a step is back at or above the threshold; a step without left-clipped
-    tokens (None) changes nothing. `armed` is its state in `trainer_state.json`."""
+    """Fires on the first optimizer step of an episode of drift (mean left-clipped log r below `threshold`) and re-arms
+    once a step is back at or above it; a step without left-clipped tokens (None) changes nothing."""
 
     def __init__(self, threshold: float):
         self.threshold, self.armed = threshold, True
@@ -321,32 +286,25 @@ class LeftDriftAlarm(TrainerCallback, ExportableState):
         self.armed = bool(state["armed"])
 
     def update(self, value: float | None) -> bool:
-        """Record one optimizer step's value; True when the warning should be given now."""
         if value is None:
             return False
         fire, self.armed = self.armed and value < self.threshold, value >= self.threshold
         return fire
 
     def warning(self, value: float | None, step: int, args: Any, beta1: float) -> str | None:
-        """`update` with optimizer step `step`'s value (counted from 1); `left_drift_message` when it fires."""
         return left_drift_message(value, step, self.threshold, args, beta1) if self.update(value) else None
 
 
 def left_drift_message(value: float, step: int, threshold: float, args: Any, beta1: float) -> str:
-    """The drift warning, naming each fix with the run's values (`args`: its batch layout, learning rate and
-    `delta_low`; `beta1`: the step's)."""
+    """The drift warning, naming each fix with the run's values."""
     steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
-    guard = (
-        f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, this drift is a weaker sign: most false "
-        "alarms in cegppo-trl's entropy studies came from guarded runs, so check validation first)"
-        if args.delta_low
-        else "the left guard `delta_low` (e.g. 0.5)"
-    )
+    guard = "the left guard `delta_low` (e.g. 0.5)"
+    if args.delta_low:
+        guard = f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, check validation first)"
     return (
         f"cegppo/preserved/left_log_ratio = {value:.2f} at step {step} is below `left_drift_warning` = {threshold:g}: "
-        "left-clipped negative-advantage tokens are pushed far below the rollout policy, which preceded most collapses "
-        "in cegppo-trl's entropy studies (at -1.5 on a tiny model: 50 of 59 held-out collapses caught, 16 false alarms "
-        f"in 101 stable runs). Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate "
-        f"(now {args.learning_rate:g}), or a smaller `gppo_beta1` (now {beta1:g}) or {guard}. Not repeated until the "
+        "left-clipped tokens are pushed far below the rollout policy, which preceded most entropy collapses in "
+        f"cegppo-trl's studies. Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate "
+        f"(now {args.learning_rate:g}), a smaller `gppo_beta1` (now {beta1:g}) or {guard}. Not repeated until the "
         "value is back above the threshold; `left_drift_warning=None` disables it."
     )

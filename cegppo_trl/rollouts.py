@@ -1,8 +1,6 @@
-"""Per-completion masks from rewards for the two parts of the authors' recipe the paper leaves out (docs/algorithm.md
-§3): the SFT term on correct completions and dynamic sampling. Pure functions, tensors in and out.
-
-Rewards are the total (weighted) reward per completion over the rollout batch of all processes, group by group
-(`num_generations` consecutive completions per prompt), NaN where no reward function could score it.
+"""Per-completion masks for the two parts of the authors' recipe the paper leaves out (docs/algorithm.md §3): the SFT
+term on correct completions and dynamic sampling. Rewards are the total reward per completion over the rollout batch
+of all processes, `num_generations` consecutive completions per prompt, NaN where no reward function could score it.
 """
 
 from __future__ import annotations
@@ -63,23 +61,12 @@ def rollout_batch_masks(
     sft_reward_threshold: float | None,
     gather: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """What a rollout batch adds to TRL's output for the CE-GPPO loss: the masks of dynamic sampling and the SFT term.
+    """What a rollout batch adds to TRL's output for the CE-GPPO loss, and its metrics: dynamic sampling's `keep_mask`
+    and `num_items_in_batch` (the kept tokens), the SFT term's `sft_mask` and `num_sft_items_in_batch`.
 
-    Args:
-        rewards: `total_rewards` ``(N,)`` of the whole rollout batch (all processes).
-        advantages: TRL's advantages ``(N,)`` of the same completions, NaN where unscorable (read with
-            `dynamic_sampling` only).
-        loss_mask: this process's completion mask ``(B, T)``, times TRL's tool mask where there is one.
-        process_index: this process's rank; its completions are rows ``[rank * B, (rank + 1) * B)``.
-        num_generations: completions per prompt.
-        dynamic_sampling: drop the groups without advantage spread (training only).
-        sft_loss_coef: the SFT term's weight; its mask is built when > 0.
-        sft_reward_threshold: `correct_completions`' threshold.
-        gather: concatenates a tensor over the processes (`accelerator.gather`).
-
-    Returns:
-        ``(outputs, metrics)``: the entries for TRL's output (`keep_mask` and `num_items_in_batch`, the kept tokens of
-        the rollout batch; `sft_mask` and `num_sft_items_in_batch`, the correct completions' tokens) and the metrics.
+    `rewards` (`total_rewards`) and `advantages` (TRL's, NaN where unscorable; read with `dynamic_sampling`) are
+    ``(N,)`` over all processes; `loss_mask` is this process's ``(B, T)``, rows ``[rank * B, (rank + 1) * B)`` of them;
+    `gather` concatenates a tensor over the processes (`accelerator.gather`).
     """
     outputs: dict[str, torch.Tensor] = {}
     metrics: dict[str, float] = {}

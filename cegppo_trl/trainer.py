@@ -54,7 +54,7 @@ class CEGPPOTrainer(CheckpointHooks, trl.GRPOTrainer):
     _paper = PAPER  # TRL's card: its paper link and citation
 
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
-        args = CEGPPOConfig.for_trainer(model, args)  # CE-GPPO's fields checked; the rest is GRPOTrainer's to refuse
+        args = CEGPPOConfig.for_trainer(model, args, type(self))  # CE-GPPO's fields checked; the rest GRPOTrainer's
         check_trl_compatibility(args)  # Liger's fused loss before TRL 1.14: before the model loads
         super().__init__(model, resolve_reward_names(reward_funcs), args, *pargs, **kwargs)
         self._warn_if_on_policy()

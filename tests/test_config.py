@@ -127,3 +127,24 @@ def test_preflight_gives_the_trainers_on_policy_message(tmp_path):
     report = Report()
     inspect_batch_layout(report, args, 1)
     assert [f.message for f in report.warnings if f.code == "trainer"] == [on_policy_message(args)]
+
+
+def test_core_trainer_refuses_research_fields_it_would_ignore(tmp_path):
+    from cegppo_trl import CEGPPOTrainer
+    from cegppo_trl.research.trainer import ResearchCEGPPOConfig, ResearchCEGPPOTrainer
+
+    kw = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    args = ResearchCEGPPOConfig(**kw, gppo_beta_rule="entropy", log_predictor=True)
+    with pytest.raises(ValueError) as error:  # refused before the model loads: the model name is never read
+        CEGPPOTrainer("no/such-model", args=args)
+    assert str(error.value) == (
+        "`ResearchCEGPPOConfig` sets ['gppo_beta_rule', 'log_predictor'], which only `ResearchCEGPPOTrainer` reads: "
+        "`CEGPPOTrainer` would ignore them. Use `ResearchCEGPPOTrainer`, or leave them at their defaults."
+    )
+    controlled = ResearchCEGPPOConfig(**kw, entropy_controller={"target_low": 0.3, "target_high": 0.6})
+    with pytest.raises(ValueError, match=r"sets \['entropy_controller'\]"):
+        CEGPPOConfig.for_trainer(None, controlled, CEGPPOTrainer)
+    # the research trainer reads them (its super().__init__ checks again); at their defaults the core trainer may run
+    assert CEGPPOConfig.for_trainer(None, args, ResearchCEGPPOTrainer) is args
+    plain = ResearchCEGPPOConfig(**kw)
+    assert CEGPPOConfig.for_trainer(None, plain, CEGPPOTrainer) is plain

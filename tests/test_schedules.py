@@ -23,26 +23,26 @@ def test_paper_switch_is_zero_before_step_585_and_half_from_it_on():
     assert values("piecewise:0@0,0.5@585", [0, 584, 585, 999, 5000]) == [0, 0, 0.5, 0.5, 0.5]
 
 
-def test_percent_boundaries_are_exact_fractions():
+def test_percent_boundaries_resolve_to_the_intended_step():
     # 58.5% of 1000 = 585 and of 2000 = 1170 (the switch recipe's spec scales with max_steps)
     assert values("piecewise:0,0.5@58.5%", [584, 585]) == [0, 0.5]
     assert values("piecewise:0,0.5@58.5%", [1169, 1170], total=2000) == [0, 0.5]
-    # 1.1% of 3000 is 33, but 1.1 * 3000 / 100 in floats is 33.00000000000001, which would switch a step late
+    # 1.1% of 3000 is 33, but 1.1 * 3000 / 100 in floats is 33.00000000000001, which would switch a step late (rounded)
     assert 1.1 * 3000 / 100 > 33 and values("piecewise:0,1@1.1%", [32, 33], total=3000) == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # constant
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", ["0.5", "constant:0.5", " constant : 0.5 ", "CONSTANT:0.5", "5e-1", 0.5])
+@pytest.mark.parametrize("spec", ["0.5", "constant:0.5", " constant : 0.5 ", "CONSTANT:0.5", 0.5])
 def test_constant_is_the_same_at_every_step_and_prints_as_constant(spec):
     assert values(spec, [0, 1, 999, 1000, 10**6]) == [0.5] * 5
     assert str(parse_schedule(spec)) == "constant:0.5"
 
 
-def test_integer_and_float_constants_print_readably():
+def test_numbers_print_as_written():
     assert str(parse_schedule(1)) == "constant:1" and parse_schedule(0)(3, 10) == 0.0
-    assert str(parse_schedule(0.1)) == "constant:0.1" and str(parse_schedule("1e-7")) == "constant:1e-07"
+    assert str(parse_schedule("5e-1")) == "constant:5e-1" and values("5e-1", [0, 7]) == [0.5, 0.5]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,8 +76,8 @@ def test_linear_percent_window_resolves_against_total_steps():
     assert values("linear:0->1@10%-60%", [1, 5, 9], total=15) == pytest.approx([0, 3.5 / 7.5, 1])
 
 
-def test_linear_window_may_mix_steps_and_percent():
-    assert values("linear:0->1@100-100%", [100, 550, 1000]) == pytest.approx([0, 0.5, 1])  # step 100 to the end
+def test_linear_percent_window_may_start_at_step_0():
+    assert values("linear:0->1@0-50%", [0, 250, 500, 999]) == pytest.approx([0, 0.5, 1, 1])  # 0 is 0 steps or 0%
 
 
 def test_total_steps_of_one_ramps_over_a_single_step():
@@ -88,7 +88,7 @@ def test_total_steps_of_one_ramps_over_a_single_step():
 # piecewise
 # ---------------------------------------------------------------------------------------------------------------
 def test_piecewise_several_pieces():
-    got = values("piecewise:1@0,0.5@100,0.25@20%", [0, 99, 100, 199, 200, 999, 3000])
+    got = values("piecewise:1@0,0.5@10%,0.25@20%", [0, 99, 100, 199, 200, 999, 3000])
     assert got == [1, 1, 0.5, 0.5, 0.25, 0.25, 0.25]  # 20% of 1000 = 200
 
 
@@ -97,15 +97,15 @@ def test_piecewise_single_piece_is_constant():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What the trainer reads: initial, check, str; value_range for the controller's bounds
+# What the trainer reads: initial, str; value_range for the controller's bounds
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "spec, initial, value_range",
     [
         ("0.5", 0.5, (0.5, 0.5)),
         ("linear:1->0.5", 1.0, (0.5, 1.0)),
-        ("linear:0.2->1@5-50%", 0.2, (0.2, 1.0)),  # empty for runs of 1-10 steps: initial must not resolve it
-        ("piecewise:0.5@0,0@100,0.75@50%", 0.5, (0.0, 0.75)),
+        ("linear:0.2->1@5%-50%", 0.2, (0.2, 1.0)),
+        ("piecewise:0.5@0,0@10%,0.75@50%", 0.5, (0.0, 0.75)),
     ],
 )
 def test_initial_is_the_step_0_value_of_every_run_length(spec, initial, value_range):
@@ -115,36 +115,11 @@ def test_initial_is_the_step_0_value_of_every_run_length(spec, initial, value_ra
         assert schedule(0, total) == initial
 
 
-def test_mixed_window_empty_for_the_run_length_fails_at_check_naming_the_field():
-    schedule = parse_schedule("linear:0->1@600-50%")  # 600-1000 for 2000 steps, 600-500 for 1000
-    schedule.check(2000)
-    assert schedule(800, 2000) == 0.5
-    with pytest.raises(ValueError) as error:
-        schedule.check(1000, field="gppo_beta2_schedule")
-    assert str(error.value) == (
-        "`gppo_beta2_schedule`: schedule 'linear:0->1@600-50%': its window resolves to steps 600, 500, empty for "
-        "total_steps=1000. Write them both in steps or both in percentages, or move them apart for this run length."
-    )
-
-
-def test_mixed_piecewise_boundaries_are_checked_against_the_run_length():
-    schedule = parse_schedule("piecewise:0,1@600,2@50%")  # 600 < 50% only for runs longer than 1200 steps
-    assert values(schedule, [599, 600, 999, 1000], total=2000) == [0, 1, 1, 2]
-    with pytest.raises(ValueError, match=r"^schedule .* boundaries resolve to steps 0, 600, 500, empty for total"):
-        schedule.check(1000)
-
-
 def test_str_is_the_spec_without_whitespace_and_reads_back():
-    schedule = parse_schedule(" Linear: 0.0 -> 0.50 @ 100 - 60% ")
-    assert str(schedule) == "linear:0.0->0.50@100-60%"
+    schedule = parse_schedule(" Linear: 0.0 -> 0.50 @ 10% - 60% ")
+    assert str(schedule) == "linear:0.0->0.50@10%-60%"
     assert parse_schedule(str(schedule)) == schedule and parse_schedule(schedule) is schedule
     assert isinstance(schedule, Schedule) and pickle.loads(pickle.dumps(schedule)) == schedule
-
-
-@pytest.mark.parametrize("step, total", [(-1, 10), (0, 0), (1.5, 10), (True, 10)])
-def test_step_must_be_an_integer_from_0_and_total_from_1(step, total):
-    with pytest.raises(ValueError, match="must be an integer >= "):
-        parse_schedule("linear:0->1")(step, total)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,6 +175,8 @@ MALFORMED = {
     "linear:0->0.5@100-100": "linear window must increase, got 100 then 100",
     "linear:0->0.5@10.5-20": "linear window '10.5' must be a step (an integer, e.g. 585) or a percentage <= 100",
     "linear:0->0.5@10%-120%": "linear window '120%' must be a step",
+    "linear:0->1@600-50%": "linear window 600, 50% mixes steps and percentages: write all in one or the other",
+    "piecewise:0,1@600,2@50%": "piecewise boundaries 0, 600, 50% mixes steps and percentages",
     "piecewise:": "piecewise value #1 is missing",
     "piecewise:0@10,1@20": "the first piecewise boundary must be 0 (the value at step 0), got 10",
     "piecewise:0@0,1": "every piece but the first needs its boundary, VALUE@STEP",

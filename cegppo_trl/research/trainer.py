@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import TrainerCallback
@@ -52,6 +53,7 @@ class ResearchCEGPPOConfig(CEGPPOConfig):
     log_predictor: bool = field(
         default=False, metadata={"help": "Log the entropy predictor and the preserved gradient share."}
     )
+    trainer_class: ClassVar[str] = "ResearchCEGPPOTrainer"  # `CEGPPOTrainer` refuses these fields set
 
     def __post_init__(self):
         if self.gppo_beta_rule not in ("paper", "entropy"):
@@ -104,7 +106,9 @@ class ResearchCEGPPOTrainer(CEGPPOTrainer):
     def __init__(self, model, reward_funcs=None, args: CEGPPOConfig | None = None, *pargs, **kwargs):
         if isinstance(args, CEGPPOConfig) and not isinstance(args, ResearchCEGPPOConfig):
             args = ResearchCEGPPOConfig.from_grpo_config(args)
-        super().__init__(model, reward_funcs, ResearchCEGPPOConfig.for_trainer(model, args), *pargs, **kwargs)
+        super().__init__(
+            model, reward_funcs, ResearchCEGPPOConfig.for_trainer(model, args, type(self)), *pargs, **kwargs
+        )
         self._entropy_window: list[float] = []  # TRL's logged entropy of this step's micro-batches
         if self.args.entropy_controller is not None:
             initial = (self.beta1_schedule.initial, self.beta2_schedule.initial)
