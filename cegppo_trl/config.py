@@ -65,25 +65,16 @@ class CEGPPOConfig(GRPOConfig):
     or `steps_per_generation` a multiple of `gradient_accumulation_steps` above it); the trainer warns otherwise.
 
     Parameters:
-        gppo_beta1 (`float`, defaults to `0.5`): gradient scale of left-clipped negative-advantage tokens (NA&LP);
-            larger makes entropy fall faster. The paper: `0.5` (1.5B), `0.75` (7B).
-        gppo_beta2 (`float`, defaults to `1.0`): gradient scale of right-clipped positive-advantage tokens (PA&LP);
-            larger makes entropy fall slower.
-        gppo_beta1_schedule, gppo_beta2_schedule (`str` or `None`): the beta over optimizer steps, overriding
-            `gppo_beta1` / `gppo_beta2`, e.g. `"piecewise:0,0.5@58.5%"` (the paper's switch; `cegppo_trl.schedules`).
-        sft_loss_coef (`float`, defaults to `0.0`): weight of the authors' SFT term, the token-mean NLL of the correct
-            completions (recipes: `0.1`).
-        sft_reward_threshold (`float` or `None`): correct is total reward >= this; `None`: positive and the best of
-            its group.
-        delta_low (`float` or `None`): the left guard, in `(0, 1 - epsilon]`: left-clipped tokens with a ratio below
-            it keep their loss value but lose (`delta_low_mode="cutoff"`) or decay (`"decay"`: weight
-            `-beta1 * (1 - epsilon) * A * r / delta_low`) its gradient. `None`: the paper's objective.
-        left_drift_warning (`float` or `None`, defaults to `-1.5`): warn, once per episode, when an optimizer step's
-            `cegppo/preserved/left_log_ratio` falls below it.
-        dynamic_sampling (`bool`): drop the groups whose advantages are all zero from the loss, as the authors do.
-        max_unscorable_batches, max_zero_signal_batches (`int`, defaults to `10`, `100`): stop (transformers'
-            `should_training_stop`; `trainer.stop_reason` `"unscorable"` / `"zero_signal"`, `cegppo train` exits 4 / 3)
-            after this many training rollout batches in a row without any reward / without reward spread. `0`: never.
+        gppo_beta1, gppo_beta2 (`float`, defaults to `0.5`, `1.0`): gradient scales of left-clipped negative-advantage
+            (NA&LP; larger: entropy falls faster) and right-clipped positive-advantage tokens (PA&LP; slower).
+        gppo_beta1_schedule, gppo_beta2_schedule (`str` or `None`): the betas over optimizer steps
+            (`cegppo_trl.schedules`), e.g. `"piecewise:0,0.5@58.5%"`, the paper's switch.
+        sft_loss_coef, sft_reward_threshold: the authors' SFT term (recipes: `0.1`) on the correct completions (total
+            reward >= the threshold; `None`: positive and the best of its group).
+        delta_low, delta_low_mode: the left guard in `(0, 1 - epsilon]`; below it left-clipped tokens lose
+            (`"cutoff"`) or decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) their gradient.
+        left_drift_warning (`float` or `None`, defaults to `-1.5`), dynamic_sampling, max_unscorable_batches,
+            max_zero_signal_batches: see each field's help.
     """
 
     gppo_beta1: float = field(
