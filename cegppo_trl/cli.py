@@ -1,10 +1,6 @@
-"""The `cegppo` console command: `train`, `check` (the plan of the same command), `recipes`, `config-path`,
-`rewards`, and the `cegppo.commands` entry points (`probe`). Launchers take the module form `-m cegppo_trl.cli`.
-
-`cegppo train` prints a refused setting (`preflight.CEGPPOUsageError`, or a field's own check while parsing) as one
-line, exit status 2, and a reward that raised (`scripts.RewardFailed`) as one line, exit status 5; anything else
-keeps its traceback. `CEGPPO_TRACEBACK=1` keeps every traceback.
-"""
+"""The `cegppo` command (`train`, `check`, `recipes`, `config-path`, `rewards`, `cegppo.commands` entry points such as
+`probe`); launchers take `-m cegppo_trl.cli`. A refused setting or a raising reward is one line (exit 2 or 5) unless
+`CEGPPO_TRACEBACK=1`; anything else keeps its traceback."""
 
 from __future__ import annotations
 
@@ -70,21 +66,6 @@ examples:
     return parser
 
 
-def _check_parser() -> argparse.ArgumentParser:
-    """`cegppo check`'s own flag; every other argument is `cegppo train`'s (parsed after `--help`: no torch here)."""
-    parser = argparse.ArgumentParser(
-        prog="cegppo check",
-        usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
-        description="Check a `cegppo train` command (the same arguments: `cegppo train --help`) in seconds, without a "
-        "GPU or the model's weights: the prompts as the model gets them, the columns each reward reads, the batch "
-        "layout, the output directory, and what it did not check. Exit status 1 on any error, else 0.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--call_rewards", action="store_true",
-                        help="also call your rewards (your code runs) on a rollout batch of real rows")  # fmt: skip
-    return parser
-
-
 def _describe_reward(func) -> str:
     if not hasattr(func, "correct"):  # format_reward
         return "1 for a closed, non-empty \\boxed{} after a well-formed <think> block (or none), else 0; no reference."
@@ -94,8 +75,12 @@ def _describe_reward(func) -> str:
 
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
+    parser = argparse.ArgumentParser(prog="cegppo check", usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
+                                     description="The plan of a `cegppo train` command (`cegppo train --help`), without a "
+                                     "GPU or the weights; exit status 1 on any error.", allow_abbrev=False)  # fmt: skip
+    parser.add_argument("--call_rewards", action="store_true", help="also call your rewards on a rollout batch")
     try:
-        options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+        options, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
 
         parsed = parse_args(rest, prog="cegppo check")

@@ -1,10 +1,6 @@
-"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (`CEGPPOTrainer` never runs it).
-
-`run_checks` fills a `Report`, section by section, with what only a plan can show (the prompts as the model gets
-them, the columns each reward reads, the batch layout, the output folder's state) and refuses what would train on
-nothing or not at all; what TRL, transformers, torch or accelerate refuse is left to them. No reward of yours is
-called unless asked (`--call_rewards`); the package's and TRL's are called on the reference answers.
-"""
+"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (`CEGPPOTrainer` never runs it):
+what only a plan can show, and refusals of what would train on nothing; what TRL, transformers, torch or accelerate
+refuse is left to them. Rewards of yours are called only with `--call_rewards`."""
 
 from __future__ import annotations
 
@@ -130,11 +126,6 @@ def likely_column(columns: Sequence[str], option: str) -> str | None:
 
 
 # --- Data and prompts
-def _is_prompt(value: Any) -> bool:  # text or chat messages (a tool call may carry no `content`)
-    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and ("role" in m or "content" in m) for m in value))  # fmt: skip
-
-
 def column_problems(dataset: Any, prompt_column: str, solution_column: str | None) -> list[str]:
     """What is wrong with `prompt_column` / `solution_column` in the first rows: each component of a dotted path is
     followed (a misspelled nested field would pass `None` to every reward); a prompt must be text or chat messages."""
@@ -159,7 +150,7 @@ def column_problems(dataset: Any, prompt_column: str, solution_column: str | Non
             nested = [v for v in values if v is not None]  # a non-record on the way has no fields
             available = sorted({k for v in nested if isinstance(v, dict) for k in v}) if nested else None
         else:  # a None prompt is a row's problem: `inspect_dataset` names the row
-            bad = next((v for v in values if v is not None and not _is_prompt(v)), None)
+            bad = next((v for v in values if not isinstance(v, str | list | None)), None)  # a list: `prompt_problem`
             if option == "prompt_column" and bad is not None:
                 text = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
                 problems.append(f"`prompt_column={path}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not "
@@ -189,8 +180,7 @@ def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -
 
 
 def prompt_problem(prompt: Any) -> str | None:
-    """What the tokenizer or the chat template would fail on in one prompt, or None (TRL trains chat messages whose
-    content is empty: a template may render a header around them)."""
+    """What the tokenizer or the chat template would fail on in one prompt, or None (TRL trains empty contents)."""
     if prompt is None or isinstance(prompt, str):
         return "is None" if prompt is None else ("is empty" if not prompt.strip() else None)
     if not isinstance(prompt, list) or not prompt:
@@ -292,15 +282,11 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
         elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
-            if score := _call_reward(
-                report, name, func, rows if call is None else call, value_range, call is not None
-            ):
-                alike[name] = score
-    if alike and len(alike) == len(funcs):  # no reward told the completions apart: the run's total reward neither
+            alike[name] = _call_reward(report, name, func, call or rows, value_range, call is not None)
+    if alike and None not in alike.values() and len(alike) == len(funcs):  # so would the run's total reward
         which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
         report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
-                       f"the same score ({which}). If the model's completions score alike too, `cegppo train` stops "
-                       "after `max_zero_signal_batches` such rollout batches with exit status 3.")  # fmt: skip
+                       f"the same score ({which}): `cegppo train` stops with exit status 3 if the model's do too.")  # fmt: skip
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
@@ -311,9 +297,8 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
 
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
-    """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
-    one looks (a made-up one otherwise): what TRL fails on, no score at all (`cegppo train` exits 4) and a reference
-    answer without the top score are errors. Returns the score when every completion got the same made-up one."""
+    """`func` called as TRL calls it on `rows`, each completion the row's reference answer (a made-up one when the
+    reward's form is unknown); failures are errors. Returns the score when every made-up completion got the same."""
     import asyncio
 
     from transformers import TrainerState
@@ -333,10 +318,9 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         scores = asyncio.run(scores) if asyncio.iscoroutine(scores) else scores  # TRL awaits async rewards
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
-        report.error("rewards", f"{where}, failed: {type(error).__name__}: {error}")
-        return None
-    top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
-    wrong = None if top is None else next((i for i, v in enumerate(values) if v is None or abs(v - top) > 1e-6), None)
+        return report.error("rewards", f"{where}, failed: {type(error).__name__}: {error}")
+    top = value_range[1] if value_range is not None and None not in texts else None
+    wrong = next((i for i, v in enumerate(values) if top is not None and (v is None or abs(v - top) > 1e-6)), None)
     if len(values) != len(rows):
         report.error("rewards", f"{where}, returned {len(values)} value(s) for {len(rows)} completions.")
     elif all(v is None or math.isnan(v) for v in values):
@@ -345,12 +329,12 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         report.error("rewards", f"Reward `{name}` gives the reference answer itself (row {wrong}: solution="
                      f"{short_repr(rows[wrong].get(REFERENCE_COLUMN))}) the score {values[wrong]}, not its top score "
                      f"{top:g}: the reference column does not hold what this reward reads.")  # fmt: skip
+    elif any(v is not None and math.isinf(v) for v in values):
+        report.warning("rewards", f"{where}, returned an infinite score: TRL sets that group's advantages to 0.")
     else:
         scored = "the reference answers score the top score" if top is not None else "scores"
         report.info("rewards", f"  {called}: {scored} {short_repr(values)}")
-        if any(v is not None and math.isinf(v) for v in values):
-            report.warning("rewards", f"{where}, returned an infinite score: TRL sets that group's advantages to 0.")
-        elif top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
+        if top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
             return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
     return None
 

@@ -1,11 +1,6 @@
-"""Reward functions for CE-GPPO runs, selectable by name (`--reward_funcs math_verify format`).
-
-Every reward follows TRL's signature `f(completions, **kwargs) -> list[float | None]`; the reference answer arrives
-as the `solution` column. A reward that needs a reference raises when the batch has no `solution` column at all
-(scoring every rollout "wrong" would train on nothing without a word); a malformed completion or one row's unusable
-reference gets the "wrong" score. TRL's rewards are accepted by name too (`TRL_REWARD_FUNCS`), any reward by dotted
-import path. The registry's table is in docs/usage.md.
-"""
+"""Reward functions by name (`--reward_funcs math_verify format`), TRL's signature, the reference answer in the
+`solution` column. A reward that needs one raises when the batch has no `solution` column (scoring every rollout
+"wrong" would train on nothing without a word); a malformed completion or one unusable reference scores "wrong"."""
 
 from __future__ import annotations
 
@@ -209,24 +204,19 @@ TRL_REWARD_FUNCS: dict[str, str] = {
 }
 
 
-def _unknown_reward_message(name: str) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, [*REWARD_FUNCS, *TRL_REWARD_FUNCS], n=1, cutoff=0.6)
-    return (f"Unknown reward function {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}. Built-in: "
-            f"{', '.join(REWARD_FUNCS)}; TRL's: {', '.join(TRL_REWARD_FUNCS)} (others as `trl.rewards.<name>`); or a "
-            "dotted import path (`my_lib.rewards.my_reward`).")  # fmt: skip
-
-
 def check_reward_name(name: str) -> None:
     """Refuse (`ValueError`) a bare name `get_reward_func` cannot resolve, importing nothing (parse time)."""
+    import difflib
+
     if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
-        raise ValueError(_unknown_reward_message(name))
+        close = difflib.get_close_matches(name, [*REWARD_FUNCS, *TRL_REWARD_FUNCS], n=1, cutoff=0.6)
+        raise ValueError(f"Unknown reward function {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}. "
+                         f"Built-in: {', '.join(REWARD_FUNCS)}; TRL's: {', '.join(TRL_REWARD_FUNCS)} (others as "
+                         "`trl.rewards.<name>`); or a dotted import path (`my_lib.rewards.my_reward`).")  # fmt: skip
 
 
 def get_reward_func(name: str) -> Callable:
-    """A reward by registry name, by the name of one of TRL's, or by dotted import path (resolved from the current
-    directory too, like TRL's `grpo.py`).
+    """A reward by registry name, TRL's name or dotted import path (from the current directory too, as TRL's `grpo.py`).
 
     Raises:
         ValueError: an unknown name that is not an importable `module.attribute` path.
@@ -248,27 +238,21 @@ def get_reward_func(name: str) -> Callable:
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
-    """`reward_funcs` with each registry name (`math_verify`, TRL's `accuracy_reward`) resolved to its function.
-
-    TRL reads a string as a reward model's Hub id or path (`"math_verify"` would be looked up on the Hub); a string
-    that is neither a registry name, a local folder nor of the `owner/name` form is refused.
-    """
+    """`reward_funcs` with each string that is no local folder nor `owner/name` Hub id (TRL reads both as a reward
+    model) resolved by `get_reward_func`."""
     import os
 
     def resolve(item: Any) -> Any:
-        if not isinstance(item, str) or os.path.isdir(os.path.expanduser(item)):
+        if not isinstance(item, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
             return item
-        if item in REWARD_FUNCS or item in TRL_REWARD_FUNCS:
+        try:
             return get_reward_func(item)
-        if item.count("/") != 1:
-            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder "
-                             f"and not a Hub id (`owner/name`). {_unknown_reward_message(item)} In Python pass the "
-                             "function itself: `cegppo_trl.rewards.get_reward_func('math_verify')`.")  # fmt: skip
-        return item
+        except ValueError as error:
+            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder and "
+                             f"not a Hub id (`owner/name`). {error} In Python pass the function itself: "
+                             "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
 
-    return (
-        [resolve(item) for item in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
-    )
+    return [resolve(f) for f in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
 
 
 def reward_value_range(func: Callable) -> tuple[float, float] | None:

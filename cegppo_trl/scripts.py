@@ -25,6 +25,7 @@ from .preflight import (
     inspect_model,
     inspect_output_dir,
     missing_checkpoint,
+    prompt_problem,
     run_checks,
 )
 from .resources import resolve_config
@@ -88,7 +89,6 @@ class CEGPPOScriptArguments(ScriptArguments):
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
     """The parser; an argument error is one line and a pointer to `--help`; `epilog` ends `--help`."""
     import argparse
-    import re
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
@@ -96,9 +96,7 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
     parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
                        formatter_class=Formatter)  # fmt: skip
     for action in parser._actions:  # argparse %-formats help; field help is prose (`@10%-60%`)
-        action.help = action.help and re.sub(
-            r"%%|%\(|%", lambda m: m.group() if len(m.group()) == 2 else "%%", action.help
-        )
+        action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
     parser.error = lambda message: parser.exit(  # type: ignore[method-assign]
         2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists every option)\n"
     )
@@ -164,22 +162,11 @@ def load_any_dataset(name: str | None, *, config: str | None = None, train_split
             raise ValueError(f"`dataset_name`: cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
         try:
             loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
-        except Exception as error:  # datasets fails obscurely on an empty file
-            if _is_empty(name, builder):
-                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
-            raise
+        except Exception as error:  # datasets' words for an empty file do not say so
+            raise ValueError(f"dataset {name!r} is empty (0 rows) or not {builder}: {error}") from error
     else:  # a Hub id, or a path that is not there: datasets' own error says which
         loaded = load_dataset(name, name=config, streaming=streaming)
     return DatasetDict({train_split: loaded}) if isinstance(loaded, Dataset) else loaded
-
-
-def _is_empty(path: str, builder: str) -> bool:
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_metadata(path).num_rows == 0
-    with open(path, "rb") as f:
-        return not f.read(1 << 20).strip()
 
 
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
@@ -233,7 +220,7 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
 
 def _format_prompt(prompt: Any, script_args: Any) -> Any:
     template, system = script_args.prompt_template, script_args.system_prompt
-    if prompt is None or (isinstance(prompt, list) and not prompt):
+    if not isinstance(prompt, str) and prompt_problem(prompt):
         return prompt  # left for the pre-flight to name the row
     if isinstance(prompt, str):
         text = template.replace("{prompt}", prompt) if template else prompt
@@ -370,7 +357,6 @@ def named_failures(funcs: list, names: list[str]) -> list:
 
 
 def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTrainer:
-    import torch
     from trl import get_quantization_config
 
     from .trainer import CEGPPOTrainer
@@ -393,11 +379,7 @@ def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTr
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    # Every process gets here before the group goes: destroying it while another rank still saves, or leaving it to
-    # interpreter exit, can hang a gloo (CPU) run after training finished.
+    # Every process gets here before the group goes (left to interpreter exit, it can hang a gloo run).
     trainer.accelerator.wait_for_everyone()
-    if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers and destroy the process group
-        trainer.end()
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    trainer.accelerator.end_training()  # the trackers, then the process group (what `Trainer.end` does)
     return trainer
