@@ -83,13 +83,8 @@ class _ReferenceReward:
 
 
 class MathVerifyReward(_ReferenceReward):
-    r"""Correctness of the last `\boxed{}` answer against the reference, by `math_verify.verify`.
-
-    The reference may be a bare answer (boxed before parsing, as the authors' reward does) or a worked solution
-    containing `\boxed{}`. Unlike the authors' reward (plain `math_verify.parse` of the whole response), a boxed
-    answer is required by default; `require_boxed=False` restores their fallback to un-boxed expressions. No box, an
-    unparseable answer or reference, and any math-verify error or timeout score `incorrect`.
-    """
+    r"""The last `\boxed{}` answer against the reference (bare, or a worked solution with `\boxed{}`) by
+    `math_verify.verify`; `require_boxed=False`: the authors' fallback to un-boxed expressions. Any failure: `incorrect`."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
         super().__init__(correct, incorrect, name or "math_verify")
@@ -216,11 +211,8 @@ def check_reward_name(name: str) -> None:
 
 
 def get_reward_func(name: str) -> Callable:
-    """A reward by registry name, TRL's name or dotted import path (from the current directory too, as TRL's `grpo.py`).
-
-    Raises:
-        ValueError: an unknown name that is not an importable `module.attribute` path.
-    """
+    """A reward by registry name, TRL's name or dotted import path (from the current directory too, as TRL's `grpo.py`);
+    `ValueError` for one it cannot resolve."""
     import importlib
     import os
     import sys

@@ -1,9 +1,5 @@
-"""The `cegppo train` / `cegppo check` script (TRL's `trl/scripts/grpo.py` shape), shared with `examples/cegppo.py`.
-
-A `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`): every field is a YAML key
-(`--config`) and a flag. The dataset is loaded by name or path and its columns mapped onto `prompt` and `solution`;
-`main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
-"""
+"""The `cegppo train` / `cegppo check` script (TRL's `grpo.py` shape, shared with `examples/cegppo.py`): every field
+of (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`) a flag and a YAML key; `main()` runs the pre-flight."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
@@ -50,15 +47,12 @@ class RewardFailed(RuntimeError):
 
 
 def _option(default: Any, help: str) -> Any:
-    if callable(default):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+    return field(**{"default_factory" if callable(default) else "default": default}, metadata={"help": help})
 
 
 @dataclass
 class CEGPPOScriptArguments(ScriptArguments):
-    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset or `save_to_disk` directory, or one data file)
-    plus the rewards and the column mapping."""
+    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset folder or one data file), rewards and columns."""
 
     reward_funcs: list[str] = _option(lambda: ["math_verify"], "Reward functions by name (" + ", ".join(
         [*REWARD_FUNCS, *TRL_REWARD_FUNCS]) + ") or dotted import path; weight them with `--reward_weights`.")  # fmt: skip
@@ -76,11 +70,11 @@ class CEGPPOScriptArguments(ScriptArguments):
             if str(getattr(self, name)).strip().lower() in ("", "none", "null"):
                 setattr(self, name, None)
         if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError(f"`prompt_template` must contain `{{prompt}}`, got {self.prompt_template!r}; use "
-                             "`system_prompt` for text that does not wrap the prompt.")  # fmt: skip
+            raise ValueError(
+                f"`prompt_template` must contain `{{prompt}}` (or use `system_prompt`), got {self.prompt_template!r}."
+            )
         if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(f"`max_train_samples` must be >= 1 (or None), got {self.max_train_samples}: the dataset "
-                             "would be empty.")  # fmt: skip
+            raise ValueError(f"`max_train_samples` must be >= 1 (or None), got {self.max_train_samples}.")
         self.reward_funcs = [self.reward_funcs] if isinstance(self.reward_funcs, str) else self.reward_funcs
         for name in self.reward_funcs:  # at parse time, not after the model has loaded
             check_reward_name(name)
@@ -97,15 +91,13 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
                        formatter_class=Formatter)  # fmt: skip
     for action in parser._actions:  # argparse %-formats help; field help is prose (`@10%-60%`)
         action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
-    parser.error = lambda message: parser.exit(  # type: ignore[method-assign]
-        2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists every option)\n"
-    )
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists "
+                                               "every option)\n")  # type: ignore[method-assign]  # fmt: skip
     return parser
 
 
-def parse_args(
-    args: list[str] | None = None, prog: str | None = None, epilog: str | None = None
-) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
+def parse_args(args: list[str] | None = None, prog: str | None = None,
+               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
     """Flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key (with a
     did-you-mean) or `--config` twice exits 2 with one line; a refused value raises its field's `ValueError`."""
     parser = make_parser(prog, epilog)
@@ -185,11 +177,8 @@ def _get_path(row: Any, path: str) -> Any:
 
 
 def prepare_dataset(dataset: Any, script_args: Any) -> Any:
-    """The rows with the `prompt` (and `solution`) columns TRL and the rewards read, the prompt options applied.
-
-    Other columns stay and reach the rewards as keyword arguments. The default `solution_column` on data without it
-    maps nothing: the pre-flight names a reward that needs it.
-    """
+    """The rows with the `prompt` (and `solution`) columns, the prompt options applied; other columns stay (the
+    rewards get them). The default `solution_column` on data without it maps nothing: the pre-flight says so."""
     from datasets import Dataset, IterableDataset
 
     if (limit := script_args.max_train_samples) is not None:
@@ -238,24 +227,14 @@ def _format_prompt(prompt: Any, script_args: Any) -> Any:
 
 
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
-@dataclass
-class Prepared:
-    """What `check_command` loaded for the trainer."""
-
-    train_dataset: Any = None
-    eval_dataset: Any = None
-    reward_funcs: list = field(default_factory=list)
-    peft_config: Any = None
-
-
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
-                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
+                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, SimpleNamespace]:  # fmt: skip
     """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared for the
     trainer. `call_rewards`: `--call_rewards`; `plan_resume`: plan the resume `cegppo train` will make."""
     from transformers import AutoProcessor
     from trl import get_peft_config
 
-    report, prepared = Report(), Prepared()
+    report, prepared = Report(), SimpleNamespace(train_dataset=None, eval_dataset=None, peft_config=None)
     model_name = model_args.model_name_or_path
     if model_name is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
@@ -294,11 +273,8 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
 
 
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
-    """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
-
-    The pre-flight's errors raise `CEGPPOUsageError` before the model loads; its warnings are logged by the main
-    process. Then TRL's `grpo.py`; a reward that raises while training raises `RewardFailed`, naming it.
-    """
+    """Train as configured (the pre-flight's errors raise `CEGPPOUsageError` before the model loads; a reward that
+    raises, `RewardFailed`), save the model to `output_dir`, and return the trainer."""
     import shutil
 
     from accelerate import PartialState
