@@ -35,28 +35,20 @@ def extra_commands() -> dict:
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
 
-    parser = argparse.ArgumentParser(
-        prog="cegppo",
-        description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="""\
+    parser = argparse.ArgumentParser(prog="cegppo", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="CE-GPPO (gradient-preserving clipping policy optimization) for TRL.",
+                                     epilog="""\
 examples:
   cegppo check --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
   cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
   accelerate launch --config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train --config RECIPE
 
-"""
-        + TRAIN_EXIT_STATUSES,
-    )
+""" + TRAIN_EXIT_STATUSES)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # `train`, `check` and the entry points parse their own arguments (`cegppo train -h` lists every field).
-    commands.add_parser(
-        "train", add_help=False, help="train: --config RECIPE (a name or a YAML path), any field as a flag"
-    )
-    commands.add_parser(
-        "check", add_help=False, help="check a `cegppo train` command before any GPU time (same arguments)"
-    )
+    commands.add_parser("train", add_help=False, help="train: --config RECIPE (a name or a path), any field a flag")
+    commands.add_parser("check", add_help=False, help="check a `cegppo train` command before any GPU time")
     for name, entry_point in extra_commands().items():
         commands.add_parser(name, add_help=False, help=f"`cegppo {name} --help` ({entry_point.value})")
     commands.add_parser("recipes", help="list the shipped recipes and accelerate configs")
@@ -109,16 +101,11 @@ def _train(argv: list[str]) -> int:
     try:
         parsed = parse_args(argv, prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
         trainer = main(*parsed)
-    except (CEGPPOUsageError, RewardFailed) as error:
-        if tracebacks:
+    except (ValueError, RewardFailed) as error:  # a plain ValueError: a field's own check, while parsing
+        if tracebacks or (parsed is not None and not isinstance(error, CEGPPOUsageError | RewardFailed)):
             raise
         _say(f"cegppo train: error: {error}")
         return 5 if isinstance(error, RewardFailed) else 2
-    except ValueError as error:  # raised while parsing: a field's own check refused its value
-        if parsed is not None or tracebacks:
-            raise
-        print(f"cegppo train: error: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         _say("cegppo train: interrupted. Resume: the same command with `--resume_from_checkpoint last`.")
         return 130

@@ -106,17 +106,14 @@ def short_repr(value: Any, limit: int = 70) -> str:
 
 
 def type_name(value: Any) -> str:
-    if isinstance(value, list):
-        inner = sorted({type_name(v) for v in value[:3]})
-        return f"list[{'|'.join(inner)}]" if inner else "list"
-    return type(value).__name__
+    inner = sorted({type_name(v) for v in value[:3]}) if isinstance(value, list) else None
+    return type(value).__name__ if not inner else f"list[{'|'.join(inner)}]"
 
 
 def sample_rows(dataset: Any, n: int = 3) -> list[dict]:
     """The first `n` rows (a streaming dataset reads only those)."""
-    if hasattr(dataset, "__len__"):
-        return [dataset[i] for i in range(min(n, len(dataset)))]
-    return list(itertools.islice(iter(dataset), n))
+    return [dataset[i] for i in range(min(n, len(dataset)))] if hasattr(dataset, "__len__") else list(
+        itertools.islice(iter(dataset), n))  # fmt: skip
 
 
 def likely_column(columns: Sequence[str], option: str) -> str | None:
@@ -127,8 +124,7 @@ def likely_column(columns: Sequence[str], option: str) -> str | None:
 
 # --- Data and prompts
 def column_problems(dataset: Any, prompt_column: str, solution_column: str | None) -> list[str]:
-    """What is wrong with `prompt_column` / `solution_column` in the first rows: each component of a dotted path is
-    followed (a misspelled nested field would pass `None` to every reward); a prompt must be text or chat messages."""
+    """What is wrong with the columns in the first rows, a dotted path followed to its end (a typo passes `None`)."""
     rows = sample_rows(dataset)
     top = list(dataset.column_names) if dataset.column_names is not None else list(rows[0] if rows else [])
     problems = []
@@ -165,9 +161,8 @@ def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -
         return []
     columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
     size = f"{len(dataset)} rows" if hasattr(dataset, "__len__") else "streamed (length unknown)"
-    report.info(
-        "dataset", f"{name}: {size}; columns: " + ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
-    )
+    types = ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
+    report.info("dataset", f"{name}: {size}; columns: {types}")
     if "prompt" not in columns:
         report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0])
         return rows
@@ -207,10 +202,9 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
                 prompt, tokenize=False, add_generation_prompt=True, **(args.chat_template_kwargs or {}))  # fmt: skip
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         except Exception as error:  # TRL renders some inputs (images, tools) its own way: say so, do not refuse
-            report.warning(
-                "prompts", f"Rendering the prompt of row {i} failed here ({type(error).__name__}: {error})."
+            return report.warning(
+                "prompts", f"Rendering the prompt of row {i} failed ({type(error).__name__}: {error})."
             )
-            return
         report.info("prompts", f"row {i}, {n} tokens: {text!r}")
     report.info("prompts", f"completions: up to {args.max_completion_length} tokens each (`max_completion_length`)")
 
@@ -226,8 +220,7 @@ def is_own_reward(func: Any) -> bool:
 
 
 def reward_required_columns(func: Callable) -> tuple[str, ...]:
-    """The columns a reward cannot score without: its `required_columns`, else its signature's parameters without a
-    default that TRL does not pass itself."""
+    """Its `required_columns`, else its signature's parameters without a default that TRL does not pass itself."""
     if (declared := getattr(func, "required_columns", None)) is not None:
         return tuple(declared)
     try:
@@ -253,9 +246,8 @@ def reference_completion(func: Callable, solution: Any) -> Any:
 
 
 def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], rows: list[dict],
-                    columns: Sequence[str], call: list[dict] | None = None) -> None:  # fmt: skip
-    """The columns each reward needs (its signature; no call); the package's own rewards called on the reference
-    answers of `rows`; with `call` (`--call_rewards`) every reward on that rollout batch."""
+                    columns: Sequence[str], call: Sequence[dict] = ()) -> None:  # fmt: skip
+    """The columns each reward needs; the package's and TRL's called on `rows`, every reward on `call` if given."""
     alike = {}  # reward -> the one score it gave every completion it was called on
     for name, func in zip(names, funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
@@ -281,8 +273,8 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         if _from_trl(func) and trl_on_text:
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
-        elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
-            alike[name] = _call_reward(report, name, func, call or rows, value_range, call is not None)
+        elif call or is_own_reward(func):  # else the `not_checked` section says so
+            alike[name] = _call_reward(report, name, func, list(call or rows), value_range, bool(call))
     if alike and None not in alike.values() and len(alike) == len(funcs):  # so would the run's total reward
         which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
         report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
@@ -391,13 +383,12 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
     if os.path.isdir(path) and not any(f.endswith(WEIGHTS_SUFFIXES) for f in os.listdir(path)):
         return report.error("model", f"`model_name_or_path`: no file named model.safetensors or pytorch_model.bin "
                             f"(or another {'/'.join(WEIGHTS_SUFFIXES)}) found in directory {path}.")  # fmt: skip
-    parent = os.path.dirname(path.rstrip("/"))
-    local = model.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
+    local = model.startswith(("./", "../", "/", "~")) or os.path.isdir(os.path.dirname(path.rstrip("/")))
     try:
         if local and not os.path.exists(path):  # transformers would try it as a Hub id
             raise OSError
-        revision = (args.model_init_kwargs or {}).get("revision")
-        config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(model, revision=(args.model_init_kwargs or {}).get("revision"),
+                                            trust_remote_code=args.trust_remote_code)  # fmt: skip
     except Exception as error:  # the model load fails on the same
         what = f"{error}" if os.path.exists(path) or not (local or model.count("/") != 1) else (
             f"no model at {os.path.abspath(path)} ({model!r} is not a local directory, and not a Hub id of the form "
@@ -407,8 +398,7 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
 
 
 def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan: bool = True) -> None:
-    """Fresh, holds checkpoints, or a file; and (`plan`) the checkpoint `cegppo train` will resume
-    (`checkpoints.resolve`): what the trainer refuses is refused here."""
+    """Fresh, holds checkpoints, or a file; and (`plan`) the checkpoint `cegppo train` will resume, or its refusal."""
     from .checkpoints import checkpoint_folders, other_runs, refusal, resolve
 
     path = args.output_dir
@@ -438,8 +428,7 @@ def missing_checkpoint(checkpoint: str | None) -> str | None:
 def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, eval_dataset: Any = None,
                reward_names: Sequence[str] | None = None, processing_class: Any = None, call_rewards: bool = False,
                report: Report | None = None) -> Report:  # fmt: skip
-    """The plan of what `cegppo train` hands the trainer (datasets as the trainer sees them, rewards, config,
-    tokenizer); `call_rewards`: `--call_rewards`. From Python, `run_checks(...).format()` prints the same report."""
+    """The plan of what `cegppo train` hands the trainer; `run_checks(...).format()` is `cegppo check`'s report."""
     from .trl_compat import check_trl_compatibility
 
     report = Report() if report is None else report
@@ -452,9 +441,7 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
         if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
         columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
-        inspect_rewards(
-            report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else None
-        )
+        inspect_rewards(report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else [])
     inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads

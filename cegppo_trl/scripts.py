@@ -229,20 +229,18 @@ def _format_prompt(prompt: Any, script_args: Any) -> Any:
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
                   call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, SimpleNamespace]:  # fmt: skip
-    """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared for the
-    trainer. `call_rewards`: `--call_rewards`; `plan_resume`: plan the resume `cegppo train` will make."""
+    """Every check of a `cegppo train` command before the model loads, and the data and rewards prepared for the
+    trainer; `plan_resume`: plan the resume `cegppo train` will make."""
     from transformers import AutoProcessor
     from trl import get_peft_config
 
     report, prepared = Report(), SimpleNamespace(train_dataset=None, eval_dataset=None, peft_config=None)
-    model_name = model_args.model_name_or_path
-    if model_name is None:
+    if (model_name := model_args.model_name_or_path) is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
         inspect_model(report, model_name, training_args)
     if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
-        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU; on CPU drop it and train LoRA on the "
-                     "full-precision model (`--use_peft true`).")  # fmt: skip
+        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU: on CPU, `--use_peft true` without it.")
     prepared.reward_funcs = [
         f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
     ]
@@ -258,8 +256,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): "
                              f"`--{option} {next(iter(dataset), '<split>')}`" + (" or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
-            loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args)
-            setattr(prepared, attribute, loaded)
+            setattr(prepared, attribute, report.collect("dataset", prepare_dataset, dataset[split], script_args))
     processing_class = None
     if model_name is not None and not any(f.section == "model" for f in report.errors):  # the trainer's loader
         processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name,
@@ -281,10 +278,9 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    if training_args.process_index == 0:  # one copy of each warning, however many processes
-        for finding in report.warnings:
-            if finding.code != "trainer":  # the trainer gives those itself
-                logger.warning(finding.message)
+    for finding in report.warnings if training_args.process_index == 0 else []:  # one copy, however many processes
+        if finding.code != "trainer":  # the trainer gives those itself
+            logger.warning(finding.message)
     output_dir, requested = training_args.output_dir, training_args.resume_from_checkpoint
     checkpoint, _ = resolve(output_dir, requested)  # the trainer resolves it again, saying what it passed over
     if checkpoint is None and script_args.overwrite_output_dir and PartialState().is_main_process:
@@ -340,15 +336,10 @@ def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTr
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
-    trainer = CEGPPOTrainer(
-        model=model_args.model_name_or_path,
-        reward_funcs=named_failures(prepared.reward_funcs, script_args.reward_funcs),
-        args=training_args,
-        train_dataset=prepared.train_dataset,
-        eval_dataset=prepared.eval_dataset,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=prepared.peft_config,
-    )
+    trainer = CEGPPOTrainer(model=model_args.model_name_or_path, args=training_args,
+                            reward_funcs=named_failures(prepared.reward_funcs, script_args.reward_funcs),
+                            train_dataset=prepared.train_dataset, eval_dataset=prepared.eval_dataset,
+                            quantization_config=get_quantization_config(model_args), peft_config=prepared.peft_config)  # fmt: skip
     trainer.train(resume_from_checkpoint=resume)
     trainer.create_model_card()  # before the weights: a PEFT adapter's save adds its metadata to the card
     trainer.save_model(training_args.output_dir)
