@@ -58,13 +58,6 @@ examples:
     return parser
 
 
-def _describe_reward(func) -> str:
-    if not hasattr(func, "correct"):  # format_reward
-        return "1 for a closed, non-empty \\boxed{} after a well-formed <think> block (or none), else 0; no reference."
-    what = "math-verify equivalence of the last \\boxed{}" if hasattr(func, "require_boxed") else "the final number"
-    return f"{what} with `solution`: {func.correct:+g} correct, {func.incorrect:g} otherwise."
-
-
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
     parser = argparse.ArgumentParser(prog="cegppo check", usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
@@ -145,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS
 
         print("Reward functions for --reward_funcs (or a dotted path to your own):")
-        print("\n".join(f"  {name:<27}{_describe_reward(func)}" for name, func in REWARD_FUNCS.items()))
+        print("\n".join(f"  {name:<27}{func.description}" for name, func in REWARD_FUNCS.items()))
         print("TRL's, by name (any other as trl.rewards.<name>; they read chat completions only):")
         print("\n".join(f"  {name:<27}{text}" for name, text in TRL_REWARD_FUNCS.items()))
     elif command is not None:  # a `cegppo.commands` entry point, e.g. `probe`

@@ -66,9 +66,10 @@ class _ReferenceReward:
 
     required_columns = (REFERENCE_COLUMN,)
 
-    def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = ""):
+    def __init__(self, correct: float, incorrect: float, name: str, rule: str):
         self.correct, self.incorrect, self.__name__ = correct, incorrect, name
         self.reward_range = (min(incorrect, correct), max(incorrect, correct))  # `reward_value_range` reads it
+        self.description = f"{rule} with `solution`: {correct:+g} correct, {incorrect:g} otherwise."
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
         raise NotImplementedError
@@ -87,7 +88,7 @@ class MathVerifyReward(_ReferenceReward):
     `math_verify.verify`; `require_boxed=False`: the authors' fallback to un-boxed expressions. Any failure: `incorrect`."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
-        super().__init__(correct, incorrect, name or "math_verify")
+        super().__init__(correct, incorrect, name or "math_verify", "math-verify equivalence of the last \\boxed{}")
         self.require_boxed = require_boxed
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
@@ -167,7 +168,7 @@ class GSM8KReward(_ReferenceReward):
     """Exact numeric match of the completion's final number with the GSM8K reference (`#### 72`)."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = "gsm8k"):
-        super().__init__(correct, incorrect, name)
+        super().__init__(correct, incorrect, name, "the final number")
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
         predicted, reference = extract_gsm8k_answer(text), extract_gsm8k_gold(gold)
@@ -182,6 +183,7 @@ def format_reward(completions: list, **kwargs) -> list[float]:
 
 
 format_reward.reward_range = (0.0, 1.0)
+format_reward.description = "1 for a closed, non-empty \\boxed{} after a well-formed <think> block (or none), else 0."
 
 REWARD_FUNCS: dict[str, Callable] = {
     "math_verify": MathVerifyReward(1.0, -1.0, name="math_verify"),

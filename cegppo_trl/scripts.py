@@ -7,6 +7,7 @@ import difflib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -113,13 +114,11 @@ def parse_args(args: list[str] | None = None, prog: str | None = None,
         except ValueError as error:
             parser.error(f"--config {error}")
     try:
-        *parsed, from_config, from_flags = parser.parse_args_and_config(
-            args, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        *parsed, from_config, from_flags = parser.parse_args_and_config(args, return_remaining_strings=True,
+                                                                        separate_remaining_strings=True)  # fmt: skip
     except ValueError as error:  # transformers' text names `use_cpu`, not the flags that work
         if "doesn't support bf16/gpu" in str(error):
-            raise ValueError("`bf16`: this machine has no GPU for it. On CPU pass `--use_cpu true --bf16 false` (the "
-                             "`cpu_smoke` recipe sets both).") from error  # fmt: skip
+            raise ValueError("`bf16`: this machine has no GPU: on CPU, `--use_cpu true --bf16 false`.") from error
         raise
     known = sorted({action.dest for action in parser._actions if action.dest != "help"})
 
@@ -169,10 +168,7 @@ def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
 
 def _get_path(row: Any, path: str) -> Any:
     for key in path.split("."):  # a datasets row is a Mapping, not always a dict
-        try:
-            row = row[key]
-        except (KeyError, TypeError, IndexError):
-            return None
+        row = row.get(key) if isinstance(row, Mapping) else None
     return row
 
 
@@ -200,8 +196,7 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
     def convert(row: dict[str, Any]) -> dict[str, Any]:
         out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
         if solution_col is not None:
-            gold = _get_path(row, solution_col)
-            out["solution"] = None if gold is None else str(gold)
+            out["solution"] = None if (gold := _get_path(row, solution_col)) is None else str(gold)
         return out
 
     return dataset.map(convert)
