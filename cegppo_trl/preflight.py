@@ -202,9 +202,7 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
                 prompt, tokenize=False, add_generation_prompt=True, **(args.chat_template_kwargs or {}))  # fmt: skip
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         except Exception as error:  # TRL renders some inputs (images, tools) its own way: say so, do not refuse
-            return report.warning(
-                "prompts", f"Rendering the prompt of row {i} failed ({type(error).__name__}: {error})."
-            )
+            return report.warning("prompts", f"Rendering row {i}'s prompt failed ({type(error).__name__}: {error}).")
         report.info("prompts", f"row {i}, {n} tokens: {text!r}")
     report.info("prompts", f"completions: up to {args.max_completion_length} tokens each (`max_completion_length`)")
 
@@ -289,8 +287,7 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
 
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
-    """`func` called as TRL calls it on `rows`, each completion the row's reference answer (a made-up one when the
-    reward's form is unknown); failures are errors. Returns the score when every made-up completion got the same."""
+    """`func` called as TRL does on `rows`' reference answers; the one score of made-up completions, if one."""
     import asyncio
 
     from transformers import TrainerState
@@ -299,10 +296,8 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
     completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) and isinstance(r.get("prompt"), list)
                    else c for r, c in zip(rows, [t or MADE_UP_COMPLETION for t in texts], strict=True)]  # fmt: skip
     kwargs = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
-    nothing = lambda *a, **k: None  # noqa: E731
-    kwargs.update(
-        completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=nothing, log_metric=nothing
-    )
+    kwargs.update(dict.fromkeys(("log_extra", "log_metric"), lambda *a, **k: None), trainer_state=TrainerState(),
+                  completion_ids=[[0]] * len(rows))  # fmt: skip
     called = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
     where = f"Reward `{name}`, {called}"
     try:

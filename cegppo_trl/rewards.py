@@ -18,8 +18,7 @@ TRAINER_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "
 
 
 def completion_text(completion: Any) -> str:
-    """The generated text of one completion: a string, a message dict, or a list of messages (the last assistant
-    message; its content a string or `{"type": "text", "text": ...}` parts); `""` when there is none."""
+    """The text of a completion: a string, a message, or the last assistant message of a list (text parts joined)."""
     if isinstance(completion, Sequence) and not isinstance(completion, str):
         messages = [m for m in completion if isinstance(m, dict)]
         chosen = [m for m in messages if m.get("role", "assistant") == "assistant"] or messages
@@ -31,8 +30,7 @@ def completion_text(completion: Any) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) with balanced braces; `None` if there is none or it is
-    unclosed (a completion truncated inside its answer)."""
+    r"""Content of the last balanced `\boxed{...}` (or `\fbox{...}`); `None` if none or unclosed (truncated)."""
     for start in reversed([m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]):
         depth = 1
         for i in range(start, len(text)):
@@ -43,8 +41,7 @@ def last_boxed(text: str) -> str | None:
 
 
 def _answer_part(text: str) -> str | None:
-    """The text after the reasoning block; `None` when the think tags are malformed or the block never closes (a
-    template that opened `<think>` in the prompt leaves only `</think>`: accepted)."""
+    """The text after the reasoning block (a lone `</think>` too); `None` for malformed or unclosed tags."""
     opens, closes = text.count("<think>"), text.count("</think>")
     if opens > 1 or closes > 1 or opens > closes or (opens and text.index("<think>") > text.index("</think>")):
         return None
@@ -54,11 +51,9 @@ def _answer_part(text: str) -> str | None:
 def missing_reference_message(reward: str, columns: Sequence[str], column: str = "COLUMN") -> str:
     """Why `reward` cannot score data without a `solution` column, and how to name one (`column`, when known)."""
     columns = [c for c in columns if c not in TRAINER_KWARGS]
-    return (
-        f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has none "
-        f"(its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
-        f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`."
-    )
+    return (f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has "
+            f"none (its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
+            f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`.")  # fmt: skip
 
 
 class _ReferenceReward:
@@ -154,8 +149,7 @@ def extract_gsm8k_gold(answer: Any) -> Fraction | None:
 
 
 def extract_gsm8k_answer(text: str) -> Fraction | None:
-    r"""The model's final number: the last `\boxed{}`, else the text after the last `####`, else the last number;
-    only the text after a closed `</think>` counts."""
+    r"""The last `\boxed{}`'s number, else that after the last `####`, else the last one (after `</think>`)."""
     text = _answer_part(_normalise(text or ""))
     if text is None:
         return None
@@ -176,8 +170,7 @@ class GSM8KReward(_ReferenceReward):
 
 
 def format_reward(completions: list, **kwargs) -> list[float]:
-    r"""1.0 if the completion holds a non-empty, closed `\boxed{...}` after a well-formed `<think>` block (or none),
-    else 0.0."""
+    r"""1.0 for a non-empty, closed `\boxed{...}` after a well-formed `<think>` block (or none), else 0.0."""
     answers = [_answer_part(completion_text(c)) for c in completions]
     return [float(a is not None and bool((last_boxed(a) or "").strip())) for a in answers]
 
@@ -213,8 +206,7 @@ def check_reward_name(name: str) -> None:
 
 
 def get_reward_func(name: str) -> Callable:
-    """A reward by registry name, TRL's name or dotted import path (from the current directory too, as TRL's `grpo.py`);
-    `ValueError` for one it cannot resolve."""
+    """A reward by registry name, TRL's name or dotted import path (the current directory too); else `ValueError`."""
     import importlib
     import os
     import sys
@@ -232,8 +224,7 @@ def get_reward_func(name: str) -> Callable:
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
-    """`reward_funcs` with each string that is no local folder nor `owner/name` Hub id (TRL reads both as a reward
-    model) resolved by `get_reward_func`."""
+    """`reward_funcs`' names resolved (`get_reward_func`); TRL reads a folder or `owner/name` as a reward model."""
     import os
 
     def resolve(item: Any) -> Any:
@@ -250,8 +241,7 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
 
 
 def reward_value_range(func: Callable) -> tuple[float, float] | None:
-    """`(lowest, top)` score of a reward: its `reward_range` attribute (a reward of yours can declare one), 0/1 for
-    TRL's rewards by name; None when unknown."""
+    """`(lowest, top)` score: a `reward_range` attribute (yours may declare one), 0/1 for TRL's by name, else None."""
     if (declared := getattr(func, "reward_range", None)) is not None:
         return float(declared[0]), float(declared[1])
     from_trl = getattr(func, "__module__", "").startswith("trl.rewards")

@@ -99,8 +99,7 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
 
 def parse_args(args: list[str] | None = None, prog: str | None = None,
                epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
-    """Flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key (with a
-    did-you-mean) or `--config` twice exits 2 with one line; a refused value raises its field's `ValueError`."""
+    """Flags over `--config` YAML (a recipe's name or a path); an unknown key exits 2, a refused value raises."""
     parser = make_parser(prog, epilog)
     argv = sys.argv[1:] if args is None else args
     args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
@@ -137,8 +136,7 @@ def parse_args(args: list[str] | None = None, prog: str | None = None,
 # --- The dataset: loaded by name or path, its columns mapped onto `prompt` and `solution`
 def load_any_dataset(name: str | None, *, config: str | None = None, train_split: str = "train",
                      streaming: bool = False) -> Any:  # fmt: skip
-    """`name` as a `DatasetDict` (`IterableDatasetDict` with `streaming`): a Hub id, a dataset directory, a
-    `save_to_disk` directory or one data file (whose rows become the `train_split` split)."""
+    """A Hub id, dataset folder or data file (its rows the `train_split` split) as a `(Iterable)DatasetDict`."""
     from datasets import Dataset, DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
 
     if name is None:
@@ -173,8 +171,7 @@ def _get_path(row: Any, path: str) -> Any:
 
 
 def prepare_dataset(dataset: Any, script_args: Any) -> Any:
-    """The rows with the `prompt` (and `solution`) columns, the prompt options applied; other columns stay (the
-    rewards get them). The default `solution_column` on data without it maps nothing: the pre-flight says so."""
+    """The rows with `prompt` (and `solution`) columns, the prompt options applied; other columns stay."""
     from datasets import Dataset, IterableDataset
 
     if (limit := script_args.max_train_samples) is not None:
@@ -224,8 +221,7 @@ def _format_prompt(prompt: Any, script_args: Any) -> Any:
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
                   call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, SimpleNamespace]:  # fmt: skip
-    """Every check of a `cegppo train` command before the model loads, and the data and rewards prepared for the
-    trainer; `plan_resume`: plan the resume `cegppo train` will make."""
+    """The pre-flight of a `cegppo train` command and the data and rewards it prepared for the trainer."""
     from transformers import AutoProcessor
     from trl import get_peft_config
 
@@ -236,9 +232,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
         inspect_model(report, model_name, training_args)
     if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
         report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU: on CPU, `--use_peft true` without it.")
-    prepared.reward_funcs = [
-        f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
-    ]
+    prepared.reward_funcs = [f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
         splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
@@ -265,8 +259,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
 
 
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
-    """Train as configured (the pre-flight's errors raise `CEGPPOUsageError` before the model loads; a reward that
-    raises, `RewardFailed`), save the model to `output_dir`, and return the trainer."""
+    """Train as configured after the pre-flight (`CEGPPOUsageError`), save to `output_dir`, return the trainer."""
     import shutil
 
     from accelerate import PartialState
@@ -290,8 +283,7 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
 
 def named_failures(funcs: list, names: list[str]) -> list:
-    """Each reward function wrapped so that an exception it raises becomes `RewardFailed` naming it; TRL sees the same
-    name (its metrics), kind (sync or async) and score range."""
+    """Each reward raising `RewardFailed` naming it; TRL sees the same name, kind (sync or async) and range."""
     import contextlib
     import functools
     import inspect
