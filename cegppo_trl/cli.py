@@ -61,8 +61,8 @@ examples:
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
     parser = argparse.ArgumentParser(prog="cegppo check", usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
-                                     description="The plan of a `cegppo train` command (`cegppo train --help`), without a "
-                                     "GPU or the weights; exit status 1 on any error.", allow_abbrev=False)  # fmt: skip
+                                     description="The plan of a `cegppo train` command (`cegppo train --help`), with "
+                                     "no GPU or weights; exit status 1 on any error.", allow_abbrev=False)  # fmt: skip
     parser.add_argument("--call_rewards", action="store_true", help="also call your rewards on a rollout batch")
     try:
         options, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))

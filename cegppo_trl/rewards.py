@@ -80,7 +80,7 @@ class _ReferenceReward:
 
 class MathVerifyReward(_ReferenceReward):
     r"""The last `\boxed{}` answer against the reference (bare, or a worked solution with `\boxed{}`) by
-    `math_verify.verify`; `require_boxed=False`: the authors' fallback to un-boxed expressions. Any failure: `incorrect`."""
+    `math_verify.verify`; `require_boxed=False`: the authors' fallback to un-boxed answers. Failures: `incorrect`."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
         super().__init__(correct, incorrect, name or "math_verify", "math-verify equivalence of the last \\boxed{}")
@@ -233,8 +233,8 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
         try:
             return get_reward_func(item)
         except ValueError as error:
-            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder and "
-                             f"not a Hub id (`owner/name`). {error} In Python pass the function itself: "
+            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder "
+                             f"and not a Hub id (`owner/name`). {error} In Python pass the function itself: "
                              "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
 
     return [resolve(f) for f in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)

@@ -232,7 +232,8 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
         inspect_model(report, model_name, training_args)
     if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
         report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU: on CPU, `--use_peft true` without it.")
-    prepared.reward_funcs = [f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
+    prepared.reward_funcs = [f for n in script_args.reward_funcs
+                             if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
         splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
