@@ -377,7 +377,7 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
         config = AutoConfig.from_pretrained(model, revision=(args.model_init_kwargs or {}).get("revision"),
                                             trust_remote_code=args.trust_remote_code)  # fmt: skip
     except Exception as error:  # the model load fails on the same
-        what = f"{error}" if os.path.exists(path) or not (local or model.count("/") != 1) else (
+        what = error if os.path.exists(path) or not (local or model.count("/") != 1) else (
             f"no model at {os.path.abspath(path)} ({model!r} is not a local directory, and not a Hub id of the form "
             "`owner/name`).")  # fmt: skip
         return report.error("model", f"`model_name_or_path`: {what}")

@@ -285,7 +285,6 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
 def named_failures(funcs: list, names: list[str]) -> list:
     """Each reward raising `RewardFailed` naming it; TRL sees the same name, kind (sync or async) and range."""
-    import contextlib
     import functools
     import inspect
 
@@ -293,20 +292,17 @@ def named_failures(funcs: list, names: list[str]) -> list:
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):  # a reward model
             return func
 
-        @contextlib.contextmanager
-        def named():
+        async def guarded_async(*args, **kwargs):
             try:
-                yield
+                return await func(*args, **kwargs)
             except Exception as error:
                 raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
 
-        async def guarded_async(*args, **kwargs):
-            with named():
-                return await func(*args, **kwargs)
-
         def guarded(*args, **kwargs):
-            with named():
+            try:
                 return func(*args, **kwargs)
+            except Exception as error:
+                raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
 
         is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
         wrapped = functools.update_wrapper(guarded_async if is_async else guarded, func)  # name, module, attributes
