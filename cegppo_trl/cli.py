@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -13,15 +14,12 @@ exit status of `cegppo train` (the final model is saved in each case but 2 and 5
   0  trained to the end
   1  an error raised by TRL, transformers or torch (their traceback)
   2  a refused setting, before the model loads (one line says what to change)
-  3  nothing to learn: `max_zero_signal_batches` rollout batches in a row gave every completion of a prompt the same
-     reward (the message names the kind)
+  3  nothing to learn: `max_zero_signal_batches` rollout batches in a row without reward spread (the message says)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row got no reward
   5  a reward function raised (one line names it)
   130  interrupted (Ctrl-C)
 """
-# An entry point `NAME = "module:function"` in this group adds `cegppo NAME ...`: `function(argv_after_NAME)` returns
-# the exit status (the research layer's `probe`, which the core does not import).
-COMMANDS_GROUP = "cegppo.commands"
+COMMANDS_GROUP = "cegppo.commands"  # `NAME = "module:function"` adds `cegppo NAME`: function(argv) -> exit status
 BUILT_IN = ("train", "check", "recipes", "config-path", "rewards")
 
 
@@ -102,26 +100,20 @@ def _train(argv: list[str]) -> int:
     except KeyboardInterrupt:
         _say("cegppo train: interrupted. Resume: the same command with `--resume_from_checkpoint last`.")
         return 130
-    if trainer.stop_reason is None:
-        return 0
-    if trainer.accelerator.is_main_process:  # stopped early, the final model saved: say why, once
+    if trainer.stop_reason is not None and trainer.accelerator.is_main_process:  # stopped early, model saved: why
         _say(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}")
-    return STOP_EXIT_STATUS[trainer.stop_reason]
+    return STOP_EXIT_STATUS.get(trainer.stop_reason, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
-    import contextlib
-
     from .resources import accelerate_configs_dir, recipe_names, recipes_dir, resolve_accelerate_config, resolve_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     command = parser.parse_args(argv[: 2 if argv[:1] == ["config-path"] else 1]).command  # the rest: parsed by each
-    if command == "train":
-        return _train(argv[1:])
-    if command == "check":
-        return check_main(argv[1:])
+    if command in ("train", "check"):
+        return (_train if command == "train" else check_main)(argv[1:])
     if command == "config-path":
         name = parser.parse_args(argv).name
         for resolve in (resolve_accelerate_config, resolve_config):

@@ -4,6 +4,7 @@ refuse is left to them. Rewards of yours are called only with `--call_rewards`."
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import itertools
@@ -75,8 +76,7 @@ class Report:
         try:
             return check(*args, **kwargs)
         except (ValueError, RuntimeError, ImportError, OSError, TypeError) as error:
-            self.error(section, str(error))
-            return None
+            return self.error(section, str(error))
 
     @property
     def errors(self) -> list[Finding]:
@@ -283,8 +283,6 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> None:
     """`func` called as TRL calls it, each completion the row's reference answer (made up if its form is unknown)."""
-    import asyncio
-
     from transformers import TrainerState
 
     texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]

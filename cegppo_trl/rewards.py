@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import logging
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -196,8 +200,6 @@ TRL_REWARD_FUNCS: dict[str, str] = {
 
 def check_reward_name(name: str) -> None:
     """Refuse (`ValueError`) a bare name `get_reward_func` cannot resolve, importing nothing (parse time)."""
-    import difflib
-
     if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
         close = difflib.get_close_matches(name, [*REWARD_FUNCS, *TRL_REWARD_FUNCS], n=1, cutoff=0.6)
         raise ValueError(f"Unknown reward function {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}. "
@@ -207,10 +209,6 @@ def check_reward_name(name: str) -> None:
 
 def get_reward_func(name: str) -> Callable:
     """A reward by registry name, TRL's name or dotted import path (the current directory too); else `ValueError`."""
-    import importlib
-    import os
-    import sys
-
     check_reward_name(name)
     if name in REWARD_FUNCS:
         return REWARD_FUNCS[name]
@@ -225,7 +223,6 @@ def get_reward_func(name: str) -> Callable:
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
     """`reward_funcs`' names resolved (`get_reward_func`); TRL reads a folder or `owner/name` as a reward model."""
-    import os
 
     def resolve(item: Any) -> Any:
         if not isinstance(item, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):

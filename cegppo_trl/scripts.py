@@ -4,8 +4,11 @@ of (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`) a flag and a YAM
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -261,8 +264,6 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
 
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
     """Train as configured after the pre-flight (`CEGPPOUsageError`), save to `output_dir`, return the trainer."""
-    import shutil
-
     from accelerate import PartialState
 
     report, prepared = check_command(script_args, training_args, model_args)
@@ -285,8 +286,6 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
 def named_failures(funcs: list, names: list[str]) -> list:
     """Each reward raising `RewardFailed` naming it; TRL sees the same name, kind (sync or async) and range."""
-    import functools
-    import inspect
 
     def wrap(func: Any, name: str) -> Any:
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):  # a reward model
