@@ -79,8 +79,7 @@ def check_main(argv: list[str] | None = None) -> int:
 
 def _say(line: str) -> None:
     """`line` on stderr, on a line of its own above a progress bar still on screen."""
-    tqdm = sys.modules.get("tqdm")
-    (tqdm.tqdm.write if tqdm is not None else print)(line, file=sys.stderr)
+    getattr(getattr(sys.modules.get("tqdm"), "tqdm", None), "write", print)(line, file=sys.stderr)
 
 
 def _train(argv: list[str]) -> int:

@@ -101,8 +101,7 @@ class Report:
 
 
 def short_repr(value: Any, limit: int = 70) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text := repr(value)) <= limit else text[: limit - 3] + "..."
 
 
 def type_name(value: Any) -> str:
@@ -157,15 +156,13 @@ def column_problems(dataset: Any, prompt_column: str, solution_column: str | Non
 def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -> list[dict]:
     """Rows, columns and types, and whether every prompt is text or chat messages; returns a few rows."""
     if not (rows := sample_rows(dataset)):
-        report.error("dataset", f"`{name}` is empty (0 rows): check `--dataset_name`.")
-        return []
+        return report.error("dataset", f"`{name}` is empty (0 rows): check `--dataset_name`.") or []
     columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
     size = f"{len(dataset)} rows" if hasattr(dataset, "__len__") else "streamed (length unknown)"
     types = ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
     report.info("dataset", f"{name}: {size}; columns: {types}")
     if "prompt" not in columns:
-        report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0])
-        return rows
+        return report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0]) or rows
     prompts = dataset["prompt"] if hasattr(dataset, "__len__") else [r.get("prompt") for r in sample_rows(dataset, 64)]
     if bad := [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]:
         scope = f"all {len(prompts)} rows" if hasattr(dataset, "__len__") else "the stream's first rows"
@@ -192,9 +189,8 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     """Each sample prompt as the model gets it (chat template applied) and its token length."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(isinstance(r.get("prompt"), list) for r in rows) and not getattr(tokenizer, "chat_template", None):
-        report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base model): "
-                     "pass `--chat_prompts false`, or use an instruct model.")  # fmt: skip
-        return
+        return report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base "
+                            "model): pass `--chat_prompts false`, or use an instruct model.")  # fmt: skip
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         try:
@@ -334,8 +330,7 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     sizes = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=spg,
                  num_iterations=args.num_iterations)  # fmt: skip
     if below := [name for name, value in sizes.items() if value is None or value < 1]:  # the trainer fails after load
-        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
-        return
+        return report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
     rollout = args.generation_batch_size or per_device * world_size * spg
     report.info("batch", f"rollout batch: {rollout} completions = {rollout // args.num_generations} prompt(s) x "
                 f"{args.num_generations} generations ({per_device} per device x {world_size} process(es) on "
@@ -388,8 +383,7 @@ def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan:
 
     path = args.output_dir
     if os.path.isfile(path):
-        report.error("output_dir", f"`output_dir` {path} is a file, not a directory: pick another `--output_dir`.")
-        return
+        return report.error("output_dir", f"`output_dir` {path} is a file, not a directory: pick another one.")
     names = [os.path.basename(f) for f in checkpoint_folders(path)] if os.path.isdir(path) else []
     state = "fresh (will be created)" if not os.path.isdir(path) else "exists, no checkpoints"
     report.info("output_dir", f"{path}: " + (f"holds checkpoints ({', '.join(names[-3:])})" if names else state))

@@ -74,9 +74,7 @@ class CEGPPOScriptArguments(ScriptArguments):
             if str(getattr(self, name)).strip().lower() in ("", "none", "null"):
                 setattr(self, name, None)
         if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError(
-                f"`prompt_template` must contain `{{prompt}}` (or use `system_prompt`), got {self.prompt_template!r}."
-            )
+            raise ValueError(f"`prompt_template` must contain `{{prompt}}`, got {self.prompt_template!r}.")
         if self.max_train_samples is not None and self.max_train_samples < 1:
             raise ValueError(f"`max_train_samples` must be >= 1 (or None), got {self.max_train_samples}.")
         self.reward_funcs = [self.reward_funcs] if isinstance(self.reward_funcs, str) else self.reward_funcs
