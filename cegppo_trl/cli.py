@@ -1,14 +1,11 @@
-"""The `cegppo` console command: `train`, `check` (the plan of the same command), `recipes`, `config-path`,
-`rewards`, and the `cegppo.commands` entry points (`probe`). Launchers take the module form `-m cegppo_trl.cli`.
-
-`cegppo train` prints a refused setting (`preflight.CEGPPOUsageError`, or a field's own check while parsing) as one
-line, exit status 2, and a reward that raised (`scripts.RewardFailed`) as one line, exit status 5; anything else
-keeps its traceback. `CEGPPO_TRACEBACK=1` keeps every traceback.
-"""
+"""The `cegppo` command (`train`, `check`, `recipes`, `config-path`, `rewards`, `cegppo.commands` entry points such as
+`probe`); launchers take `-m cegppo_trl.cli`. A refused setting or a raising reward is one line (exit 2 or 5) unless
+`CEGPPO_TRACEBACK=1`; anything else keeps its traceback."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -17,15 +14,12 @@ exit status of `cegppo train` (the final model is saved in each case but 2 and 5
   0  trained to the end
   1  an error raised by TRL, transformers or torch (their traceback)
   2  a refused setting, before the model loads (one line says what to change)
-  3  nothing to learn: `max_zero_signal_batches` rollout batches in a row gave every completion of a prompt the same
-     reward (the message names the kind)
+  3  nothing to learn: `max_zero_signal_batches` rollout batches in a row without reward spread (the message says)
   4  the reward cannot score this data: `max_unscorable_batches` rollout batches in a row got no reward
   5  a reward function raised (one line names it)
   130  interrupted (Ctrl-C)
 """
-# An entry point `NAME = "module:function"` in this group adds `cegppo NAME ...`: `function(argv_after_NAME)` returns
-# the exit status (the research layer's `probe`, which the core does not import).
-COMMANDS_GROUP = "cegppo.commands"
+COMMANDS_GROUP = "cegppo.commands"  # `NAME = "module:function"` adds `cegppo NAME`: function(argv) -> exit status
 BUILT_IN = ("train", "check", "recipes", "config-path", "rewards")
 
 
@@ -39,28 +33,20 @@ def extra_commands() -> dict:
 def _build_parser() -> argparse.ArgumentParser:
     from . import __version__  # the package imports TRL lazily, so `cegppo --help` stays fast
 
-    parser = argparse.ArgumentParser(
-        prog="cegppo",
-        description="CE-GPPO (gradient-preserving clipping policy optimization) training for TRL.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="""\
+    parser = argparse.ArgumentParser(prog="cegppo", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="CE-GPPO (gradient-preserving clipping policy optimization) for TRL.",
+                                     epilog="""\
 examples:
   cegppo check --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
   cegppo train --config cpu_smoke --model_name_or_path MODEL --dataset_name data.jsonl --output_dir runs/smoke
   accelerate launch --config_file "$(cegppo config-path multi_gpu)" -m cegppo_trl.cli train --config RECIPE
 
-"""
-        + TRAIN_EXIT_STATUSES,
-    )
+""" + TRAIN_EXIT_STATUSES)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"cegppo-trl {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # `train`, `check` and the entry points parse their own arguments (`cegppo train -h` lists every field).
-    commands.add_parser(
-        "train", add_help=False, help="train: --config RECIPE (a name or a YAML path), any field as a flag"
-    )
-    commands.add_parser(
-        "check", add_help=False, help="check a `cegppo train` command before any GPU time (same arguments)"
-    )
+    commands.add_parser("train", add_help=False, help="train: --config RECIPE (a name or a path), any field a flag")
+    commands.add_parser("check", add_help=False, help="check a `cegppo train` command before any GPU time")
     for name, entry_point in extra_commands().items():
         commands.add_parser(name, add_help=False, help=f"`cegppo {name} --help` ({entry_point.value})")
     commands.add_parser("recipes", help="list the shipped recipes and accelerate configs")
@@ -70,32 +56,14 @@ examples:
     return parser
 
 
-def _check_parser() -> argparse.ArgumentParser:
-    """`cegppo check`'s own flag; every other argument is `cegppo train`'s (parsed after `--help`: no torch here)."""
-    parser = argparse.ArgumentParser(
-        prog="cegppo check",
-        usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
-        description="Check a `cegppo train` command (the same arguments: `cegppo train --help`) in seconds, without a "
-        "GPU or the model's weights: the prompts as the model gets them, the columns each reward reads, the batch "
-        "layout, the output directory, and what it did not check. Exit status 1 on any error, else 0.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--call_rewards", action="store_true",
-                        help="also call your rewards (your code runs) on a rollout batch of real rows")  # fmt: skip
-    return parser
-
-
-def _describe_reward(func) -> str:
-    if not hasattr(func, "correct"):  # format_reward
-        return "1 for a closed, non-empty \\boxed{} after a well-formed <think> block (or none), else 0; no reference."
-    what = "math-verify equivalence of the last \\boxed{}" if hasattr(func, "require_boxed") else "the final number"
-    return f"{what} with `solution`: {func.correct:+g} correct, {func.incorrect:g} otherwise."
-
-
 def check_main(argv: list[str] | None = None) -> int:
     """`cegppo check`: the plan of a `cegppo train` command line; 1 on any error (an argument error too), else 0."""
+    parser = argparse.ArgumentParser(prog="cegppo check", usage="cegppo check [--call_rewards] TRAIN_ARGUMENTS...",
+                                     description="The plan of a `cegppo train` command (`cegppo train --help`), with "
+                                     "no GPU or weights; exit status 1 on any error.", allow_abbrev=False)  # fmt: skip
+    parser.add_argument("--call_rewards", action="store_true", help="also call your rewards on a rollout batch")
     try:
-        options, rest = _check_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
+        options, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         from .scripts import check_command, parse_args  # after `--help`: it imports torch and TRL
 
         parsed = parse_args(rest, prog="cegppo check")
@@ -111,8 +79,7 @@ def check_main(argv: list[str] | None = None) -> int:
 
 def _say(line: str) -> None:
     """`line` on stderr, on a line of its own above a progress bar still on screen."""
-    tqdm = sys.modules.get("tqdm")
-    (tqdm.tqdm.write if tqdm is not None else print)(line, file=sys.stderr)
+    getattr(getattr(sys.modules.get("tqdm"), "tqdm", None), "write", print)(line, file=sys.stderr)
 
 
 def _train(argv: list[str]) -> int:
@@ -124,39 +91,28 @@ def _train(argv: list[str]) -> int:
     try:
         parsed = parse_args(argv, prog="cegppo train", epilog=TRAIN_EXIT_STATUSES)
         trainer = main(*parsed)
-    except (CEGPPOUsageError, RewardFailed) as error:
-        if tracebacks:
+    except (ValueError, RewardFailed) as error:  # a plain ValueError: a field's own check, while parsing
+        if tracebacks or (parsed is not None and not isinstance(error, CEGPPOUsageError | RewardFailed)):
             raise
         _say(f"cegppo train: error: {error}")
         return 5 if isinstance(error, RewardFailed) else 2
-    except ValueError as error:  # raised while parsing: a field's own check refused its value
-        if parsed is not None or tracebacks:
-            raise
-        print(f"cegppo train: error: {error}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         _say("cegppo train: interrupted. Resume: the same command with `--resume_from_checkpoint last`.")
         return 130
-    if trainer.stop_reason is None:
-        return 0
-    if trainer.accelerator.is_main_process:  # stopped early, the final model saved: say why, once
+    if trainer.stop_reason is not None and trainer.accelerator.is_main_process:  # stopped early, model saved: why
         _say(f"cegppo train: stopped at step {trainer.state.global_step}: {trainer.reward_monitor.stop_message}")
-    return STOP_EXIT_STATUS[trainer.stop_reason]
+    return STOP_EXIT_STATUS.get(trainer.stop_reason, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cegppo` command; returns the exit status."""
-    import contextlib
-
     from .resources import accelerate_configs_dir, recipe_names, recipes_dir, resolve_accelerate_config, resolve_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     command = parser.parse_args(argv[: 2 if argv[:1] == ["config-path"] else 1]).command  # the rest: parsed by each
-    if command == "train":
-        return _train(argv[1:])
-    if command == "check":
-        return check_main(argv[1:])
+    if command in ("train", "check"):
+        return (_train if command == "train" else check_main)(argv[1:])
     if command == "config-path":
         name = parser.parse_args(argv).name
         for resolve in (resolve_accelerate_config, resolve_config):
@@ -173,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS
 
         print("Reward functions for --reward_funcs (or a dotted path to your own):")
-        print("\n".join(f"  {name:<27}{_describe_reward(func)}" for name, func in REWARD_FUNCS.items()))
+        print("\n".join(f"  {name:<27}{func.description}" for name, func in REWARD_FUNCS.items()))
         print("TRL's, by name (any other as trl.rewards.<name>; they read chat completions only):")
         print("\n".join(f"  {name:<27}{text}" for name, text in TRL_REWARD_FUNCS.items()))
     elif command is not None:  # a `cegppo.commands` entry point, e.g. `probe`

@@ -1,13 +1,10 @@
-"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (`CEGPPOTrainer` never runs it).
-
-`run_checks` fills a `Report`, section by section, with what only a plan can show (the prompts as the model gets
-them, the columns each reward reads, the batch layout, the output folder's state) and refuses what would train on
-nothing or not at all; what TRL, transformers, torch or accelerate refuse is left to them. No reward of yours is
-called unless asked (`--call_rewards`); the package's and TRL's are called on the reference answers.
-"""
+"""The plan `cegppo check` prints and `cegppo train` runs before the model loads (`CEGPPOTrainer` never runs it):
+what only a plan can show, and refusals of what would train on nothing; what TRL, transformers, torch or accelerate
+refuse is left to them. Rewards of yours are called only with `--call_rewards`."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import itertools
@@ -79,8 +76,7 @@ class Report:
         try:
             return check(*args, **kwargs)
         except (ValueError, RuntimeError, ImportError, OSError, TypeError) as error:
-            self.error(section, str(error))
-            return None
+            return self.error(section, str(error))
 
     @property
     def errors(self) -> list[Finding]:
@@ -105,22 +101,18 @@ class Report:
 
 
 def short_repr(value: Any, limit: int = 70) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text := repr(value)) <= limit else text[: limit - 3] + "..."
 
 
 def type_name(value: Any) -> str:
-    if isinstance(value, list):
-        inner = sorted({type_name(v) for v in value[:3]})
-        return f"list[{'|'.join(inner)}]" if inner else "list"
-    return type(value).__name__
+    inner = sorted({type_name(v) for v in value[:3]}) if isinstance(value, list) else None
+    return type(value).__name__ if not inner else f"list[{'|'.join(inner)}]"
 
 
 def sample_rows(dataset: Any, n: int = 3) -> list[dict]:
     """The first `n` rows (a streaming dataset reads only those)."""
-    if hasattr(dataset, "__len__"):
-        return [dataset[i] for i in range(min(n, len(dataset)))]
-    return list(itertools.islice(iter(dataset), n))
+    return [dataset[i] for i in range(min(n, len(dataset)))] if hasattr(dataset, "__len__") else list(
+        itertools.islice(iter(dataset), n))  # fmt: skip
 
 
 def likely_column(columns: Sequence[str], option: str) -> str | None:
@@ -130,14 +122,8 @@ def likely_column(columns: Sequence[str], option: str) -> str | None:
 
 
 # --- Data and prompts
-def _is_prompt(value: Any) -> bool:  # text or chat messages (a tool call may carry no `content`)
-    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and ("role" in m or "content" in m) for m in value))  # fmt: skip
-
-
 def column_problems(dataset: Any, prompt_column: str, solution_column: str | None) -> list[str]:
-    """What is wrong with `prompt_column` / `solution_column` in the first rows: each component of a dotted path is
-    followed (a misspelled nested field would pass `None` to every reward); a prompt must be text or chat messages."""
+    """What is wrong with the columns in the first rows, a dotted path followed to its end (a typo passes `None`)."""
     rows = sample_rows(dataset)
     top = list(dataset.column_names) if dataset.column_names is not None else list(rows[0] if rows else [])
     problems = []
@@ -159,7 +145,7 @@ def column_problems(dataset: Any, prompt_column: str, solution_column: str | Non
             nested = [v for v in values if v is not None]  # a non-record on the way has no fields
             available = sorted({k for v in nested if isinstance(v, dict) for k in v}) if nested else None
         else:  # a None prompt is a row's problem: `inspect_dataset` names the row
-            bad = next((v for v in values if v is not None and not _is_prompt(v)), None)
+            bad = next((v for v in values if not isinstance(v, str | list | None)), None)  # a list: `prompt_problem`
             if option == "prompt_column" and bad is not None:
                 text = [c for c in top if c != path and rows and isinstance(rows[0].get(c), str)]
                 problems.append(f"`prompt_column={path}` holds {type_name(bad)} values (e.g. {short_repr(bad)}), not "
@@ -170,16 +156,13 @@ def column_problems(dataset: Any, prompt_column: str, solution_column: str | Non
 def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -> list[dict]:
     """Rows, columns and types, and whether every prompt is text or chat messages; returns a few rows."""
     if not (rows := sample_rows(dataset)):
-        report.error("dataset", f"`{name}` is empty (0 rows): check `--dataset_name`.")
-        return []
+        return report.error("dataset", f"`{name}` is empty (0 rows): check `--dataset_name`.") or []
     columns = dataset.column_names if dataset.column_names is not None else list(rows[0])
     size = f"{len(dataset)} rows" if hasattr(dataset, "__len__") else "streamed (length unknown)"
-    report.info(
-        "dataset", f"{name}: {size}; columns: " + ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
-    )
+    types = ", ".join(f"{c} ({type_name(rows[0].get(c))})" for c in columns)
+    report.info("dataset", f"{name}: {size}; columns: {types}")
     if "prompt" not in columns:
-        report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0])
-        return rows
+        return report.error("dataset", f"`{name}`: " + column_problems(dataset, "prompt", None)[0]) or rows
     prompts = dataset["prompt"] if hasattr(dataset, "__len__") else [r.get("prompt") for r in sample_rows(dataset, 64)]
     if bad := [(i, problem) for i, p in enumerate(prompts) if (problem := prompt_problem(p)) is not None]:
         scope = f"all {len(prompts)} rows" if hasattr(dataset, "__len__") else "the stream's first rows"
@@ -189,8 +172,7 @@ def inspect_dataset(report: Report, dataset: Any, name: str = "train_dataset") -
 
 
 def prompt_problem(prompt: Any) -> str | None:
-    """What the tokenizer or the chat template would fail on in one prompt, or None (TRL trains chat messages whose
-    content is empty: a template may render a header around them)."""
+    """What the tokenizer or the chat template would fail on in one prompt, or None (TRL trains empty contents)."""
     if prompt is None or isinstance(prompt, str):
         return "is None" if prompt is None else ("is empty" if not prompt.strip() else None)
     if not isinstance(prompt, list) or not prompt:
@@ -207,9 +189,8 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
     """Each sample prompt as the model gets it (chat template applied) and its token length."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     if any(isinstance(r.get("prompt"), list) for r in rows) and not getattr(tokenizer, "chat_template", None):
-        report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base model): "
-                     "pass `--chat_prompts false`, or use an instruct model.")  # fmt: skip
-        return
+        return report.error("prompts", "The prompts are chat messages and the tokenizer has no chat template (a base "
+                            "model): pass `--chat_prompts false`, or use an instruct model.")  # fmt: skip
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         try:
@@ -217,10 +198,7 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
                 prompt, tokenize=False, add_generation_prompt=True, **(args.chat_template_kwargs or {}))  # fmt: skip
             n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         except Exception as error:  # TRL renders some inputs (images, tools) its own way: say so, do not refuse
-            report.warning(
-                "prompts", f"Rendering the prompt of row {i} failed here ({type(error).__name__}: {error})."
-            )
-            return
+            return report.warning("prompts", f"Rendering row {i}'s prompt failed ({type(error).__name__}: {error}).")
         report.info("prompts", f"row {i}, {n} tokens: {text!r}")
     report.info("prompts", f"completions: up to {args.max_completion_length} tokens each (`max_completion_length`)")
 
@@ -236,8 +214,7 @@ def is_own_reward(func: Any) -> bool:
 
 
 def reward_required_columns(func: Callable) -> tuple[str, ...]:
-    """The columns a reward cannot score without: its `required_columns`, else its signature's parameters without a
-    default that TRL does not pass itself."""
+    """Its `required_columns`, else its signature's parameters without a default that TRL does not pass itself."""
     if (declared := getattr(func, "required_columns", None)) is not None:
         return tuple(declared)
     try:
@@ -263,10 +240,8 @@ def reference_completion(func: Callable, solution: Any) -> Any:
 
 
 def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], rows: list[dict],
-                    columns: Sequence[str], call: list[dict] | None = None) -> None:  # fmt: skip
-    """The columns each reward needs (its signature; no call); the package's own rewards called on the reference
-    answers of `rows`; with `call` (`--call_rewards`) every reward on that rollout batch."""
-    alike = {}  # reward -> the one score it gave every completion it was called on
+                    columns: Sequence[str], call: Sequence[dict] = ()) -> None:  # fmt: skip
+    """The columns each reward needs; the package's and TRL's called on `rows`, every reward on `call` if given."""
     for name, func in zip(names, funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
             report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
@@ -291,16 +266,8 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         if _from_trl(func) and trl_on_text:
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
-        elif call is not None or is_own_reward(func):  # else the `not_checked` section says so
-            if score := _call_reward(
-                report, name, func, rows if call is None else call, value_range, call is not None
-            ):
-                alike[name] = score
-    if alike and len(alike) == len(funcs):  # no reward told the completions apart: the run's total reward neither
-        which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
-        report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
-                       f"the same score ({which}). If the model's completions score alike too, `cegppo train` stops "
-                       "after `max_zero_signal_batches` such rollout batches with exit status 3.")  # fmt: skip
+        elif call or is_own_reward(func):  # else the `not_checked` section says so
+            _call_reward(report, name, func, list(call or rows), value_range, bool(call))
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
@@ -310,22 +277,16 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     return [row for row in rows for _ in range(args.num_generations)]
 
 
-def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
-    """`func` called as TRL calls it on `rows`, each completion the row's reference answer where the reward says how
-    one looks (a made-up one otherwise): what TRL fails on, no score at all (`cegppo train` exits 4) and a reference
-    answer without the top score are errors. Returns the score when every completion got the same made-up one."""
-    import asyncio
-
+def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> None:
+    """`func` called as TRL calls it, each completion the row's reference answer (made up if its form is unknown)."""
     from transformers import TrainerState
 
     texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]
     completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) and isinstance(r.get("prompt"), list)
                    else c for r, c in zip(rows, [t or MADE_UP_COMPLETION for t in texts], strict=True)]  # fmt: skip
     kwargs = {k: [row.get(k) for row in rows] for k in rows[0] if k not in ("prompt", "completion", *TRAINER_KWARGS)}
-    nothing = lambda *a, **k: None  # noqa: E731
-    kwargs.update(
-        completion_ids=[[0]] * len(rows), trainer_state=TrainerState(), log_extra=nothing, log_metric=nothing
-    )
+    kwargs.update(dict.fromkeys(("log_extra", "log_metric"), lambda *a, **k: None), trainer_state=TrainerState(),
+                  completion_ids=[[0]] * len(rows))  # fmt: skip
     called = f"called{' (`--call_rewards`)' if asked else ''} on {len(rows)} completions of real rows"
     where = f"Reward `{name}`, {called}"
     try:
@@ -333,10 +294,9 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         scores = asyncio.run(scores) if asyncio.iscoroutine(scores) else scores  # TRL awaits async rewards
         values = [None if s is None else float(s) for s in scores]
     except Exception as error:
-        report.error("rewards", f"{where}, failed: {type(error).__name__}: {error}")
-        return None
-    top = value_range[1] if value_range is not None and all(t is not None for t in texts) else None
-    wrong = None if top is None else next((i for i, v in enumerate(values) if v is None or abs(v - top) > 1e-6), None)
+        return report.error("rewards", f"{where}, failed: {type(error).__name__}: {error}")
+    top = value_range[1] if value_range is not None and None not in texts else None
+    wrong = next((i for i, v in enumerate(values) if top is not None and (v is None or abs(v - top) > 1e-6)), None)
     if len(values) != len(rows):
         report.error("rewards", f"{where}, returned {len(values)} value(s) for {len(rows)} completions.")
     elif all(v is None or math.isnan(v) for v in values):
@@ -345,14 +305,11 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         report.error("rewards", f"Reward `{name}` gives the reference answer itself (row {wrong}: solution="
                      f"{short_repr(rows[wrong].get(REFERENCE_COLUMN))}) the score {values[wrong]}, not its top score "
                      f"{top:g}: the reference column does not hold what this reward reads.")  # fmt: skip
+    elif any(v is not None and math.isinf(v) for v in values):
+        report.warning("rewards", f"{where}, returned an infinite score: TRL sets that group's advantages to 0.")
     else:
         scored = "the reference answers score the top score" if top is not None else "scores"
         report.info("rewards", f"  {called}: {scored} {short_repr(values)}")
-        if any(v is not None and math.isinf(v) for v in values):
-            report.warning("rewards", f"{where}, returned an infinite score: TRL sets that group's advantages to 0.")
-        elif top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
-            return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
-    return None
 
 
 def inspect_reward_weights(report: Report, args: Any) -> None:
@@ -373,8 +330,7 @@ def inspect_batch_layout(report: Report, args: Any, world_size: int) -> None:
     sizes = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=ga, steps_per_generation=spg,
                  num_iterations=args.num_iterations)  # fmt: skip
     if below := [name for name, value in sizes.items() if value is None or value < 1]:  # the trainer fails after load
-        report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
-        return
+        return report.error("batch", f"`{below[0]}={sizes[below[0]]}`: must be at least 1 (e.g. `--{below[0]} 1`).")
     rollout = args.generation_batch_size or per_device * world_size * spg
     report.info("batch", f"rollout batch: {rollout} completions = {rollout // args.num_generations} prompt(s) x "
                 f"{args.num_generations} generations ({per_device} per device x {world_size} process(es) on "
@@ -407,15 +363,14 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
     if os.path.isdir(path) and not any(f.endswith(WEIGHTS_SUFFIXES) for f in os.listdir(path)):
         return report.error("model", f"`model_name_or_path`: no file named model.safetensors or pytorch_model.bin "
                             f"(or another {'/'.join(WEIGHTS_SUFFIXES)}) found in directory {path}.")  # fmt: skip
-    parent = os.path.dirname(path.rstrip("/"))
-    local = model.startswith(("./", "../", "/", "~")) or (parent != "" and os.path.isdir(parent))
+    local = model.startswith(("./", "../", "/", "~")) or os.path.isdir(os.path.dirname(path.rstrip("/")))
     try:
         if local and not os.path.exists(path):  # transformers would try it as a Hub id
             raise OSError
-        revision = (args.model_init_kwargs or {}).get("revision")
-        config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(model, revision=(args.model_init_kwargs or {}).get("revision"),
+                                            trust_remote_code=args.trust_remote_code)  # fmt: skip
     except Exception as error:  # the model load fails on the same
-        what = f"{error}" if os.path.exists(path) or not (local or model.count("/") != 1) else (
+        what = error if os.path.exists(path) or not (local or model.count("/") != 1) else (
             f"no model at {os.path.abspath(path)} ({model!r} is not a local directory, and not a Hub id of the form "
             "`owner/name`).")  # fmt: skip
         return report.error("model", f"`model_name_or_path`: {what}")
@@ -423,14 +378,12 @@ def inspect_model(report: Report, model: str, args: Any) -> None:
 
 
 def inspect_output_dir(report: Report, args: Any, overwrite: bool = False, plan: bool = True) -> None:
-    """Fresh, holds checkpoints, or a file; and (`plan`) the checkpoint `cegppo train` will resume
-    (`checkpoints.resolve`): what the trainer refuses is refused here."""
+    """Fresh, holds checkpoints, or a file; and (`plan`) the checkpoint `cegppo train` will resume, or its refusal."""
     from .checkpoints import checkpoint_folders, other_runs, refusal, resolve
 
     path = args.output_dir
     if os.path.isfile(path):
-        report.error("output_dir", f"`output_dir` {path} is a file, not a directory: pick another `--output_dir`.")
-        return
+        return report.error("output_dir", f"`output_dir` {path} is a file, not a directory: pick another one.")
     names = [os.path.basename(f) for f in checkpoint_folders(path)] if os.path.isdir(path) else []
     state = "fresh (will be created)" if not os.path.isdir(path) else "exists, no checkpoints"
     report.info("output_dir", f"{path}: " + (f"holds checkpoints ({', '.join(names[-3:])})" if names else state))
@@ -454,8 +407,7 @@ def missing_checkpoint(checkpoint: str | None) -> str | None:
 def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, eval_dataset: Any = None,
                reward_names: Sequence[str] | None = None, processing_class: Any = None, call_rewards: bool = False,
                report: Report | None = None) -> Report:  # fmt: skip
-    """The plan of what `cegppo train` hands the trainer (datasets as the trainer sees them, rewards, config,
-    tokenizer); `call_rewards`: `--call_rewards`. From Python, `run_checks(...).format()` prints the same report."""
+    """The plan of what `cegppo train` hands the trainer; `run_checks(...).format()` is `cegppo check`'s report."""
     from .trl_compat import check_trl_compatibility
 
     report = Report() if report is None else report
@@ -468,9 +420,7 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
         if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
         columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
-        inspect_rewards(
-            report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else None
-        )
+        inspect_rewards(report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else [])
     inspect_reward_weights(report, args)
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads

@@ -1,5 +1,4 @@
-"""The recipes and accelerate configs shipped with the package, found by name (`cegppo train --config cpu_smoke`):
-package data in a wheel (`cegppo_trl/recipes/`, `accelerate_configs/`), the repository's folders in a checkout."""
+"""The shipped recipes and accelerate configs by name: a wheel's package data, or a checkout's folders."""
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
-"""Reward functions for CE-GPPO runs, selectable by name (`--reward_funcs math_verify format`).
-
-Every reward follows TRL's signature `f(completions, **kwargs) -> list[float | None]`; the reference answer arrives
-as the `solution` column. A reward that needs a reference raises when the batch has no `solution` column at all
-(scoring every rollout "wrong" would train on nothing without a word); a malformed completion or one row's unusable
-reference gets the "wrong" score. TRL's rewards are accepted by name too (`TRL_REWARD_FUNCS`), any reward by dotted
-import path. The registry's table is in docs/usage.md.
-"""
+"""Reward functions by name (`--reward_funcs math_verify format`), TRL's signature, the reference answer in the
+`solution` column. A reward that needs one raises when the batch has no `solution` column (scoring every rollout
+"wrong" would train on nothing without a word); a malformed completion or one unusable reference scores "wrong"."""
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import logging
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -23,8 +22,7 @@ TRAINER_KWARGS = ("prompts", "completions", "completion_ids", "trainer_state", "
 
 
 def completion_text(completion: Any) -> str:
-    """The generated text of one completion: a string, a message dict, or a list of messages (the last assistant
-    message; its content a string or `{"type": "text", "text": ...}` parts); `""` when there is none."""
+    """The text of a completion: a string, a message, or the last assistant message of a list (text parts joined)."""
     if isinstance(completion, Sequence) and not isinstance(completion, str):
         messages = [m for m in completion if isinstance(m, dict)]
         chosen = [m for m in messages if m.get("role", "assistant") == "assistant"] or messages
@@ -36,8 +34,7 @@ def completion_text(completion: Any) -> str:
 
 
 def last_boxed(text: str) -> str | None:
-    r"""Content of the last `\boxed{...}` (or `\fbox{...}`) with balanced braces; `None` if there is none or it is
-    unclosed (a completion truncated inside its answer)."""
+    r"""Content of the last balanced `\boxed{...}` (or `\fbox{...}`); `None` if none or unclosed (truncated)."""
     for start in reversed([m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]):
         depth = 1
         for i in range(start, len(text)):
@@ -48,8 +45,7 @@ def last_boxed(text: str) -> str | None:
 
 
 def _answer_part(text: str) -> str | None:
-    """The text after the reasoning block; `None` when the think tags are malformed or the block never closes (a
-    template that opened `<think>` in the prompt leaves only `</think>`: accepted)."""
+    """The text after the reasoning block (a lone `</think>` too); `None` for malformed or unclosed tags."""
     opens, closes = text.count("<think>"), text.count("</think>")
     if opens > 1 or closes > 1 or opens > closes or (opens and text.index("<think>") > text.index("</think>")):
         return None
@@ -59,11 +55,9 @@ def _answer_part(text: str) -> str | None:
 def missing_reference_message(reward: str, columns: Sequence[str], column: str = "COLUMN") -> str:
     """Why `reward` cannot score data without a `solution` column, and how to name one (`column`, when known)."""
     columns = [c for c in columns if c not in TRAINER_KWARGS]
-    return (
-        f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has none "
-        f"(its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
-        f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`."
-    )
+    return (f"Reward `{reward}` compares with a reference answer, the `{REFERENCE_COLUMN}` column, and the data has "
+            f"none (its columns: {', '.join(columns) or 'none'}): `--solution_column {column}` (Python: "
+            f"`dataset.rename_column('{column}', 'solution')`), or a reference-free reward such as `format`.")  # fmt: skip
 
 
 class _ReferenceReward:
@@ -71,9 +65,10 @@ class _ReferenceReward:
 
     required_columns = (REFERENCE_COLUMN,)
 
-    def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = ""):
+    def __init__(self, correct: float, incorrect: float, name: str, rule: str):
         self.correct, self.incorrect, self.__name__ = correct, incorrect, name
         self.reward_range = (min(incorrect, correct), max(incorrect, correct))  # `reward_value_range` reads it
+        self.description = f"{rule} with `solution`: {correct:+g} correct, {incorrect:g} otherwise."
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
         raise NotImplementedError
@@ -88,16 +83,11 @@ class _ReferenceReward:
 
 
 class MathVerifyReward(_ReferenceReward):
-    r"""Correctness of the last `\boxed{}` answer against the reference, by `math_verify.verify`.
-
-    The reference may be a bare answer (boxed before parsing, as the authors' reward does) or a worked solution
-    containing `\boxed{}`. Unlike the authors' reward (plain `math_verify.parse` of the whole response), a boxed
-    answer is required by default; `require_boxed=False` restores their fallback to un-boxed expressions. No box, an
-    unparseable answer or reference, and any math-verify error or timeout score `incorrect`.
-    """
+    r"""The last `\boxed{}` answer against the reference (bare, or a worked solution with `\boxed{}`) by
+    `math_verify.verify`; `require_boxed=False`: the authors' fallback to un-boxed answers. Failures: `incorrect`."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, require_boxed: bool = True, name: str = ""):
-        super().__init__(correct, incorrect, name or "math_verify")
+        super().__init__(correct, incorrect, name or "math_verify", "math-verify equivalence of the last \\boxed{}")
         self.require_boxed = require_boxed
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
@@ -163,8 +153,7 @@ def extract_gsm8k_gold(answer: Any) -> Fraction | None:
 
 
 def extract_gsm8k_answer(text: str) -> Fraction | None:
-    r"""The model's final number: the last `\boxed{}`, else the text after the last `####`, else the last number;
-    only the text after a closed `</think>` counts."""
+    r"""The last `\boxed{}`'s number, else that after the last `####`, else the last one (after `</think>`)."""
     text = _answer_part(_normalise(text or ""))
     if text is None:
         return None
@@ -177,7 +166,7 @@ class GSM8KReward(_ReferenceReward):
     """Exact numeric match of the completion's final number with the GSM8K reference (`#### 72`)."""
 
     def __init__(self, correct: float = 1.0, incorrect: float = -1.0, name: str = "gsm8k"):
-        super().__init__(correct, incorrect, name)
+        super().__init__(correct, incorrect, name, "the final number")
 
     def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
         predicted, reference = extract_gsm8k_answer(text), extract_gsm8k_gold(gold)
@@ -185,13 +174,13 @@ class GSM8KReward(_ReferenceReward):
 
 
 def format_reward(completions: list, **kwargs) -> list[float]:
-    r"""1.0 if the completion holds a non-empty, closed `\boxed{...}` after a well-formed `<think>` block (or none),
-    else 0.0."""
+    r"""1.0 for a non-empty, closed `\boxed{...}` after a well-formed `<think>` block (or none), else 0.0."""
     answers = [_answer_part(completion_text(c)) for c in completions]
     return [float(a is not None and bool((last_boxed(a) or "").strip())) for a in answers]
 
 
 format_reward.reward_range = (0.0, 1.0)
+format_reward.description = "1 for a closed, non-empty \\boxed{} after a well-formed <think> block (or none), else 0."
 
 REWARD_FUNCS: dict[str, Callable] = {
     "math_verify": MathVerifyReward(1.0, -1.0, name="math_verify"),
@@ -209,32 +198,17 @@ TRL_REWARD_FUNCS: dict[str, str] = {
 }
 
 
-def _unknown_reward_message(name: str) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, [*REWARD_FUNCS, *TRL_REWARD_FUNCS], n=1, cutoff=0.6)
-    return (f"Unknown reward function {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}. Built-in: "
-            f"{', '.join(REWARD_FUNCS)}; TRL's: {', '.join(TRL_REWARD_FUNCS)} (others as `trl.rewards.<name>`); or a "
-            "dotted import path (`my_lib.rewards.my_reward`).")  # fmt: skip
-
-
 def check_reward_name(name: str) -> None:
     """Refuse (`ValueError`) a bare name `get_reward_func` cannot resolve, importing nothing (parse time)."""
     if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
-        raise ValueError(_unknown_reward_message(name))
+        close = difflib.get_close_matches(name, [*REWARD_FUNCS, *TRL_REWARD_FUNCS], n=1, cutoff=0.6)
+        raise ValueError(f"Unknown reward function {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}. "
+                         f"Built-in: {', '.join(REWARD_FUNCS)}; TRL's: {', '.join(TRL_REWARD_FUNCS)} (others as "
+                         "`trl.rewards.<name>`); or a dotted import path (`my_lib.rewards.my_reward`).")  # fmt: skip
 
 
 def get_reward_func(name: str) -> Callable:
-    """A reward by registry name, by the name of one of TRL's, or by dotted import path (resolved from the current
-    directory too, like TRL's `grpo.py`).
-
-    Raises:
-        ValueError: an unknown name that is not an importable `module.attribute` path.
-    """
-    import importlib
-    import os
-    import sys
-
+    """A reward by registry name, TRL's name or dotted import path (the current directory too); else `ValueError`."""
     check_reward_name(name)
     if name in REWARD_FUNCS:
         return REWARD_FUNCS[name]
@@ -248,32 +222,23 @@ def get_reward_func(name: str) -> Callable:
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
-    """`reward_funcs` with each registry name (`math_verify`, TRL's `accuracy_reward`) resolved to its function.
-
-    TRL reads a string as a reward model's Hub id or path (`"math_verify"` would be looked up on the Hub); a string
-    that is neither a registry name, a local folder nor of the `owner/name` form is refused.
-    """
-    import os
+    """`reward_funcs`' names resolved (`get_reward_func`); TRL reads a folder or `owner/name` as a reward model."""
 
     def resolve(item: Any) -> Any:
-        if not isinstance(item, str) or os.path.isdir(os.path.expanduser(item)):
+        if not isinstance(item, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
             return item
-        if item in REWARD_FUNCS or item in TRL_REWARD_FUNCS:
+        try:
             return get_reward_func(item)
-        if item.count("/") != 1:
+        except ValueError as error:
             raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder "
-                             f"and not a Hub id (`owner/name`). {_unknown_reward_message(item)} In Python pass the "
-                             "function itself: `cegppo_trl.rewards.get_reward_func('math_verify')`.")  # fmt: skip
-        return item
+                             f"and not a Hub id (`owner/name`). {error} In Python pass the function itself: "
+                             "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
 
-    return (
-        [resolve(item) for item in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
-    )
+    return [resolve(f) for f in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
 
 
 def reward_value_range(func: Callable) -> tuple[float, float] | None:
-    """`(lowest, top)` score of a reward: its `reward_range` attribute (a reward of yours can declare one), 0/1 for
-    TRL's rewards by name; None when unknown."""
+    """`(lowest, top)` score: a `reward_range` attribute (yours may declare one), 0/1 for TRL's by name, else None."""
     if (declared := getattr(func, "reward_range", None)) is not None:
         return float(declared[0]), float(declared[1])
     from_trl = getattr(func, "__module__", "").startswith("trl.rewards")

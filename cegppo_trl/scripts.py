@@ -1,17 +1,18 @@
-"""The `cegppo train` / `cegppo check` script (TRL's `trl/scripts/grpo.py` shape), shared with `examples/cegppo.py`.
-
-A `TrlParser` over (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`): every field is a YAML key
-(`--config`) and a flag. The dataset is loaded by name or path and its columns mapped onto `prompt` and `solution`;
-`main()` runs the pre-flight (`preflight`), then `CEGPPOTrainer`.
-"""
+"""The `cegppo train` / `cegppo check` script (TRL's `grpo.py` shape, shared with `examples/cegppo.py`): every field
+of (`CEGPPOScriptArguments`, `CEGPPOConfig`, `trl.ModelConfig`) a flag and a YAML key; `main()` runs the pre-flight."""
 
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import logging
 import os
+import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from trl import ModelConfig, ScriptArguments, TrlParser
@@ -25,6 +26,7 @@ from .preflight import (
     inspect_model,
     inspect_output_dir,
     missing_checkpoint,
+    prompt_problem,
     run_checks,
 )
 from .resources import resolve_config
@@ -49,15 +51,12 @@ class RewardFailed(RuntimeError):
 
 
 def _option(default: Any, help: str) -> Any:
-    if callable(default):
-        return field(default_factory=default, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+    return field(**{"default_factory" if callable(default) else "default": default}, metadata={"help": help})
 
 
 @dataclass
 class CEGPPOScriptArguments(ScriptArguments):
-    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset or `save_to_disk` directory, or one data file)
-    plus the rewards and the column mapping."""
+    """TRL's dataset arguments (`dataset_name`: a Hub id, a dataset folder or one data file), rewards and columns."""
 
     reward_funcs: list[str] = _option(lambda: ["math_verify"], "Reward functions by name (" + ", ".join(
         [*REWARD_FUNCS, *TRL_REWARD_FUNCS]) + ") or dotted import path; weight them with `--reward_weights`.")  # fmt: skip
@@ -75,11 +74,9 @@ class CEGPPOScriptArguments(ScriptArguments):
             if str(getattr(self, name)).strip().lower() in ("", "none", "null"):
                 setattr(self, name, None)
         if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ValueError(f"`prompt_template` must contain `{{prompt}}`, got {self.prompt_template!r}; use "
-                             "`system_prompt` for text that does not wrap the prompt.")  # fmt: skip
+            raise ValueError(f"`prompt_template` must contain `{{prompt}}`, got {self.prompt_template!r}.")
         if self.max_train_samples is not None and self.max_train_samples < 1:
-            raise ValueError(f"`max_train_samples` must be >= 1 (or None), got {self.max_train_samples}: the dataset "
-                             "would be empty.")  # fmt: skip
+            raise ValueError(f"`max_train_samples` must be >= 1 (or None), got {self.max_train_samples}.")
         self.reward_funcs = [self.reward_funcs] if isinstance(self.reward_funcs, str) else self.reward_funcs
         for name in self.reward_funcs:  # at parse time, not after the model has loaded
             check_reward_name(name)
@@ -88,7 +85,6 @@ class CEGPPOScriptArguments(ScriptArguments):
 def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
     """The parser; an argument error is one line and a pointer to `--help`; `epilog` ends `--help`."""
     import argparse
-    import re
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
         """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
@@ -96,20 +92,15 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
     parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
                        formatter_class=Formatter)  # fmt: skip
     for action in parser._actions:  # argparse %-formats help; field help is prose (`@10%-60%`)
-        action.help = action.help and re.sub(
-            r"%%|%\(|%", lambda m: m.group() if len(m.group()) == 2 else "%%", action.help
-        )
-    parser.error = lambda message: parser.exit(  # type: ignore[method-assign]
-        2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists every option)\n"
-    )
+        action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
+    parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists "
+                                               "every option)\n")  # type: ignore[method-assign]  # fmt: skip
     return parser
 
 
-def parse_args(
-    args: list[str] | None = None, prog: str | None = None, epilog: str | None = None
-) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:
-    """Flags and `--config` YAML (a shipped recipe's name or a path; flags win). An unknown flag or YAML key (with a
-    did-you-mean) or `--config` twice exits 2 with one line; a refused value raises its field's `ValueError`."""
+def parse_args(args: list[str] | None = None, prog: str | None = None,
+               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
+    """Flags over `--config` YAML (a recipe's name or a path); an unknown key exits 2, a refused value raises."""
     parser = make_parser(prog, epilog)
     argv = sys.argv[1:] if args is None else args
     args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
@@ -123,13 +114,11 @@ def parse_args(
         except ValueError as error:
             parser.error(f"--config {error}")
     try:
-        *parsed, from_config, from_flags = parser.parse_args_and_config(
-            args, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        *parsed, from_config, from_flags = parser.parse_args_and_config(args, return_remaining_strings=True,
+                                                                        separate_remaining_strings=True)  # fmt: skip
     except ValueError as error:  # transformers' text names `use_cpu`, not the flags that work
         if "doesn't support bf16/gpu" in str(error):
-            raise ValueError("`bf16`: this machine has no GPU for it. On CPU pass `--use_cpu true --bf16 false` (the "
-                             "`cpu_smoke` recipe sets both).") from error  # fmt: skip
+            raise ValueError("`bf16`: this machine has no GPU: on CPU, `--use_cpu true --bf16 false`.") from error
         raise
     known = sorted({action.dest for action in parser._actions if action.dest != "help"})
 
@@ -148,8 +137,7 @@ def parse_args(
 # --- The dataset: loaded by name or path, its columns mapped onto `prompt` and `solution`
 def load_any_dataset(name: str | None, *, config: str | None = None, train_split: str = "train",
                      streaming: bool = False) -> Any:  # fmt: skip
-    """`name` as a `DatasetDict` (`IterableDatasetDict` with `streaming`): a Hub id, a dataset directory, a
-    `save_to_disk` directory or one data file (whose rows become the `train_split` split)."""
+    """A Hub id, dataset folder or data file (its rows the `train_split` split) as a `(Iterable)DatasetDict`."""
     from datasets import Dataset, DatasetDict, IterableDatasetDict, load_dataset, load_from_disk
 
     if name is None:
@@ -164,22 +152,11 @@ def load_any_dataset(name: str | None, *, config: str | None = None, train_split
             raise ValueError(f"`dataset_name`: cannot load {name!r}: expected one of {sorted(_FILE_BUILDERS)}.")
         try:
             loaded = load_dataset(builder, data_files={train_split: name}, streaming=streaming)
-        except Exception as error:  # datasets fails obscurely on an empty file
-            if _is_empty(name, builder):
-                raise ValueError(f"dataset {name!r} is empty (0 rows in the file).") from error
-            raise
+        except Exception as error:  # datasets' words for an empty file do not say so
+            raise ValueError(f"dataset {name!r} is empty (0 rows) or not {builder}: {error}") from error
     else:  # a Hub id, or a path that is not there: datasets' own error says which
         loaded = load_dataset(name, name=config, streaming=streaming)
     return DatasetDict({train_split: loaded}) if isinstance(loaded, Dataset) else loaded
-
-
-def _is_empty(path: str, builder: str) -> bool:
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_metadata(path).num_rows == 0
-    with open(path, "rb") as f:
-        return not f.read(1 << 20).strip()
 
 
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
@@ -190,19 +167,12 @@ def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
 
 def _get_path(row: Any, path: str) -> Any:
     for key in path.split("."):  # a datasets row is a Mapping, not always a dict
-        try:
-            row = row[key]
-        except (KeyError, TypeError, IndexError):
-            return None
+        row = row.get(key) if isinstance(row, Mapping) else None
     return row
 
 
 def prepare_dataset(dataset: Any, script_args: Any) -> Any:
-    """The rows with the `prompt` (and `solution`) columns TRL and the rewards read, the prompt options applied.
-
-    Other columns stay and reach the rewards as keyword arguments. The default `solution_column` on data without it
-    maps nothing: the pre-flight names a reward that needs it.
-    """
+    """The rows with `prompt` (and `solution`) columns, the prompt options applied; other columns stay."""
     from datasets import Dataset, IterableDataset
 
     if (limit := script_args.max_train_samples) is not None:
@@ -224,8 +194,7 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
     def convert(row: dict[str, Any]) -> dict[str, Any]:
         out = {"prompt": _format_prompt(_get_path(row, prompt_col), script_args)}
         if solution_col is not None:
-            gold = _get_path(row, solution_col)
-            out["solution"] = None if gold is None else str(gold)
+            out["solution"] = None if (gold := _get_path(row, solution_col)) is None else str(gold)
         return out
 
     return dataset.map(convert)
@@ -233,7 +202,7 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
 
 def _format_prompt(prompt: Any, script_args: Any) -> Any:
     template, system = script_args.prompt_template, script_args.system_prompt
-    if prompt is None or (isinstance(prompt, list) and not prompt):
+    if not isinstance(prompt, str) and prompt_problem(prompt):
         return prompt  # left for the pre-flight to name the row
     if isinstance(prompt, str):
         text = template.replace("{prompt}", prompt) if template else prompt
@@ -251,35 +220,21 @@ def _format_prompt(prompt: Any, script_args: Any) -> Any:
 
 
 # --- The pre-flight of a command: `cegppo check` prints it, `cegppo train` raises its errors before the model loads
-@dataclass
-class Prepared:
-    """What `check_command` loaded for the trainer."""
-
-    train_dataset: Any = None
-    eval_dataset: Any = None
-    reward_funcs: list = field(default_factory=list)
-    peft_config: Any = None
-
-
 def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig,
-                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, Prepared]:  # fmt: skip
-    """Every check of a `cegppo train` command before the model loads, and the data and rewards it prepared for the
-    trainer. `call_rewards`: `--call_rewards`; `plan_resume`: plan the resume `cegppo train` will make."""
+                  call_rewards: bool = False, plan_resume: bool = False) -> tuple[Report, SimpleNamespace]:  # fmt: skip
+    """The pre-flight of a `cegppo train` command and the data and rewards it prepared for the trainer."""
     from transformers import AutoProcessor
     from trl import get_peft_config
 
-    report, prepared = Report(), Prepared()
-    model_name = model_args.model_name_or_path
-    if model_name is None:
+    report, prepared = Report(), SimpleNamespace(train_dataset=None, eval_dataset=None, peft_config=None)
+    if (model_name := model_args.model_name_or_path) is None:
         report.error("model", "`model_name_or_path` is required (a Hub id or a local directory).")
     else:
         inspect_model(report, model_name, training_args)
     if model_args.load_in_4bit and not __import__("torch").cuda.is_available():  # bitsandbytes loads, never trains
-        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU; on CPU drop it and train LoRA on the "
-                     "full-precision model (`--use_peft true`).")  # fmt: skip
-    prepared.reward_funcs = [
-        f for n in script_args.reward_funcs if (f := report.collect("rewards", get_reward_func, n))
-    ]
+        report.error("model", "`--load_in_4bit` (4-bit QLoRA) needs a CUDA GPU: on CPU, `--use_peft true` without it.")
+    prepared.reward_funcs = [f for n in script_args.reward_funcs
+                             if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
         splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
@@ -292,8 +247,7 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): "
                              f"`--{option} {next(iter(dataset), '<split>')}`" + (" or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
-            loaded = report.collect("dataset", prepare_dataset, dataset[split], script_args)
-            setattr(prepared, attribute, loaded)
+            setattr(prepared, attribute, report.collect("dataset", prepare_dataset, dataset[split], script_args))
     processing_class = None
     if model_name is not None and not any(f.section == "model" for f in report.errors):  # the trainer's loader
         processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name,
@@ -307,21 +261,14 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
 
 
 def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_args: ModelConfig) -> CEGPPOTrainer:
-    """Train with CE-GPPO as configured, save the model to `output_dir`, and return the trainer.
-
-    The pre-flight's errors raise `CEGPPOUsageError` before the model loads; its warnings are logged by the main
-    process. Then TRL's `grpo.py`; a reward that raises while training raises `RewardFailed`, naming it.
-    """
-    import shutil
-
+    """Train as configured after the pre-flight (`CEGPPOUsageError`), save to `output_dir`, return the trainer."""
     from accelerate import PartialState
 
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    if training_args.process_index == 0:  # one copy of each warning, however many processes
-        for finding in report.warnings:
-            if finding.code != "trainer":  # the trainer gives those itself
-                logger.warning(finding.message)
+    for finding in report.warnings if training_args.process_index == 0 else []:  # one copy, however many processes
+        if finding.code != "trainer":  # the trainer gives those itself
+            logger.warning(finding.message)
     output_dir, requested = training_args.output_dir, training_args.resume_from_checkpoint
     checkpoint, _ = resolve(output_dir, requested)  # the trainer resolves it again, saying what it passed over
     if checkpoint is None and script_args.overwrite_output_dir and PartialState().is_main_process:
@@ -336,30 +283,23 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
 
 def named_failures(funcs: list, names: list[str]) -> list:
-    """Each reward function wrapped so that an exception it raises becomes `RewardFailed` naming it; TRL sees the same
-    name (its metrics), kind (sync or async) and score range."""
-    import contextlib
-    import functools
-    import inspect
+    """Each reward raising `RewardFailed` naming it; TRL sees the same name, kind (sync or async) and range."""
 
     def wrap(func: Any, name: str) -> Any:
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):  # a reward model
             return func
 
-        @contextlib.contextmanager
-        def named():
+        async def guarded_async(*args, **kwargs):
             try:
-                yield
+                return await func(*args, **kwargs)
             except Exception as error:
                 raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
 
-        async def guarded_async(*args, **kwargs):
-            with named():
-                return await func(*args, **kwargs)
-
         def guarded(*args, **kwargs):
-            with named():
+            try:
                 return func(*args, **kwargs)
+            except Exception as error:
+                raise RewardFailed(f"Reward `{name}` raised {type(error).__name__}: {error}") from error
 
         is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
         wrapped = functools.update_wrapper(guarded_async if is_async else guarded, func)  # name, module, attributes
@@ -370,7 +310,6 @@ def named_failures(funcs: list, names: list[str]) -> list:
 
 
 def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTrainer:
-    import torch
     from trl import get_quantization_config
 
     from .trainer import CEGPPOTrainer
@@ -378,26 +317,17 @@ def _train(script_args, training_args, model_args, prepared, resume) -> CEGPPOTr
     model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                              attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
     training_args.model_init_kwargs = {**model_init_kwargs, **(training_args.model_init_kwargs or {})}
-    trainer = CEGPPOTrainer(
-        model=model_args.model_name_or_path,
-        reward_funcs=named_failures(prepared.reward_funcs, script_args.reward_funcs),
-        args=training_args,
-        train_dataset=prepared.train_dataset,
-        eval_dataset=prepared.eval_dataset,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=prepared.peft_config,
-    )
+    trainer = CEGPPOTrainer(model=model_args.model_name_or_path, args=training_args,
+                            reward_funcs=named_failures(prepared.reward_funcs, script_args.reward_funcs),
+                            train_dataset=prepared.train_dataset, eval_dataset=prepared.eval_dataset,
+                            quantization_config=get_quantization_config(model_args), peft_config=prepared.peft_config)  # fmt: skip
     trainer.train(resume_from_checkpoint=resume)
     trainer.create_model_card()  # before the weights: a PEFT adapter's save adds its metadata to the card
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
-    # Every process gets here before the group goes: destroying it while another rank still saves, or leaving it to
-    # interpreter exit, can hang a gloo (CPU) run after training finished.
+    # Every process gets here before the group goes (left to interpreter exit, it can hang a gloo run).
     trainer.accelerator.wait_for_everyone()
-    if hasattr(trainer, "end"):  # transformers >= 5.18: finish the trackers and destroy the process group
-        trainer.end()
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    trainer.accelerator.end_training()  # the trackers, then the process group (what `Trainer.end` does)
     return trainer
