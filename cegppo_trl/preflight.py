@@ -242,6 +242,7 @@ def reference_completion(func: Callable, solution: Any) -> Any:
 def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], rows: list[dict],
                     columns: Sequence[str], call: Sequence[dict] = ()) -> None:  # fmt: skip
     """The columns each reward needs; the package's and TRL's called on `rows`, every reward on `call` if given."""
+    alike = {}  # reward -> the one score it gave every completion it was called on
     for name, func in zip(names, funcs, strict=True):
         if isinstance(func, str) or not callable(func) or hasattr(func, "parameters"):
             report.info("rewards", f"{name}: a reward model (TRL scores prompt + completion with its own tokenizer)")
@@ -267,7 +268,11 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
         elif call or is_own_reward(func):  # else the `not_checked` section says so
-            _call_reward(report, name, func, list(call or rows), value_range, bool(call))
+            alike[name] = _call_reward(report, name, func, list(call or rows), value_range, bool(call))
+    if alike and None not in alike.values() and len(alike) == len(funcs):  # so would the run's total reward
+        which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
+        report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
+                       f"the same score ({which}): `cegppo train` stops with exit status 3 if the model's do too.")  # fmt: skip
 
 
 def rollout_rows(dataset: Any, args: Any) -> list[dict]:
@@ -277,8 +282,8 @@ def rollout_rows(dataset: Any, args: Any) -> list[dict]:
     return [row for row in rows for _ in range(args.num_generations)]
 
 
-def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> None:
-    """`func` called as TRL calls it, each completion the row's reference answer (made up if its form is unknown)."""
+def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
+    """`func` called as TRL does on `rows`' reference answers; the one score of made-up completions, if one."""
     from transformers import TrainerState
 
     texts = [reference_completion(func, row.get(REFERENCE_COLUMN) or "") for row in rows]
@@ -310,6 +315,9 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
     else:
         scored = "the reference answers score the top score" if top is not None else "scores"
         report.info("rewards", f"  {called}: {scored} {short_repr(values)}")
+        if top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
+            return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
+    return None
 
 
 def inspect_reward_weights(report: Report, args: Any) -> None:

@@ -518,16 +518,20 @@ def test_check_says_it_did_not_read_the_weights_and_train_fails_on_a_truncated_f
 # ----------------------------------------------------------------------------------------------------------------
 # Found when tried as a new user would: each with `check` and `train` agreeing
 # ----------------------------------------------------------------------------------------------------------------
-STRADDLE = r"`steps_per_generation=3` is not a multiple of `gradient_accumulation_steps=2`"
+ALIKE = r"Reward `format` gave every completion it was called on the same score \(0;.*exit status 3"
 
 
-def test_a_pre_flight_warning_is_in_check_and_logged_once_by_train(capsys, caplog, model_dir, data_file, tmp_path,
-                                                                   monkeypatch):  # fmt: skip
-    """`check` prints a warning; `train` logs it from the main process only (it printed once per process)."""
-    argv = cli_args(model_dir, data_file, tmp_path / "out", "--steps_per_generation", "3",
-                    "--gradient_accumulation_steps", "2")  # fmt: skip
+def test_a_reward_that_scores_every_completion_alike_is_a_warning_in_check_and_in_train(capsys, caplog, model_dir,
+                                                                                     data_file, tmp_path, monkeypatch):  # fmt: skip
+    """The README's smoke line: `check` said "ready" while its only reward scored 0 on every row it tried, then
+    `train` exited 3. Both now warn, with the same words (`train` from the main process only)."""
+    argv = cli_args(model_dir, data_file, tmp_path / "out")  # cpu_smoke: `format`, the tiny model writes no box
     status, out = check(capsys, *argv)
-    assert status == 0 and re.search(r"WARNING \[batch\] " + STRADDLE, out) and "0 error(s), 1 warning(s)" in out, out
+    assert status == 0 and re.search(r"WARNING \[rewards\] " + ALIKE, " ".join(out.split())), out
+    assert "0 error(s), 1 warning(s)" in out
+    # Another reward that tells the completions apart (gsm8k scores the reference answers top) gives the run spread.
+    status, out = check(capsys, *argv, "--reward_funcs", "format", "gsm8k_01")
+    assert status == 0 and "the same score" not in out and "0 error(s), 0 warning(s)" in out, out
 
     class Stop(Exception):
         pass
@@ -535,12 +539,13 @@ def test_a_pre_flight_warning_is_in_check_and_logged_once_by_train(capsys, caplo
     monkeypatch.setattr(CEGPPOTrainer, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with caplog.at_level("WARNING"), pytest.raises(Stop):
         train(*parse_args(argv))
-    assert re.search(STRADDLE, caplog.text), caplog.text
+    assert re.search(ALIKE, caplog.text), caplog.text
+    # With several processes, the warning is logged once: by process 0 (it printed once per process).
     caplog.clear()
     monkeypatch.setattr(CEGPPOConfig, "process_index", property(lambda self: 1))
     with caplog.at_level("WARNING"), pytest.raises(Stop):
         train(*parse_args(argv))
-    assert not re.search(STRADDLE, caplog.text), caplog.text
+    assert not re.search(ALIKE, caplog.text), caplog.text
 
 
 def test_a_missing_prompt_column_names_the_prompt_column_flag_in_check_and_train(capsys, model_dir, gsm8k_file,
