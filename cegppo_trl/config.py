@@ -9,8 +9,7 @@ from typing import Any, ClassVar
 
 from trl import GRPOConfig
 
-from ._spec import is_finite_number
-from .loss import check_left_guard
+from .loss import check_left_guard, is_finite_number
 from .schedules import parse_schedule
 
 logger = logging.getLogger(__name__)

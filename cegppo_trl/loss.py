@@ -19,13 +19,17 @@ it hands TRL's clipped surrogate ``-min(r * A, clip(r) * A)`` the advantage ``A 
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import NamedTuple
 
 import torch
 
-from ._spec import is_finite_number
-
 LEFT_GUARD_MODES = ("cutoff", "decay")
+
+
+def is_finite_number(x: object) -> bool:
+    """A real, finite number that is not a bool (YAML's `yes` must not read as 1)."""
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _as_rows(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -298,13 +298,10 @@ class LeftDriftAlarm(TrainerCallback, ExportableState):
 def left_drift_message(value: float, step: int, threshold: float, args: Any, beta1: float) -> str:
     """The drift warning, naming each fix with the run's values."""
     steps = args.steps_per_generation * args.num_iterations / args.gradient_accumulation_steps
-    guard = "the left guard `delta_low` (e.g. 0.5)"
-    if args.delta_low:
-        guard = f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, check validation first)"
-    return (
-        f"cegppo/preserved/left_log_ratio = {value:.2f} at step {step} is below `left_drift_warning` = {threshold:g}: "
-        "left-clipped tokens are pushed far below the rollout policy, which preceded most entropy collapses in "
-        f"cegppo-trl's studies. Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower learning rate "
-        f"(now {args.learning_rate:g}), a smaller `gppo_beta1` (now {beta1:g}) or {guard}. Not repeated until the "
-        "value is back above the threshold; `left_drift_warning=None` disables it."
-    )
+    guard = f"a larger `delta_low` (now {args.delta_low:g}; with the guard on, check validation first)" if (
+        args.delta_low) else "the left guard `delta_low` (e.g. 0.5)"  # fmt: skip
+    return (f"cegppo/preserved/left_log_ratio = {value:.2f} at step {step} is below `left_drift_warning` = "
+            f"{threshold:g}: left-clipped tokens are pushed far below the rollout policy, which preceded most entropy "
+            f"collapses in cegppo-trl's studies. Fixes: fewer optimizer steps per rollout batch (now {steps:g}), a lower "
+            f"learning rate (now {args.learning_rate:g}), a smaller `gppo_beta1` (now {beta1:g}) or {guard}. Said "
+            "again once the value is back above it; `left_drift_warning=None` disables it.")  # fmt: skip

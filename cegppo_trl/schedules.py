@@ -13,22 +13,15 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from numbers import Real
 
-from ._spec import is_finite_number
+from .loss import is_finite_number
 
 __all__ = ["SCHEDULE_SYNTAX", "FunctionSchedule", "Schedule", "parse_schedule"]
 
 SCHEDULE_SYNTAX = """\
-Accepted schedule forms (steps are optimizer steps counted from 0, N% is N percent of total_steps; values must be
-finite and >= 0):
-  0.5  or  constant:0.5          constant value
-  linear:0->0.5                  linear from 0 at step 0 to 0.5 at step total_steps
-  linear:0->0.5@100-600          hold 0 until step 100, linear to 0.5 at step 600, hold 0.5 after
-  linear:0->0.5@10%-60%          the same with the window in percent of total_steps
-  piecewise:0@0,0.5@585          0 from step 0, 0.5 from step 585 on (the CE-GPPO paper's switch); boundaries
-                                 increasing, all steps or all percentages, the first one 0 (it may be omitted:
-                                 piecewise:0,0.5@58.5%)
-Any other shape: a Python callable fn(step, total_steps) -> float (`python -m pydoc cegppo_trl.schedules`).
-On a shell command line, quote the spec ('linear:0->0.5'): an unquoted '>' redirects output."""
+Accepted schedule forms (optimizer steps from 0, or N% of total_steps; values finite and >= 0): 0.5 or constant:0.5;
+linear:0->0.5 (over the run), linear:0->0.5@100-600 or linear:0->0.5@10%-60% (hold, ramp, hold);
+piecewise:0@0,0.5@585 (the paper's switch: boundaries increasing from 0, all steps or all percentages);
+any other shape: a callable fn(step, total_steps) -> float. Quote specs on a shell: an unquoted '>' redirects."""
 
 _REMOVED = {"warmup": "warmup:A->B@N is linear:A->B@0-N", "cosine": "use a callable", "exp": "use a callable"}
 

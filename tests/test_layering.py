@@ -33,7 +33,7 @@ LAYER_NAMES = {0: "core", 1: "research", 2: "demos"}
 # Floor of each core module: higher floors import lower ones, never the reverse.
 FLOORS = {
     # 0 pure math: tensors and numbers
-    "_spec": 0, "loss": 0, "aggregation": 0, "schedules": 0, "controller": 0, "rollouts": 0,
+    "loss": 0, "schedules": 0, "rollouts": 0,
     # 1 facts: settings, releases, the reward registry, shipped files
     "config": 1, "trl_compat": 1, "rewards": 1, "resources": 1,
     # 2 inputs: datasets, paths
