@@ -28,12 +28,12 @@ import datetime
 import functools
 import gc
 import itertools
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+from _machine import cpu_name
 
 from cegppo_trl.loss import cegppo_regions, preserved_advantages, preserved_weight
 from cegppo_trl.monitoring import loss_statistics
@@ -268,14 +268,6 @@ def _format_row(row) -> str:
         f"{row['saved_cegppo']:.0f} / {row['saved_authors']:.0f} / {row['saved_trl']:.0f}",
     ]
     return "| " + " | ".join(cells) + " |"
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def main(argv=None):

@@ -24,7 +24,6 @@ import argparse
 import datetime
 import logging
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -33,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from _machine import cpu_name
 from datasets import Dataset  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -292,14 +292,6 @@ def print_table(result: dict, seconds: bool = False) -> None:
         result["memory_ratio"], 1)  # fmt: skip
     lengths = result["completion_length"]
     print(f"| mean completion length | {lengths['cegppo']:.1f} | {lengths['grpo']:.1f} | |")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def quiet() -> None:

@@ -34,6 +34,7 @@ import tempfile
 from types import SimpleNamespace
 
 import torch
+from _machine import cpu_name
 from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOTrainer
@@ -250,14 +251,6 @@ def failures(feature: str, row: dict, dtype: torch.dtype) -> list[str]:
     if dtype == torch.float64 and not row["diff"] <= 1e-12:
         problems.append(f"fp64 difference {row['diff']:.2e} > 1e-12")
     return problems
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def main() -> None:
