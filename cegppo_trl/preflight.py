@@ -275,13 +275,6 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
                        f"the same score ({which}): `cegppo train` stops with exit status 3 if the model's do too.")  # fmt: skip
 
 
-def rollout_rows(dataset: Any, args: Any) -> list[dict]:
-    """A rollout batch as TRL draws it: `generation_batch_size / num_generations` rows, each `num_generations` times."""
-    size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
-    rows = sample_rows(dataset, max(1, size // args.num_generations))
-    return [row for row in rows for _ in range(args.num_generations)]
-
-
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
     """`func` called as TRL does on `rows`' reference answers; the one score of made-up completions, if one."""
     from transformers import TrainerState
@@ -318,15 +311,6 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         if top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
             return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
     return None
-
-
-def inspect_reward_weights(report: Report, args: Any) -> None:
-    """Finite weights (a NaN weight makes every reward NaN: no gradient for the whole run); TRL checks their count."""
-    weights = getattr(args, "reward_weights", None)
-    if weights is not None and not all(math.isfinite(float(w)) for w in weights):
-        finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
-        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: e.g. "
-                     f"`--reward_weights {finite}`.")  # fmt: skip
 
 
 # --- The batch layout
@@ -428,8 +412,14 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
         if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
         columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
-        inspect_rewards(report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else [])
-    inspect_reward_weights(report, args)
+        n = args.num_generations  # `--call_rewards`: a rollout batch as TRL draws it
+        batch = sample_rows(train_dataset, max(1, args.generation_batch_size // n)) if call_rewards else []
+        inspect_rewards(report, funcs, names, rows, columns, [row for row in batch for _ in range(n)])
+    weights = getattr(args, "reward_weights", None)  # a NaN weight makes every reward NaN; TRL checks their count
+    if weights is not None and not all(math.isfinite(float(w)) for w in weights):
+        finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
+        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: e.g. "
+                     f"`--reward_weights {finite}`.")  # fmt: skip
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads
     yours = [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]
