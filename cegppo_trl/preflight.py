@@ -21,6 +21,7 @@ from .rewards import (
     GSM8KReward,
     MathVerifyReward,
     extract_gsm8k_gold,
+    from_trl,
     missing_reference_message,
     reward_value_range,
 )
@@ -87,7 +88,6 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     def raise_errors(self) -> None:
-        """Raise `CEGPPOUsageError` with every error's message, one per line."""
         if self.errors:
             raise CEGPPOUsageError("\n".join(f.message for f in self.errors))
 
@@ -204,13 +204,9 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
 
 
 # --- Rewards: what each reads, from its signature
-def _from_trl(func: Any) -> bool:
-    return getattr(func, "__module__", "").startswith("trl.rewards")
-
-
 def is_own_reward(func: Any) -> bool:
     """This package's rewards and TRL's: the plan may call them (no side effects, no user code)."""
-    return any(func is f for f in REWARD_FUNCS.values()) or _from_trl(func)
+    return any(func is f for f in REWARD_FUNCS.values()) or from_trl(func)
 
 
 def reward_required_columns(func: Callable) -> tuple[str, ...]:
@@ -218,13 +214,11 @@ def reward_required_columns(func: Callable) -> tuple[str, ...]:
     if (declared := getattr(func, "required_columns", None)) is not None:
         return tuple(declared)
     try:
-        parameters = inspect.signature(func).parameters.values()
+        params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return ()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(
-        p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS
-    )
+    return tuple(p.name for p in params if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS)
 
 
 def reference_completion(func: Callable, solution: Any) -> Any:
@@ -235,7 +229,7 @@ def reference_completion(func: Callable, solution: Any) -> Any:
     if isinstance(func, MathVerifyReward):
         return boxed
     think = {"accuracy_reward": "", "reasoning_accuracy_reward": "<think>\n</think>\n"}.get(
-        getattr(func, "__name__", "") if _from_trl(func) else "")  # fmt: skip
+        getattr(func, "__name__", "") if from_trl(func) else "")  # fmt: skip
     return None if think is None else [{"role": "assistant", "content": think + boxed}]
 
 
@@ -264,7 +258,7 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         report.info("rewards", f"{name} ({span}): needs the columns {', '.join(needs) or '(none)'}; receives "
                     f"prompts, completions and {given}")  # fmt: skip
         trl_on_text = getattr(func, "__name__", "") in TRL_REWARD_FUNCS and isinstance(rows[0].get("prompt"), str)
-        if _from_trl(func) and trl_on_text:
+        if from_trl(func) and trl_on_text:
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
         elif call or is_own_reward(func):  # else the `not_checked` section says so

@@ -61,7 +61,7 @@ def missing_reference_message(reward: str, columns: Sequence[str], column: str =
 
 
 class _ReferenceReward:
-    """`correct` when `score_one(text, reference)` says so, else `incorrect`; the parsed answers go to `log_extra`."""
+    """`correct` when the subclass's `score_one(text, reference)` says so, else `incorrect`; the parsed answers go to `log_extra`."""
 
     required_columns = (REFERENCE_COLUMN,)
 
@@ -69,9 +69,6 @@ class _ReferenceReward:
         self.correct, self.incorrect, self.__name__ = correct, incorrect, name
         self.reward_range = (min(incorrect, correct), max(incorrect, correct))  # `reward_value_range` reads it
         self.description = f"{rule} with `solution`: {correct:+g} correct, {incorrect:g} otherwise."
-
-    def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
-        raise NotImplementedError
 
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
         if solution is None:
@@ -106,8 +103,7 @@ class MathVerifyReward(_ReferenceReward):
                 gold, parsing_timeout=timeout)  # fmt: skip
             if not gold_parsed:
                 return False, "[unparseable reference]"
-            # Only the last box: math-verify joins all boxes into a set, marking a trace that boxes an intermediate
-            # result wrong.
+            # Only the last box: math-verify joins all boxes into a set (a boxed intermediate result would be wrong).
             configs = [LatexExtractionConfig(boxed_match_priority=0)] + ([] if boxed else [ExprExtractionConfig()])
             pred = text if boxed is None else f"\\boxed{{{boxed}}}"
             answer = parse(pred, extraction_config=configs, extraction_mode="first_match", parsing_timeout=timeout)
@@ -198,6 +194,10 @@ TRL_REWARD_FUNCS: dict[str, str] = {
 }
 
 
+def from_trl(func: Any) -> bool:
+    return getattr(func, "__module__", "").startswith("trl.rewards")
+
+
 def check_reward_name(name: str) -> None:
     """Refuse (`ValueError`) a bare name `get_reward_func` cannot resolve, importing nothing (parse time)."""
     if name not in REWARD_FUNCS and name not in TRL_REWARD_FUNCS and "." not in name:
@@ -241,5 +241,4 @@ def reward_value_range(func: Callable) -> tuple[float, float] | None:
     """`(lowest, top)` score: a `reward_range` attribute (yours may declare one), 0/1 for TRL's by name, else None."""
     if (declared := getattr(func, "reward_range", None)) is not None:
         return float(declared[0]), float(declared[1])
-    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
-    return (0.0, 1.0) if from_trl and getattr(func, "__name__", "") in TRL_REWARD_FUNCS else None
+    return (0.0, 1.0) if from_trl(func) and getattr(func, "__name__", "") in TRL_REWARD_FUNCS else None

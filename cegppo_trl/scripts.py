@@ -82,8 +82,9 @@ class CEGPPOScriptArguments(ScriptArguments):
             check_reward_name(name)
 
 
-def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
-    """The parser; an argument error is one line and a pointer to `--help`; `epilog` ends `--help`."""
+def parse_args(args: list[str] | None = None, prog: str | None = None,
+               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
+    """Flags over `--config` YAML (a recipe or a path); a bad argument exits 2 (one line), a refused value raises."""
     import argparse
 
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -95,13 +96,6 @@ def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser
         action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists "
                                                "every option)\n")  # type: ignore[method-assign]  # fmt: skip
-    return parser
-
-
-def parse_args(args: list[str] | None = None, prog: str | None = None,
-               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
-    """Flags over `--config` YAML (a recipe's name or a path); an unknown key exits 2, a refused value raises."""
-    parser = make_parser(prog, epilog)
     argv = sys.argv[1:] if args is None else args
     args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if (n := args.count("--config")) > 1:  # TrlParser reads one
@@ -160,7 +154,6 @@ def load_any_dataset(name: str | None, *, config: str | None = None, train_split
 
 
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
-    """`dataset_name` as a `DatasetDict` (`load_any_dataset`)."""
     return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
                             train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
 
