@@ -185,8 +185,7 @@ REWARD_FUNCS: dict[str, Callable] = {
     "gsm8k_01": GSM8KReward(1.0, 0.0, name="gsm8k_01"),
     "format": format_reward,
 }
-# TRL's rewards accepted by bare name (as TRL's `grpo.py` accepts them), with the line `cegppo rewards` prints (static:
-# listing them imports no TRL). All score 0/1 and read chat completions only.
+# TRL's rewards by bare name (as TRL's `grpo.py`), each with its `cegppo rewards` line (listing them imports no TRL).
 TRL_REWARD_FUNCS: dict[str, str] = {
     "accuracy_reward": "math-verify equivalence with `solution`: 1 or 0, None when the reference does not parse.",
     "reasoning_accuracy_reward": "accuracy_reward on the text after </think>; 0 when the reasoning is not closed.",

@@ -259,9 +259,8 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    for finding in report.warnings if training_args.process_index == 0 else []:  # one copy, however many processes
-        if finding.code != "trainer":  # the trainer gives those itself
-            logger.warning(finding.message)
+    for finding in [f for f in report.warnings if f.code != "trainer"] if training_args.process_index == 0 else []:
+        logger.warning(finding.message)  # once, however many processes; the trainer gives the "trainer" ones itself
     output_dir, requested = training_args.output_dir, training_args.resume_from_checkpoint
     checkpoint, _ = resolve(output_dir, requested)  # the trainer resolves it again, saying what it passed over
     if checkpoint is None and script_args.overwrite_output_dir and PartialState().is_main_process:
