@@ -61,7 +61,7 @@ def missing_reference_message(reward: str, columns: Sequence[str], column: str =
 
 
 class _ReferenceReward:
-    """`correct` when the subclass's `score_one(text, reference)` says so, else `incorrect`; the parsed answers go to `log_extra`."""
+    """`correct` when `score_one(text, reference)` says so, else `incorrect`; the parsed answers go to `log_extra`."""
 
     required_columns = (REFERENCE_COLUMN,)
 

@@ -230,21 +230,18 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                              if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
-        splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
-        if training_args.eval_strategy != "no":
-            splits.append(("eval_dataset", script_args.dataset_test_split, "dataset_test_split"))
-        for attribute, split, option in splits:
-            if split not in dataset:
+        for attribute in ("train_dataset", "eval_dataset")[: 1 + (training_args.eval_strategy != "no")]:
+            option = "dataset_train_split" if attribute == "train_dataset" else "dataset_test_split"
+            if (split := getattr(script_args, option)) not in dataset:
                 strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
                 why = f"eval_strategy={strategy!r} but " if attribute == "eval_dataset" else ""
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): "
                              f"`--{option} {next(iter(dataset), '<split>')}`" + (" or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
             setattr(prepared, attribute, report.collect("dataset", prepare_dataset, dataset[split], script_args))
-    processing_class = None
-    if model_name is not None and not any(f.section == "model" for f in report.errors):  # the trainer's loader
-        processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name,
-                                          revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)  # fmt: skip
+    loads = model_name is not None and not any(f.section == "model" for f in report.errors)  # as the trainer loads it
+    processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name, revision=model_args.model_revision,
+                                      trust_remote_code=training_args.trust_remote_code) if loads else None  # fmt: skip
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
     run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
                reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
