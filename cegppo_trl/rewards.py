@@ -222,18 +222,16 @@ def get_reward_func(name: str) -> Callable:
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
     """`reward_funcs`' names resolved (`get_reward_func`); TRL reads a folder or `owner/name` as a reward model."""
-
-    def resolve(item: Any) -> Any:
-        if not isinstance(item, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
-            return item
-        try:
-            return get_reward_func(item)
-        except ValueError as error:
-            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder "
-                             f"and not a Hub id (`owner/name`). {error} In Python pass the function itself: "
-                             "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
-
-    return [resolve(f) for f in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
+    if isinstance(reward_funcs, (list, tuple)):
+        return [resolve_reward_names(f) for f in reward_funcs]
+    if not isinstance(item := reward_funcs, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
+        return item
+    try:
+        return get_reward_func(item)
+    except ValueError as error:
+        raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder and "
+                         f"not a Hub id (`owner/name`). {error} In Python pass the function itself: "
+                         "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
 
 
 def reward_value_range(func: Callable) -> tuple[float, float] | None:

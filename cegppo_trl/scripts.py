@@ -87,11 +87,10 @@ def parse_args(args: list[str] | None = None, prog: str | None = None,
     """Flags over `--config` YAML (a recipe or a path); a bad argument exits 2 (one line), a refused value raises."""
     import argparse
 
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
-
+    # Each option's default (TrlParser's formatter) and the epilog's own line breaks.
+    formatter = type("Formatter", (argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter), {})
     parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
-                       formatter_class=Formatter)  # fmt: skip
+                       formatter_class=formatter)  # fmt: skip
     for action in parser._actions:  # argparse %-formats help; field help is prose (`@10%-60%`)
         action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists "
