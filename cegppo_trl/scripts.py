@@ -30,14 +30,7 @@ from .preflight import (
     run_checks,
 )
 from .resources import resolve_config
-from .rewards import (
-    REFERENCE_COLUMN,
-    REWARD_FUNCS,
-    TRL_REWARD_FUNCS,
-    check_reward_name,
-    get_reward_func,
-    reward_value_range,
-)
+from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func, reward_value_range
 
 if TYPE_CHECKING:
     from .trainer import CEGPPOTrainer
@@ -174,13 +167,13 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows"
                          f"{'' if limit is None else f' after `max_train_samples={limit}`'}): check `--dataset_name`.")  # fmt: skip
     prompt_col, solution_col, system = script_args.prompt_column, script_args.solution_column, script_args.system_prompt  # fmt: skip
-    if solution_col == REFERENCE_COLUMN and REFERENCE_COLUMN not in (dataset.column_names or [REFERENCE_COLUMN]):
-        solution_col = None
+    if solution_col == "solution" and "solution" not in (dataset.column_names or ["solution"]):
+        solution_col = None  # the default names a column the data lacks: the rewards that need one say so
     if problems := column_problems(dataset, prompt_col, solution_col):
         raise ValueError(" ".join(problems))
     first_is_text = not isinstance(dataset, Dataset) or isinstance(dataset[0][prompt_col.split(".")[0]], str)
     if (prompt_col, script_args.prompt_template, system) == ("prompt", None, None) and solution_col in (
-        None, REFERENCE_COLUMN) and not (script_args.chat_prompts and first_is_text):  # fmt: skip
+        None, "solution") and not (script_args.chat_prompts and first_is_text):  # fmt: skip
         return dataset  # nothing to rewrite
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
