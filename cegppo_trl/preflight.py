@@ -21,6 +21,7 @@ from .rewards import (
     GSM8KReward,
     MathVerifyReward,
     extract_gsm8k_gold,
+    from_trl,
     missing_reference_message,
     reward_value_range,
 )
@@ -87,7 +88,6 @@ class Report:
         return [f for f in self.findings if f.severity == "warning"]
 
     def raise_errors(self) -> None:
-        """Raise `CEGPPOUsageError` with every error's message, one per line."""
         if self.errors:
             raise CEGPPOUsageError("\n".join(f.message for f in self.errors))
 
@@ -204,13 +204,9 @@ def render_prompts(report: Report, rows: list[dict], processing_class: Any, args
 
 
 # --- Rewards: what each reads, from its signature
-def _from_trl(func: Any) -> bool:
-    return getattr(func, "__module__", "").startswith("trl.rewards")
-
-
 def is_own_reward(func: Any) -> bool:
     """This package's rewards and TRL's: the plan may call them (no side effects, no user code)."""
-    return any(func is f for f in REWARD_FUNCS.values()) or _from_trl(func)
+    return any(func is f for f in REWARD_FUNCS.values()) or from_trl(func)
 
 
 def reward_required_columns(func: Callable) -> tuple[str, ...]:
@@ -218,13 +214,11 @@ def reward_required_columns(func: Callable) -> tuple[str, ...]:
     if (declared := getattr(func, "required_columns", None)) is not None:
         return tuple(declared)
     try:
-        parameters = inspect.signature(func).parameters.values()
+        params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return ()
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(
-        p.name for p in parameters if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS
-    )
+    return tuple(p.name for p in params if p.default is p.empty and p.kind in kinds and p.name not in TRAINER_KWARGS)
 
 
 def reference_completion(func: Callable, solution: Any) -> Any:
@@ -235,7 +229,7 @@ def reference_completion(func: Callable, solution: Any) -> Any:
     if isinstance(func, MathVerifyReward):
         return boxed
     think = {"accuracy_reward": "", "reasoning_accuracy_reward": "<think>\n</think>\n"}.get(
-        getattr(func, "__name__", "") if _from_trl(func) else "")  # fmt: skip
+        getattr(func, "__name__", "") if from_trl(func) else "")  # fmt: skip
     return None if think is None else [{"role": "assistant", "content": think + boxed}]
 
 
@@ -264,7 +258,7 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         report.info("rewards", f"{name} ({span}): needs the columns {', '.join(needs) or '(none)'}; receives "
                     f"prompts, completions and {given}")  # fmt: skip
         trl_on_text = getattr(func, "__name__", "") in TRL_REWARD_FUNCS and isinstance(rows[0].get("prompt"), str)
-        if _from_trl(func) and trl_on_text:
+        if from_trl(func) and trl_on_text:
             report.error("rewards", f"TRL's {name} reads chat completions and the prompts are plain text: "
                          "`--chat_prompts true` with a chat model, or `math_verify_01`.")  # fmt: skip
         elif call or is_own_reward(func):  # else the `not_checked` section says so
@@ -273,13 +267,6 @@ def inspect_rewards(report: Report, funcs: Sequence[Any], names: Sequence[str], 
         which = "; ".join(f"`{n}`: {score}" if len(alike) > 1 else score for n, score in alike.items())
         report.warning("rewards", f"Reward {', '.join(f'`{n}`' for n in alike)} gave every completion it was called on "
                        f"the same score ({which}): `cegppo train` stops with exit status 3 if the model's do too.")  # fmt: skip
-
-
-def rollout_rows(dataset: Any, args: Any) -> list[dict]:
-    """A rollout batch as TRL draws it: `generation_batch_size / num_generations` rows, each `num_generations` times."""
-    size = args.generation_batch_size or args.per_device_train_batch_size * args.world_size * args.steps_per_generation
-    rows = sample_rows(dataset, max(1, size // args.num_generations))
-    return [row for row in rows for _ in range(args.num_generations)]
 
 
 def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], value_range, asked: bool) -> str | None:
@@ -318,15 +305,6 @@ def _call_reward(report: Report, name: str, func: Callable, rows: list[dict], va
         if top is None and len(set(values)) == 1:  # a made-up completion, one score: said if every reward does
             return f"{values[0]:g}; the completion: {short_repr(completions[0])}"
     return None
-
-
-def inspect_reward_weights(report: Report, args: Any) -> None:
-    """Finite weights (a NaN weight makes every reward NaN: no gradient for the whole run); TRL checks their count."""
-    weights = getattr(args, "reward_weights", None)
-    if weights is not None and not all(math.isfinite(float(w)) for w in weights):
-        finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
-        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: e.g. "
-                     f"`--reward_weights {finite}`.")  # fmt: skip
 
 
 # --- The batch layout
@@ -428,8 +406,14 @@ def run_checks(train_dataset: Any, reward_funcs: Sequence[Any], args: Any, *, ev
         if processing_class is not None:
             render_prompts(report, rows, processing_class, args)
         columns = train_dataset.column_names if train_dataset.column_names is not None else list(rows[0])
-        inspect_rewards(report, funcs, names, rows, columns, rollout_rows(train_dataset, args) if call_rewards else [])
-    inspect_reward_weights(report, args)
+        n = args.num_generations  # `--call_rewards`: a rollout batch as TRL draws it
+        batch = sample_rows(train_dataset, max(1, args.generation_batch_size // n)) if call_rewards else []
+        inspect_rewards(report, funcs, names, rows, columns, [row for row in batch for _ in range(n)])
+    weights = getattr(args, "reward_weights", None)  # a NaN weight makes every reward NaN; TRL checks their count
+    if weights is not None and not all(math.isfinite(float(w)) for w in weights):
+        finite = " ".join(str(w if math.isfinite(float(w)) else 1.0) for w in weights)
+        report.error("rewards", f"`reward_weights` {list(weights)} holds a value that is not finite: e.g. "
+                     f"`--reward_weights {finite}`.")  # fmt: skip
     inspect_batch_layout(report, args, args.world_size)
     report.collect("batch", check_trl_compatibility, args)  # the trainer's own refusal, before the model loads
     yours = [n for n, f in zip(names, funcs, strict=True) if callable(f) and not is_own_reward(f)]

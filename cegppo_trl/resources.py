@@ -17,7 +17,6 @@ def accelerate_configs_dir() -> Path:
 
 
 def recipe_names(folder: Path | None = None) -> list[str]:
-    """The YAML files' names (without `.yaml`) in `folder`, the recipes by default, sorted."""
     folder = recipes_dir() if folder is None else folder
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 

@@ -70,9 +70,6 @@ class _ReferenceReward:
         self.reward_range = (min(incorrect, correct), max(incorrect, correct))  # `reward_value_range` reads it
         self.description = f"{rule} with `solution`: {correct:+g} correct, {incorrect:g} otherwise."
 
-    def score_one(self, text: str, gold: Any) -> tuple[bool, str]:
-        raise NotImplementedError
-
     def __call__(self, completions: list, solution: list | None = None, log_extra: Callable | None = None, **kwargs):
         if solution is None:
             raise ValueError(missing_reference_message(self.__name__, list(kwargs)))
@@ -106,8 +103,7 @@ class MathVerifyReward(_ReferenceReward):
                 gold, parsing_timeout=timeout)  # fmt: skip
             if not gold_parsed:
                 return False, "[unparseable reference]"
-            # Only the last box: math-verify joins all boxes into a set, marking a trace that boxes an intermediate
-            # result wrong.
+            # Only the last box: math-verify joins all boxes into a set (a boxed intermediate result would be wrong).
             configs = [LatexExtractionConfig(boxed_match_priority=0)] + ([] if boxed else [ExprExtractionConfig()])
             pred = text if boxed is None else f"\\boxed{{{boxed}}}"
             answer = parse(pred, extraction_config=configs, extraction_mode="first_match", parsing_timeout=timeout)
@@ -189,13 +185,16 @@ REWARD_FUNCS: dict[str, Callable] = {
     "gsm8k_01": GSM8KReward(1.0, 0.0, name="gsm8k_01"),
     "format": format_reward,
 }
-# TRL's rewards accepted by bare name (as TRL's `grpo.py` accepts them), with the line `cegppo rewards` prints (static:
-# listing them imports no TRL). All score 0/1 and read chat completions only.
+# TRL's rewards by bare name (as TRL's `grpo.py`), each with its `cegppo rewards` line (listing them imports no TRL).
 TRL_REWARD_FUNCS: dict[str, str] = {
     "accuracy_reward": "math-verify equivalence with `solution`: 1 or 0, None when the reference does not parse.",
     "reasoning_accuracy_reward": "accuracy_reward on the text after </think>; 0 when the reasoning is not closed.",
     "think_format_reward": "1 if the completion opens with one <think>...</think> block, else 0; no reference.",
 }
+
+
+def from_trl(func: Any) -> bool:
+    return getattr(func, "__module__", "").startswith("trl.rewards")
 
 
 def check_reward_name(name: str) -> None:
@@ -223,23 +222,20 @@ def get_reward_func(name: str) -> Callable:
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
     """`reward_funcs`' names resolved (`get_reward_func`); TRL reads a folder or `owner/name` as a reward model."""
-
-    def resolve(item: Any) -> Any:
-        if not isinstance(item, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
-            return item
-        try:
-            return get_reward_func(item)
-        except ValueError as error:
-            raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder "
-                             f"and not a Hub id (`owner/name`). {error} In Python pass the function itself: "
-                             "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
-
-    return [resolve(f) for f in reward_funcs] if isinstance(reward_funcs, (list, tuple)) else resolve(reward_funcs)
+    if isinstance(reward_funcs, (list, tuple)):
+        return [resolve_reward_names(f) for f in reward_funcs]
+    if not isinstance(item := reward_funcs, str) or item.count("/") == 1 or os.path.isdir(os.path.expanduser(item)):
+        return item
+    try:
+        return get_reward_func(item)
+    except ValueError as error:
+        raise ValueError(f"`reward_funcs`: {item!r} is no reward function's name, no local reward model folder and "
+                         f"not a Hub id (`owner/name`). {error} In Python pass the function itself: "
+                         "`cegppo_trl.rewards.get_reward_func('math_verify')`.") from None  # fmt: skip
 
 
 def reward_value_range(func: Callable) -> tuple[float, float] | None:
     """`(lowest, top)` score: a `reward_range` attribute (yours may declare one), 0/1 for TRL's by name, else None."""
     if (declared := getattr(func, "reward_range", None)) is not None:
         return float(declared[0]), float(declared[1])
-    from_trl = getattr(func, "__module__", "").startswith("trl.rewards")
-    return (0.0, 1.0) if from_trl and getattr(func, "__name__", "") in TRL_REWARD_FUNCS else None
+    return (0.0, 1.0) if from_trl(func) and getattr(func, "__name__", "") in TRL_REWARD_FUNCS else None

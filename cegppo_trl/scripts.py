@@ -30,14 +30,7 @@ from .preflight import (
     run_checks,
 )
 from .resources import resolve_config
-from .rewards import (
-    REFERENCE_COLUMN,
-    REWARD_FUNCS,
-    TRL_REWARD_FUNCS,
-    check_reward_name,
-    get_reward_func,
-    reward_value_range,
-)
+from .rewards import REWARD_FUNCS, TRL_REWARD_FUNCS, check_reward_name, get_reward_func, reward_value_range
 
 if TYPE_CHECKING:
     from .trainer import CEGPPOTrainer
@@ -82,26 +75,19 @@ class CEGPPOScriptArguments(ScriptArguments):
             check_reward_name(name)
 
 
-def make_parser(prog: str | None = None, epilog: str | None = None) -> TrlParser:
-    """The parser; an argument error is one line and a pointer to `--help`; `epilog` ends `--help`."""
+def parse_args(args: list[str] | None = None, prog: str | None = None,
+               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
+    """Flags over `--config` YAML (a recipe or a path); a bad argument exits 2 (one line), a refused value raises."""
     import argparse
 
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        """Each option's default (TrlParser's formatter) and the epilog's own line breaks."""
-
+    # Each option's default (TrlParser's formatter) and the epilog's own line breaks.
+    formatter = type("Formatter", (argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter), {})
     parser = TrlParser((CEGPPOScriptArguments, CEGPPOConfig, ModelConfig), prog=prog, epilog=epilog,
-                       formatter_class=Formatter)  # fmt: skip
+                       formatter_class=formatter)  # fmt: skip
     for action in parser._actions:  # argparse %-formats help; field help is prose (`@10%-60%`)
         action.help = action.help and action.help.replace("%%", "%").replace("%", "%%")  # TRL escapes some
     parser.error = lambda message: parser.exit(2, f"{parser.prog}: error: {message} (`{parser.prog} --help` lists "
                                                "every option)\n")  # type: ignore[method-assign]  # fmt: skip
-    return parser
-
-
-def parse_args(args: list[str] | None = None, prog: str | None = None,
-               epilog: str | None = None) -> tuple[CEGPPOScriptArguments, CEGPPOConfig, ModelConfig]:  # fmt: skip
-    """Flags over `--config` YAML (a recipe's name or a path); an unknown key exits 2, a refused value raises."""
-    parser = make_parser(prog, epilog)
     argv = sys.argv[1:] if args is None else args
     args = [a for arg in argv for a in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if (n := args.count("--config")) > 1:  # TrlParser reads one
@@ -160,7 +146,6 @@ def load_any_dataset(name: str | None, *, config: str | None = None, train_split
 
 
 def load_dataset_dict(script_args: CEGPPOScriptArguments) -> Any:
-    """`dataset_name` as a `DatasetDict` (`load_any_dataset`)."""
     return load_any_dataset(script_args.dataset_name, config=script_args.dataset_config,
                             train_split=script_args.dataset_train_split, streaming=script_args.dataset_streaming)  # fmt: skip
 
@@ -182,13 +167,13 @@ def prepare_dataset(dataset: Any, script_args: Any) -> Any:
         raise ValueError(f"dataset {script_args.dataset_name!r} is empty (0 rows"
                          f"{'' if limit is None else f' after `max_train_samples={limit}`'}): check `--dataset_name`.")  # fmt: skip
     prompt_col, solution_col, system = script_args.prompt_column, script_args.solution_column, script_args.system_prompt  # fmt: skip
-    if solution_col == REFERENCE_COLUMN and REFERENCE_COLUMN not in (dataset.column_names or [REFERENCE_COLUMN]):
-        solution_col = None
+    if solution_col == "solution" and "solution" not in (dataset.column_names or ["solution"]):
+        solution_col = None  # the default names a column the data lacks: the rewards that need one say so
     if problems := column_problems(dataset, prompt_col, solution_col):
         raise ValueError(" ".join(problems))
     first_is_text = not isinstance(dataset, Dataset) or isinstance(dataset[0][prompt_col.split(".")[0]], str)
     if (prompt_col, script_args.prompt_template, system) == ("prompt", None, None) and solution_col in (
-        None, REFERENCE_COLUMN) and not (script_args.chat_prompts and first_is_text):  # fmt: skip
+        None, "solution") and not (script_args.chat_prompts and first_is_text):  # fmt: skip
         return dataset  # nothing to rewrite
 
     def convert(row: dict[str, Any]) -> dict[str, Any]:
@@ -237,21 +222,18 @@ def check_command(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfi
                              if (f := report.collect("rewards", get_reward_func, n))]  # fmt: skip
     dataset = report.collect("dataset", load_dataset_dict, script_args)
     if dataset is not None and len(prepared.reward_funcs) == len(script_args.reward_funcs):
-        splits = [("train_dataset", script_args.dataset_train_split, "dataset_train_split")]
-        if training_args.eval_strategy != "no":
-            splits.append(("eval_dataset", script_args.dataset_test_split, "dataset_test_split"))
-        for attribute, split, option in splits:
-            if split not in dataset:
+        for attribute in ("train_dataset", "eval_dataset")[: 1 + (training_args.eval_strategy != "no")]:
+            option = "dataset_train_split" if attribute == "train_dataset" else "dataset_test_split"
+            if (split := getattr(script_args, option)) not in dataset:
                 strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
                 why = f"eval_strategy={strategy!r} but " if attribute == "eval_dataset" else ""
                 report.error("dataset", f"{why}the dataset has no split {split!r} (splits: {list(dataset)}): "
                              f"`--{option} {next(iter(dataset), '<split>')}`" + (" or `--eval_strategy no`." if why else "."))  # fmt: skip
                 continue
             setattr(prepared, attribute, report.collect("dataset", prepare_dataset, dataset[split], script_args))
-    processing_class = None
-    if model_name is not None and not any(f.section == "model" for f in report.errors):  # the trainer's loader
-        processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name,
-                                          revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code)  # fmt: skip
+    loads = model_name is not None and not any(f.section == "model" for f in report.errors)  # as the trainer loads it
+    processing_class = report.collect("model", AutoProcessor.from_pretrained, model_name, revision=model_args.model_revision,
+                                      trust_remote_code=training_args.trust_remote_code) if loads else None  # fmt: skip
     prepared.peft_config = report.collect("model", get_peft_config, model_args)
     run_checks(prepared.train_dataset, prepared.reward_funcs, training_args, eval_dataset=prepared.eval_dataset,
                reward_names=script_args.reward_funcs[: len(prepared.reward_funcs)], processing_class=processing_class,
@@ -266,9 +248,8 @@ def main(script_args: CEGPPOScriptArguments, training_args: CEGPPOConfig, model_
 
     report, prepared = check_command(script_args, training_args, model_args)
     report.raise_errors()
-    for finding in report.warnings if training_args.process_index == 0 else []:  # one copy, however many processes
-        if finding.code != "trainer":  # the trainer gives those itself
-            logger.warning(finding.message)
+    for finding in [f for f in report.warnings if f.code != "trainer"] if training_args.process_index == 0 else []:
+        logger.warning(finding.message)  # once, however many processes; the trainer gives the "trainer" ones itself
     output_dir, requested = training_args.output_dir, training_args.resume_from_checkpoint
     checkpoint, _ = resolve(output_dir, requested)  # the trainer resolves it again, saying what it passed over
     if checkpoint is None and script_args.overwrite_output_dir and PartialState().is_main_process:
