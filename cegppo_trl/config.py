@@ -99,11 +99,7 @@ class CEGPPOConfig(GRPOConfig):
         default=None, metadata={"help": "SFT: correct is reward >= this; None: positive and the best of its group."}
     )
     delta_low: float | None = field(
-        default=None,
-        metadata={
-            "help": "Left guard in (0, 1 - epsilon]: A < 0 tokens with a ratio below it lose or decay their "
-            "left-clipped gradient. None: the paper's objective."
-        },
+        default=None, metadata={"help": "Left guard in (0, 1 - eps]: cut or decay the left-clipped gradient below it."}
     )
     delta_low_mode: str = field(
         default="cutoff", metadata={"help": "'cutoff' (no gradient below delta_low) or 'decay' (times r / delta_low)."}
@@ -118,8 +114,7 @@ class CEGPPOConfig(GRPOConfig):
         default=10, metadata={"help": "Stop (exit 4) after this many batches in a row without any reward; 0: never."}
     )
     max_zero_signal_batches: int = field(
-        default=100,
-        metadata={"help": "Stop (exit 3) after this many batches in a row with no reward spread; 0: never."},
+        default=100, metadata={"help": "Stop (exit 3) after this many batches in a row with zero signal; 0: never."}
     )
     # The trainer class that reads this class's own fields: another refuses them set (`for_trainer`)
     trainer_class: ClassVar[str] = "CEGPPOTrainer"
@@ -158,19 +153,16 @@ class CEGPPOConfig(GRPOConfig):
                 raise ValueError(
                     f"`per_device_train_batch_size={overrides['per_device_train_batch_size']}` changes the rollout "
                     f"batch of the source config (steps_per_generation={spg}, generation_batch_size={gbs}), which "
-                    "does not say which of the two was set. Pass one of them with the override: "
-                    f"`steps_per_generation={spg}` (keep the micro-batches per rollout batch) or "
-                    f"`generation_batch_size={gbs}` (keep the rollout batch)."
+                    "does not say which was set. Pass one of them with the override: `steps_per_generation="
+                    f"{spg}` (keep the micro-batches per rollout batch) or `generation_batch_size={gbs}` (the batch)."
                 )
         return cls(**{**values, **overrides})
 
     @classmethod
     def for_trainer(cls, model: Any, args: Any, trainer: type | None = None) -> CEGPPOConfig:
-        """The `args` of a `trainer` class: a `CEGPPOConfig` as given, TRL's default for None (named
-        `<model>-CE-GPPO`), and a `GRPOConfig` converted (`from_grpo_config`, CE-GPPO's defaults) with one line saying
-        so: a drop-in user swaps the class, not the config. Anything else is passed on for `GRPOTrainer` to take or
-        refuse. A config whose fields beyond `cls`'s only another trainer class reads (its `trainer_class`) is refused
-        when it sets them: `trainer` would ignore them."""
+        """The `args` of a `trainer` class: a `CEGPPOConfig` as given (refused if it sets fields only another trainer
+        class reads), TRL's default for None, a `GRPOConfig` converted with a warning (a drop-in user swaps the class,
+        not the config); anything else is for `GRPOTrainer` to take or refuse."""
         if isinstance(args, cls) and trainer and args.trainer_class not in {c.__name__ for c in trainer.mro()}:
             own, unset = {f.name for f in fields(cls)}, lambda f: f.default if f.default is not MISSING else None
             if unread := [f.name for f in fields(args) if f.name not in own and getattr(args, f.name) != unset(f)]:
@@ -204,10 +196,8 @@ class CEGPPOConfig(GRPOConfig):
                 _ = spec is None or parse_schedule(spec)
             except ValueError as error:
                 raise ValueError(f"`{name}`: {error}") from None
-        if self.sft_reward_threshold is not None and not is_finite_number(self.sft_reward_threshold):
-            raise ValueError(
-                f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
-            )
+        if (threshold := self.sft_reward_threshold) is not None and not is_finite_number(threshold):
+            raise ValueError(f"`sft_reward_threshold` must be a finite number or None, got {threshold!r}.")
         if self.loss_type not in CEGPPO_LOSS_TYPES:
             terms = (("sft_loss_coef", self.sft_loss_coef > 0, 0), ("dynamic_sampling", self.dynamic_sampling, False),
                      ("delta_low", self.delta_low is not None, None))  # fmt: skip
