@@ -154,7 +154,7 @@ class CEGPPOConfig(GRPOConfig):
                     f"`per_device_train_batch_size={overrides['per_device_train_batch_size']}` changes the rollout "
                     f"batch of the source config (steps_per_generation={spg}, generation_batch_size={gbs}), which "
                     "does not say which was set. Pass one of them with the override: `steps_per_generation="
-                    f"{spg}` (keep the micro-batches per rollout batch) or `generation_batch_size={gbs}` (the batch)."
+                    f"{spg}` (keep its micro-batch count) or `generation_batch_size={gbs}` (keep its size)."
                 )
         return cls(**{**values, **overrides})
 
