@@ -72,8 +72,6 @@ class CEGPPOConfig(GRPOConfig):
             reward >= the threshold; `None`: positive and the best of its group).
         delta_low, delta_low_mode: the left guard in `(0, 1 - epsilon]`; below it left-clipped tokens lose
             (`"cutoff"`) or decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) their gradient.
-        left_drift_warning (`float` or `None`, defaults to `-1.5`), dynamic_sampling, max_unscorable_batches,
-            max_zero_signal_batches: see each field's help.
     """
 
     gppo_beta1: float = field(
@@ -125,12 +123,10 @@ class CEGPPOConfig(GRPOConfig):
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
-        """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords.
-
-        (`CEGPPOConfig(**grpo_config.to_dict())` fails: a built `GRPOConfig` holds both `steps_per_generation` and the
-        `generation_batch_size` derived from it.) The rollout batch is derived afresh from an overridden layout, else
-        from the source's `steps_per_generation`, unless that is TRL's default and the overrides change the batch.
-        """
+        """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords
+        (`CEGPPOConfig(**grpo_config.to_dict())` fails on the derived `generation_batch_size`). The rollout batch is
+        derived afresh from an overridden layout, else from the source's `steps_per_generation`, unless that is TRL's
+        default and the overrides change the batch."""
         if not isinstance(grpo_config, GRPOConfig):
             raise TypeError(f"`grpo_config` must be a `trl.GRPOConfig`, got `{type(grpo_config).__name__}`.")
         own = {f.name for f in fields(cls) if f.init}
@@ -199,10 +195,8 @@ class CEGPPOConfig(GRPOConfig):
         if (threshold := self.sft_reward_threshold) is not None and not is_finite_number(threshold):
             raise ValueError(f"`sft_reward_threshold` must be a finite number or None, got {threshold!r}.")
         if self.loss_type not in CEGPPO_LOSS_TYPES:
-            terms = (("sft_loss_coef", self.sft_loss_coef > 0, 0), ("dynamic_sampling", self.dynamic_sampling, False),
-                     ("delta_low", self.delta_low is not None, None))  # fmt: skip
-            for name, used, off in terms:
-                if used:
+            for name, off in {"sft_loss_coef": 0, "dynamic_sampling": False, "delta_low": None}.items():
+                if getattr(self, name) != off:  # (a negative `sft_loss_coef` is refused above)
                     raise ValueError(
                         f"`{name}` (a CE-GPPO term) applies to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
                         f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `{name}={off}`, or use "
@@ -214,9 +208,8 @@ class CEGPPOConfig(GRPOConfig):
             left_bound = math.log(1 - self.epsilon)
             if not (is_finite_number(threshold) and threshold < left_bound):
                 raise ValueError(
-                    f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} "
-                    f"(every left-clipped token is below it), or None to disable the warning; got {threshold!r} "
-                    "(default -1.5)."
+                    f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} (every "
+                    f"left-clipped token is below it), or None to disable it; got {threshold!r} (default -1.5)."
                 )
         for name in ("max_unscorable_batches", "max_zero_signal_batches"):
             if isinstance(value := getattr(self, name), bool) or not isinstance(value, int) or value < 0:

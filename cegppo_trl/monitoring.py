@@ -186,8 +186,7 @@ class RewardSignalMonitor:
 
     def _advice(self, kind: str, values: list[float]) -> str:
         shown = ", ".join(f"{v:g}" for v in values[:4]) + (", ..." if len(values) > 4 else "")
-        low_top = self.reward_range
-        range_note = f" ({low_top[0]:g} to {low_top[1]:g})" if low_top else "; the rewards declare no score range"
+        range_note = f" ({r[0]:g} to {r[1]:g})" if (r := self.reward_range) else "; the rewards declare no score range"
         return _ADVICE[kind].format(value=shown, range_note=range_note)
 
     def state_dict(self) -> dict:
