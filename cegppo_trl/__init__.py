@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.5.0"
 
 # Imported on first use: `cegppo --help` and `cegppo rewards` must not pay for importing TRL and torch (~10 s).
-_LAZY = {
-    "CEGPPOConfig": ".config",
-    "CEGPPOTrainer": ".trainer",
-    "cegppo_objective": ".loss",
-    "cegppo_regions": ".loss",
-}
+_LAZY = dict(CEGPPOConfig=".config", CEGPPOTrainer=".trainer", cegppo_objective=".loss", cegppo_regions=".loss")
 __all__ = ["CEGPPOConfig", "CEGPPOTrainer", "__version__", "cegppo_objective", "cegppo_regions"]
 
 if TYPE_CHECKING:
@@ -25,8 +20,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    return value
+    return globals().setdefault(name, getattr(importlib.import_module(_LAZY[name], __name__), name))
 
 
 def __dir__() -> list[str]:

@@ -72,8 +72,6 @@ class CEGPPOConfig(GRPOConfig):
             reward >= the threshold; `None`: positive and the best of its group).
         delta_low, delta_low_mode: the left guard in `(0, 1 - epsilon]`; below it left-clipped tokens lose
             (`"cutoff"`) or decay (`"decay"`: weight `-beta1 * (1 - epsilon) * A * r / delta_low`) their gradient.
-        left_drift_warning (`float` or `None`, defaults to `-1.5`), dynamic_sampling, max_unscorable_batches,
-            max_zero_signal_batches: see each field's help.
     """
 
     gppo_beta1: float = field(
@@ -99,11 +97,7 @@ class CEGPPOConfig(GRPOConfig):
         default=None, metadata={"help": "SFT: correct is reward >= this; None: positive and the best of its group."}
     )
     delta_low: float | None = field(
-        default=None,
-        metadata={
-            "help": "Left guard in (0, 1 - epsilon]: A < 0 tokens with a ratio below it lose or decay their "
-            "left-clipped gradient. None: the paper's objective."
-        },
+        default=None, metadata={"help": "Left guard in (0, 1 - eps]: cut or decay the left-clipped gradient below it."}
     )
     delta_low_mode: str = field(
         default="cutoff", metadata={"help": "'cutoff' (no gradient below delta_low) or 'decay' (times r / delta_low)."}
@@ -118,8 +112,7 @@ class CEGPPOConfig(GRPOConfig):
         default=10, metadata={"help": "Stop (exit 4) after this many batches in a row without any reward; 0: never."}
     )
     max_zero_signal_batches: int = field(
-        default=100,
-        metadata={"help": "Stop (exit 3) after this many batches in a row with no reward spread; 0: never."},
+        default=100, metadata={"help": "Stop (exit 3) after this many batches in a row with zero signal; 0: never."}
     )
     # The trainer class that reads this class's own fields: another refuses them set (`for_trainer`)
     trainer_class: ClassVar[str] = "CEGPPOTrainer"
@@ -130,12 +123,10 @@ class CEGPPOConfig(GRPOConfig):
 
     @classmethod
     def from_grpo_config(cls, grpo_config: GRPOConfig, **overrides: Any) -> CEGPPOConfig:
-        """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords.
-
-        (`CEGPPOConfig(**grpo_config.to_dict())` fails: a built `GRPOConfig` holds both `steps_per_generation` and the
-        `generation_batch_size` derived from it.) The rollout batch is derived afresh from an overridden layout, else
-        from the source's `steps_per_generation`, unless that is TRL's default and the overrides change the batch.
-        """
+        """A `CEGPPOConfig` with every field of `grpo_config`, plus CE-GPPO fields (or any override) as keywords
+        (`CEGPPOConfig(**grpo_config.to_dict())` fails on the derived `generation_batch_size`). The rollout batch is
+        derived afresh from an overridden layout, else from the source's `steps_per_generation`, unless that is TRL's
+        default and the overrides change the batch."""
         if not isinstance(grpo_config, GRPOConfig):
             raise TypeError(f"`grpo_config` must be a `trl.GRPOConfig`, got `{type(grpo_config).__name__}`.")
         own = {f.name for f in fields(cls) if f.init}
@@ -158,19 +149,16 @@ class CEGPPOConfig(GRPOConfig):
                 raise ValueError(
                     f"`per_device_train_batch_size={overrides['per_device_train_batch_size']}` changes the rollout "
                     f"batch of the source config (steps_per_generation={spg}, generation_batch_size={gbs}), which "
-                    "does not say which of the two was set. Pass one of them with the override: "
-                    f"`steps_per_generation={spg}` (keep the micro-batches per rollout batch) or "
-                    f"`generation_batch_size={gbs}` (keep the rollout batch)."
+                    "does not say which was set. Pass one of them with the override: `steps_per_generation="
+                    f"{spg}` (keep its micro-batch count) or `generation_batch_size={gbs}` (keep its size)."
                 )
         return cls(**{**values, **overrides})
 
     @classmethod
     def for_trainer(cls, model: Any, args: Any, trainer: type | None = None) -> CEGPPOConfig:
-        """The `args` of a `trainer` class: a `CEGPPOConfig` as given, TRL's default for None (named
-        `<model>-CE-GPPO`), and a `GRPOConfig` converted (`from_grpo_config`, CE-GPPO's defaults) with one line saying
-        so: a drop-in user swaps the class, not the config. Anything else is passed on for `GRPOTrainer` to take or
-        refuse. A config whose fields beyond `cls`'s only another trainer class reads (its `trainer_class`) is refused
-        when it sets them: `trainer` would ignore them."""
+        """The `args` of a `trainer` class: a `CEGPPOConfig` as given (refused if it sets fields only another trainer
+        class reads), TRL's default for None, a `GRPOConfig` converted with a warning (a drop-in user swaps the class,
+        not the config); anything else is for `GRPOTrainer` to take or refuse."""
         if isinstance(args, cls) and trainer and args.trainer_class not in {c.__name__ for c in trainer.mro()}:
             own, unset = {f.name for f in fields(cls)}, lambda f: f.default if f.default is not MISSING else None
             if unread := [f.name for f in fields(args) if f.name not in own and getattr(args, f.name) != unset(f)]:
@@ -204,15 +192,11 @@ class CEGPPOConfig(GRPOConfig):
                 _ = spec is None or parse_schedule(spec)
             except ValueError as error:
                 raise ValueError(f"`{name}`: {error}") from None
-        if self.sft_reward_threshold is not None and not is_finite_number(self.sft_reward_threshold):
-            raise ValueError(
-                f"`sft_reward_threshold` must be a finite number or None, got {self.sft_reward_threshold!r}."
-            )
+        if (threshold := self.sft_reward_threshold) is not None and not is_finite_number(threshold):
+            raise ValueError(f"`sft_reward_threshold` must be a finite number or None, got {threshold!r}.")
         if self.loss_type not in CEGPPO_LOSS_TYPES:
-            terms = (("sft_loss_coef", self.sft_loss_coef > 0, 0), ("dynamic_sampling", self.dynamic_sampling, False),
-                     ("delta_low", self.delta_low is not None, None))  # fmt: skip
-            for name, used, off in terms:
-                if used:
+            for name, off in {"sft_loss_coef": 0, "dynamic_sampling": False, "delta_low": None}.items():
+                if getattr(self, name) != off:  # (a negative `sft_loss_coef` is refused above)
                     raise ValueError(
                         f"`{name}` (a CE-GPPO term) applies to the CE-GPPO loss types {list(CEGPPO_LOSS_TYPES)}; "
                         f"`loss_type={self.loss_type!r}` runs TRL's objective unchanged. Set `{name}={off}`, or use "
@@ -224,9 +208,8 @@ class CEGPPOConfig(GRPOConfig):
             left_bound = math.log(1 - self.epsilon)
             if not (is_finite_number(threshold) and threshold < left_bound):
                 raise ValueError(
-                    f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} "
-                    f"(every left-clipped token is below it), or None to disable the warning; got {threshold!r} "
-                    "(default -1.5)."
+                    f"`left_drift_warning` must be a finite log-ratio below log(1 - epsilon) = {left_bound:.3f} (every "
+                    f"left-clipped token is below it), or None to disable it; got {threshold!r} (default -1.5)."
                 )
         for name in ("max_unscorable_batches", "max_zero_signal_batches"):
             if isinstance(value := getattr(self, name), bool) or not isinstance(value, int) or value < 0:

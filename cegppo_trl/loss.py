@@ -62,10 +62,8 @@ def cegppo_objective(
     """
     check_left_guard(delta_low, delta_low_mode, epsilon_low)
     dtype = torch.promote_types(logp.dtype, torch.float32)  # a bf16 r is 1 +- 0.004
-    logp, old_logp = logp.to(dtype), old_logp.to(dtype)
-    A = _as_rows(advantages, logp)
-    log_r = logp - old_logp
-    r = torch.exp(log_r)
+    log_r = logp.to(dtype) - old_logp.to(dtype)
+    A, r = _as_rows(advantages, log_r), torch.exp(log_r)
     left = (A < 0) & (r < 1 - epsilon_low)
     keep = torch.ones_like(r)  # share of the left-clipped gradient kept
     if delta_low is not None:
@@ -146,10 +144,9 @@ def preserved_weight(
     """Per token, the share ``w`` of the clipped gradient CE-GPPO keeps: `beta1` on left-clipped tokens (under the left
     guard 0, or ``beta1 * r / delta_low`` with ``"decay"``), `beta2` on right-clipped ones, 0 elsewhere; TRL's
     ``clip(r)`` multiplies the bound in. Arguments as in `cegppo_objective`; `regions` of the same inputs if at hand."""
-    if regions is None:
-        regions = cegppo_regions(
-            log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
-        )
+    regions = regions or cegppo_regions(
+        log_ratio, advantages, epsilon_low=epsilon_low, epsilon_high=epsilon_high, delta_low=delta_low
+    )
     zero, left_weight = log_ratio.new_zeros(()), log_ratio.new_tensor(beta1)
     if delta_low is not None:
         guarded = zero if delta_low_mode == "cutoff" else left_weight * torch.exp(log_ratio) / delta_low

@@ -64,9 +64,8 @@ def rewrite_card(card: str, settings: Mapping[str, object]) -> str:
     )
     marker = "## Citations"  # TRL's template puts the citations last
     card = card.replace(marker, section + "\n" + marker, 1) if marker in card else card.rstrip("\n") + "\n" + section
-    return card.replace("[None](https://huggingface.co/None)", "a local model").replace(
-        'model="None"', 'model="path/to/this/folder"'
-    )
+    card = card.replace("[None](https://huggingface.co/None)", "a local model")
+    return card.replace('model="None"', 'model="path/to/this/folder"')
 
 
 def finish_card(trainer: Any) -> None:

@@ -106,9 +106,8 @@ class RewardSignalMonitor:
                 "0 never stops). `cegppo check` shows what each reward receives.",
             )
         return (
-            f"No completion of this rollout batch got a reward (zero gradient): {self.unscorable_batches} "
-            f"consecutive unscorable batch(es); training stops at {self.max_unscorable_batches} "
-            "(`max_unscorable_batches`)."
+            f"No completion of this rollout batch got a reward (zero gradient): {self.unscorable_batches} consecutive "
+            f"unscorable batch(es); training stops at {self.max_unscorable_batches} (`max_unscorable_batches`)."
         )
 
     def observe_signal(self, rewards, advantages, num_generations: int, trained=None) -> str | None:
@@ -122,11 +121,11 @@ class RewardSignalMonitor:
             low, high = float(finite.min()), float(finite.max())
             self.observed_min = low if self.observed_min is None else min(self.observed_min, low)
             self.observed_max = high if self.observed_max is None else max(self.observed_max, high)
-        masked = trained is not None and not bool(trained.any())
-        if not masked and (
-            bool(informative_groups(advantages, num_generations).any())
-            or self.other_term_has_gradient(rewards, num_generations, trained)
-        ):
+        trained = torch.ones_like(rewards, dtype=torch.bool) if trained is None else trained.bool()
+        masked, threshold = not bool(trained.any()), self.sft_reward_threshold
+        # the SFT term has a gradient where it trains a correct completion; the other terms whatever the rewards
+        sft = self.sft_term and bool((correct_completions(rewards, num_generations, threshold) & trained).any())
+        if not masked and (self.other_terms or sft or bool(informative_groups(advantages, num_generations).any())):
             self.zero_signal_batches, self.zero_signal_kind, self.learned = 0, None, True
             return None
         self.zero_signal_batches += 1
@@ -147,12 +146,6 @@ class RewardSignalMonitor:
             "No learning signal in this rollout batch: in every group all completions got the same reward, or none "
             f"is trained (zero policy gradient); {advice} ({stop}.)"
         )
-
-    def other_term_has_gradient(self, rewards: torch.Tensor, num_generations: int, trained=None) -> bool:
-        if self.other_terms or not self.sft_term:
-            return self.other_terms
-        selected = correct_completions(rewards, num_generations, self.sft_reward_threshold)
-        return bool((selected if trained is None else selected & trained.bool()).any())
 
     def end_of_run(self, steps: int) -> str | None:
         """At the end of `train()`: a run without any learning signal ends with a stop reason, however short."""
@@ -193,8 +186,7 @@ class RewardSignalMonitor:
 
     def _advice(self, kind: str, values: list[float]) -> str:
         shown = ", ".join(f"{v:g}" for v in values[:4]) + (", ..." if len(values) > 4 else "")
-        low_top = self.reward_range
-        range_note = f" ({low_top[0]:g} to {low_top[1]:g})" if low_top else "; the rewards declare no score range"
+        range_note = f" ({r[0]:g} to {r[1]:g})" if (r := self.reward_range) else "; the rewards declare no score range"
         return _ADVICE[kind].format(value=shown, range_note=range_note)
 
     def state_dict(self) -> dict:

@@ -12,10 +12,8 @@ import torch
 
 def _grouped(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     if rewards.dim() != 1 or rewards.numel() % num_generations != 0:
-        raise ValueError(
-            f"rewards must be 1-D with a multiple of num_generations={num_generations} entries, "
-            f"got shape {tuple(rewards.shape)}"
-        )
+        shape, n = tuple(rewards.shape), num_generations
+        raise ValueError(f"rewards must be 1-D with a multiple of num_generations={n} entries, got shape {shape}")
     return rewards.view(-1, num_generations)  # [G, n]
 
 
@@ -68,8 +66,7 @@ def rollout_batch_masks(
     ``(N,)`` over all processes; `loss_mask` is this process's ``(B, T)``, rows ``[rank * B, (rank + 1) * B)`` of them;
     `gather` concatenates a tensor over the processes (`accelerator.gather`).
     """
-    outputs: dict[str, torch.Tensor] = {}
-    metrics: dict[str, float] = {}
+    outputs, metrics = {}, {}
     process_slice = slice(process_index * len(loss_mask), (process_index + 1) * len(loss_mask))
     keep = None
     if dynamic_sampling:
@@ -88,7 +85,6 @@ def rollout_batch_masks(
         if keep is not None:  # as in the authors' recipe, the SFT term sees only the groups that survive
             correct = correct & keep
         metrics["cegppo/sft_frac"] = correct.float().mean().item()
-        correct = correct[process_slice].float()
-        outputs["sft_mask"] = correct
+        outputs["sft_mask"] = correct = correct[process_slice].float()
         outputs["num_sft_items_in_batch"] = gather((loss_mask * correct.unsqueeze(1)).sum()).sum()
     return outputs, metrics

@@ -133,9 +133,7 @@ def _parse(text: str) -> Schedule:
             hint = " (an unquoted '->' on a shell command line loses its '>')" if values.endswith("-") else ""
             raise ValueError(f"linear needs START->END, got {values!r}{hint}")
         if at and window.count("-") != 1:
-            raise ValueError(
-                f"linear window {window!r} must be FROM-TO in steps or percentages, e.g. 100-600, 10%-60%"
-            )
+            raise ValueError(f"linear window {window!r} must be FROM-TO in steps or percentages, e.g. 10%-60%")
         points, percent = _points(window.split("-"), "linear window") if at else ((0.0, 100.0), True)
         ramp = tuple(_value(end, f"linear {name} value") for end, name in zip(values.split("->"), ("start", "end")))
         return Schedule(kind, ramp, points, percent, spec)
