@@ -1,6 +1,6 @@
 """Schedules of ``beta1`` / ``beta2``: pure functions ``schedule(step, total_steps) -> float`` of the optimizer step, as
-transformers' learning-rate schedulers are, so a checkpoint holds no schedule state: a string (``SCHEDULE_SYNTAX``)
-from config files and the command line, or from Python any ``Callable[[int, int], float]`` (docs/schedules.md).
+transformers' learning-rate schedulers are, so a checkpoint holds no schedule state: a string (``SCHEDULE_SYNTAX``) in
+config files and on the command line, or from Python any ``Callable[[int, int], float]`` (docs/schedules.md).
 """
 
 from __future__ import annotations
