@@ -93,7 +93,8 @@ class RewardSignalMonitor:
             names = [n for i, n in enumerate(self.reward_names) if bool(infinite[:, i].any())] or self.reward_names
             return (
                 f"Reward {', '.join(names)} returned an infinite score for {int(infinite.any(1).sum())} of "
-                f"{rewards_per_func.size(0)} completions: their advantages are NaN, which TRL sets to 0. Return a finite score or None."
+                f"{rewards_per_func.size(0)} completions: their advantages are NaN, which TRL sets to 0. Return a "
+                "finite score or None."
             )
         if not unscorable or not self.max_unscorable_batches:
             return None
