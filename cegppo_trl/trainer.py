@@ -173,18 +173,18 @@ class CEGPPOTrainer(CheckpointHooks, trl.GRPOTrainer):
         finally:
             self._micro_batch = None
         if "sft_mask" in inputs:  # the authors' SFT term: over the step, the correct completions' token-mean NLL
-            mask = inputs["completion_mask"] * inputs["sft_mask"].unsqueeze(1) * inputs.get("tool_mask", 1)
             normaliser = inputs["num_sft_items_in_batch"] / self.accelerator.num_processes
             if self.model.training:  # the rollout batch spans `steps_per_generation` micro-batches, a step fewer
                 normaliser = normaliser * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            loss = loss + self.args.sft_loss_coef * sft_loss(inputs["per_token_logps"], mask, normaliser)
+            nll = sft_loss(inputs["per_token_logps"], inputs["sft_token_mask"], normaliser)  # both set at the forward
+            loss = loss + self.args.sft_loss_coef * nll
         return loss
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         output = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         batch, self._micro_batch = self._micro_batch, None  # the first call inside `_compute_loss`: the policy's
         if batch is not None:
-            batch["per_token_logps"] = output[0]  # for the SFT term
+            batch["per_token_logps"] = output[0]  # for the SFT term, with `sft_token_mask` (`_preserve_gradient`)
             self._preserve_gradient(batch, output[0], output[1])
         return output
 
@@ -207,8 +207,8 @@ class CEGPPOTrainer(CheckpointHooks, trl.GRPOTrainer):
             if mode == "train" and batch["advantages"].requires_grad:
                 self._unconsumed += 1
                 batch["advantages"].register_hook(self._consumed)
-        sft_mask = mask * batch["sft_mask"].unsqueeze(1) if "sft_mask" in batch else None
-        self._log_step(mode, beta1, beta2, loss_statistics(log_ratio.detach(), mask, regions, logps, sft_mask))
+        sft = batch["sft_token_mask"] = mask * batch["sft_mask"].unsqueeze(1) if "sft_mask" in batch else None
+        self._log_step(mode, beta1, beta2, loss_statistics(log_ratio.detach(), mask, regions, logps, sft))
 
     def _consumed(self, grad: torch.Tensor) -> None:
         self._unconsumed -= 1  # the backward pass reached A_hat: TRL's loss used it
